@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Create .venv (Python >= 3.11) and install servetune with every extra; idempotent and quick when done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+fi
+stamp=.venv/.servetune-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q -e ".[all,test]"
+  touch "$stamp"
+fi

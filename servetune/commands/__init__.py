@@ -1,0 +1,1 @@
+"""CLI command modules, one per command group; wired in servetune/cli.py."""

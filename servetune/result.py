@@ -1,0 +1,184 @@
+"""The trial result: what one measurement produced, as saved to JSON and loaded to the warehouse.
+
+A trial is the unit of servetune (design.md): one server configuration, one workload,
+one load level, one measurement window. ``TrialResult`` is the in-memory and on-disk
+form; ``TrialSummary`` holds every figure the report checklist needs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict
+
+from servetune.records import RequestRecord
+
+SCHEMA = "servetune.trial/1"
+
+
+class Percentiles(BaseModel):
+    """p50/p90/p95/p99/max/mean of one distribution; ``count`` says how many values."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: int = 0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    min: float | None = None
+
+
+class TrialSummary(BaseModel):
+    """Every number the report checklist needs, computed by ``servetune.metrics.summarize``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # counts
+    requests_total: int = 0
+    requests_measured: int = 0  # in the window, warm-up excluded
+    requests_warmup: int = 0
+    requests_ok: int = 0
+    requests_failed: int = 0
+    error_rate: float = 0.0
+    errors_by_class: dict[str, int] = {}
+    # the window (seconds relative to t0)
+    window_start_s: float | None = None
+    window_end_s: float | None = None
+    window_s: float | None = None
+    # latency distributions (ms): prefill (TTFT) and decode (ITL, TPOT) kept apart
+    ttft_ms: Percentiles = Percentiles()
+    itl_ms: Percentiles = Percentiles()
+    tpot_ms: Percentiles = Percentiles()
+    e2e_ms: Percentiles = Percentiles()
+    queue_ms: Percentiles = Percentiles()
+    # lengths (tokens, server usage)
+    input_len: Percentiles = Percentiles()
+    output_len: Percentiles = Percentiles()
+    cached_len: Percentiles = Percentiles()
+    lengths_exact: bool = False  # prompts built with the model's tokenizer
+    token_count_sources: dict[str, int] = {}
+    # throughput over the window
+    request_throughput: float | None = None  # req/s
+    input_tokens_per_s: float | None = None
+    output_tokens_per_s: float | None = None
+    decode_tokens_per_s: float | None = None  # sum(out-1) / sum(decode time), per stream
+    total_tokens_per_s: float | None = None
+    # goodput under the SLA
+    goodput_rps: float | None = None
+    goodput_fraction: float | None = None  # good / measured
+    sla: dict[str, float] = {}
+    # prefix cache
+    prefix_hit_rate: float | None = None  # sum(cached)/sum(prompt) from usage
+    prefix_hit_rate_server: float | None = None  # counter deltas from /metrics
+    cache_hit_rate_gauge: float | None = None  # the (misleading) gauge, kept for contrast
+    # GPU memory curve
+    gpu_state: str = "unknown"  # ok | no_gpu | error
+    gpu_samples: int = 0
+    gpu_sample_interval_ms: float | None = None
+    gpu_mem_total_bytes: int | None = None
+    gpu_mem_peak_bytes: int | None = None
+    gpu_mem_mean_bytes: float | None = None
+    gpu_mem_idle_bytes: int | None = None  # at trial start
+    gpu_mem_peak_fraction: float | None = None
+    gpu_util_mean: float | None = None
+    gpu_power_mean_w: float | None = None
+    gpu_clean_at_start: bool | None = None  # no foreign process held the GPU
+    # server-side signals (SGLang tuning guide)
+    server_token_usage_max: float | None = None
+    server_queue_reqs_max: float | None = None
+    server_queue_reqs_mean: float | None = None
+    server_running_reqs_mean: float | None = None
+    server_retractions: float | None = None
+    server_samples: int = 0
+
+
+@dataclass
+class TrialResult:
+    """One trial: inputs (target, load, workload), raw data (records, samples) and the summary."""
+
+    trial_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+    status: str = "ok"  # ok | failed | rejected (after validation)
+    failure_reason: str | None = None
+    stage: str | None = None  # tuning stage, None for a lone `servetune bench`
+    experiment_id: str | None = None
+    target: dict[str, Any] = field(default_factory=dict)  # url, endpoint, model, engine
+    server_config: dict[str, Any] = field(default_factory=dict)  # flags the server was started with
+    load: dict[str, Any] = field(default_factory=dict)  # mode, concurrency, rate, requests, warmup
+    sla: dict[str, Any] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)  # spec, fingerprint, lengths_exact
+    t0_unix: float = 0.0  # wall-clock time of t0, to line samples up with other data
+    records: list[RequestRecord] = field(default_factory=list)
+    gpu: dict[str, Any] = field(default_factory=dict)  # state, devices, processes_at_start, samples
+    server: dict[str, Any] = field(default_factory=dict)  # server_info, metrics_before/after, samples
+    environment: dict[str, Any] = field(default_factory=dict)
+    summary: TrialSummary = field(default_factory=TrialSummary)
+    validation: dict[str, Any] | None = None  # filled by servetune.validation
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "trial_id": self.trial_id,
+            "created_at": self.created_at,
+            "status": self.status,
+            "failure_reason": self.failure_reason,
+            "stage": self.stage,
+            "experiment_id": self.experiment_id,
+            "target": self.target,
+            "server_config": self.server_config,
+            "load": self.load,
+            "sla": self.sla,
+            "workload": self.workload,
+            "t0_unix": self.t0_unix,
+            "summary": self.summary.model_dump(mode="json"),
+            "validation": self.validation,
+            "environment": self.environment,
+            "gpu": self.gpu,
+            "server": self.server,
+            "records": [r.to_dict() for r in self.records],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialResult:
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"not a servetune trial result (schema={d.get('schema')!r}, want {SCHEMA!r})")
+        return cls(
+            trial_id=d["trial_id"],
+            created_at=d["created_at"],
+            status=d.get("status", "ok"),
+            failure_reason=d.get("failure_reason"),
+            stage=d.get("stage"),
+            experiment_id=d.get("experiment_id"),
+            target=d.get("target") or {},
+            server_config=d.get("server_config") or {},
+            load=d.get("load") or {},
+            sla=d.get("sla") or {},
+            workload=d.get("workload") or {},
+            t0_unix=d.get("t0_unix", 0.0),
+            records=[RequestRecord.from_dict(r) for r in d.get("records") or []],
+            gpu=d.get("gpu") or {},
+            server=d.get("server") or {},
+            environment=d.get("environment") or {},
+            summary=TrialSummary.model_validate(d.get("summary") or {}),
+            validation=d.get("validation"),
+        )
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_bytes(orjson.dumps(self.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY))
+        tmp.replace(path)  # never leave a half-written result behind
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrialResult:
+        return cls.from_dict(orjson.loads(Path(path).read_bytes()))

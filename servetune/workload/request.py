@@ -1,0 +1,40 @@
+"""One request of a workload, in an endpoint-neutral form the load generator renders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class WorkloadRequest:
+    index: int
+    system: str | None  # shared system prompt (None: this request has none)
+    user: str  # the user message (for multi-turn: the whole history is in ``history``)
+    input_tokens: int  # requested prompt length, system prompt included
+    output_tokens: int  # requested max_tokens (with ignore_eos: exact)
+    prefix_group: int = -1  # which shared system prompt (-1: none)
+    images: list[str] = field(default_factory=list)  # data: URLs (base64 PNG/JPEG)
+    history: list[dict[str, str]] = field(default_factory=list)  # earlier turns, chat messages
+    conversation: int = -1
+    turn: int = 0
+
+    def chat_messages(self) -> list[dict]:
+        """OpenAI chat messages; images become ``image_url`` content parts."""
+        msgs: list[dict] = []
+        if self.system is not None:
+            msgs.append({"role": "system", "content": self.system})
+        msgs.extend(self.history)
+        if self.images:
+            parts: list[dict] = [{"type": "image_url", "image_url": {"url": u}} for u in self.images]
+            parts.append({"type": "text", "text": self.user})
+            msgs.append({"role": "user", "content": parts})
+        else:
+            msgs.append({"role": "user", "content": self.user})
+        return msgs
+
+    def prompt_text(self) -> str:
+        """Flat prompt for /v1/completions and /generate (system prompt first, so prefixes share)."""
+        pieces = [self.system] if self.system is not None else []
+        pieces.extend(m["content"] for m in self.history)
+        pieces.append(self.user)
+        return "\n".join(pieces)

@@ -1,0 +1,139 @@
+"""What a workload is, as data: length distributions, shared prefixes, images, turns.
+
+The spec (and its fingerprint) travels with every result so two numbers are only ever
+compared when they were measured on the same load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Dist(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Fixed(_Dist):
+    kind: Literal["fixed"] = "fixed"
+    value: int = Field(ge=1)
+
+
+class Uniform(_Dist):
+    kind: Literal["uniform"] = "uniform"
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Uniform:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) > max ({self.max})")
+        return self
+
+
+class Normal(_Dist):
+    """Normal with hard bounds (resampled, not clipped, so the bounds hold no mass spike)."""
+
+    kind: Literal["normal"] = "normal"
+    mean: float = Field(gt=0)
+    std: float = Field(ge=0)
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1)
+
+
+class LogNormal(_Dist):
+    """Log-normal given by its median and sigma (of the log), with hard bounds."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    median: float = Field(gt=0)
+    sigma: float = Field(ge=0)
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1)
+
+
+class Empirical(_Dist):
+    """Lengths drawn from a JSONL trace of real requests (one object per line)."""
+
+    kind: Literal["empirical"] = "empirical"
+    path: str
+    field: str = Field(description="key of the length in each JSONL object, e.g. input_tokens")
+    scale: float = Field(default=1.0, gt=0)
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1)
+
+
+LengthDist = Annotated[Fixed | Uniform | Normal | LogNormal | Empirical, Field(discriminator="kind")]
+
+
+class SharedPrefix(BaseModel):
+    """A shared system prompt, so the radix cache has something to reuse."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: int = Field(ge=1, description="length of each system prompt in tokens")
+    share_ratio: float = Field(default=1.0, ge=0, le=1, description="fraction of requests that carry one")
+    num_prefixes: int = Field(default=1, ge=1, description="distinct system prompts")
+    zipf_s: float = Field(default=1.1, ge=0, description="popularity skew over prefixes (0 = uniform)")
+
+
+class Images(BaseModel):
+    """Images attached to chat messages (VLM workloads)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: int = Field(default=1, ge=1, description="images per request that has any")
+    width: int = Field(default=512, ge=8)
+    height: int = Field(default=512, ge=8)
+    ratio: float = Field(default=1.0, ge=0, le=1, description="fraction of requests with images")
+    distinct: int = Field(default=0, ge=0, description="distinct images to draw from (0: unique per request)")
+    format: Literal["png", "jpeg"] = "png"
+
+
+class MultiTurn(BaseModel):
+    """Conversations: each later turn resends the history plus a new user message."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turns: int = Field(default=2, ge=1)
+    turn_input: LengthDist = Field(default_factory=lambda: Fixed(value=64), description="new user tokens per turn")
+
+
+class WorkloadSpec(BaseModel):
+    """Deterministic by ``seed``: the same spec always yields the same requests."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "default"
+    seed: int = 0
+    input: LengthDist = Field(default_factory=lambda: LogNormal(median=1024, sigma=0.6, min=64, max=4096))
+    output: LengthDist = Field(default_factory=lambda: LogNormal(median=192, sigma=0.5, min=16, max=1024))
+    shared_prefix: SharedPrefix | None = None
+    images: Images | None = None
+    multi_turn: MultiTurn | None = None
+    tokenizer: str | None = Field(default=None, description="path to a tokenizer.json or HF model dir")
+    ignore_eos: bool = True  # ask the server to generate exactly the requested output length
+    temperature: float = 0.0
+
+    def fingerprint(self) -> str:
+        """Stable hash of the spec (and of any trace file's contents) for comparing results."""
+        data = self.model_dump(mode="json")
+        h = hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS))
+        for dist in (self.input, self.output):
+            if isinstance(dist, Empirical) and Path(dist.path).is_file():
+                h.update(Path(dist.path).read_bytes())
+        return h.hexdigest()[:16]
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> WorkloadSpec:
+        """Load a workload from YAML or JSON; errors name the bad field."""
+        import yaml
+
+        text = Path(path).read_text()
+        data = yaml.safe_load(text) if str(path).endswith((".yaml", ".yml")) else orjson.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a workload file must hold a mapping, got {type(data).__name__}")
+        return cls.model_validate(data)

@@ -1,0 +1,43 @@
+"""Shared fixtures: a real PostgreSQL for the session (never a mock)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from servetune import localdb
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """SERVETUNE_TEST_DATABASE_URL, else 127.0.0.1:5432, else a private cluster started here."""
+    url, cluster = localdb.resolve_server("SERVETUNE_TEST_DATABASE_URL")
+    try:
+        yield url
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def database_url(pg_server_url: str) -> Iterator[str]:
+    """A database of this test session's own, dropped at the end."""
+    url = localdb.create_database(pg_server_url)
+    os.environ.setdefault("SERVETUNE_DATABASE_URL", url)
+    try:
+        yield url
+    finally:
+        localdb.drop_database(pg_server_url, make_url(url).database)
+
+
+@pytest.fixture
+def fresh_database_url(pg_server_url: str) -> Iterator[str]:
+    """A database for one test (migrations up/down, views on seeded data)."""
+    url = localdb.create_database(pg_server_url)
+    try:
+        yield url
+    finally:
+        localdb.drop_database(pg_server_url, make_url(url).database)
