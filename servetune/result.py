@@ -53,6 +53,7 @@ class TrialSummary(BaseModel):
     window_start_s: float | None = None
     window_end_s: float | None = None
     window_s: float | None = None
+    window_source: str | None = None  # stated (by the load generator) | fallback (first send..last end)
     # latency distributions (ms): prefill (TTFT) and decode (ITL, TPOT) kept apart
     ttft_ms: Percentiles = Percentiles()
     itl_ms: Percentiles = Percentiles()

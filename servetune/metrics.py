@@ -1,0 +1,292 @@
+"""Records + telemetry -> TrialSummary: every figure a result must state, one definition each.
+
+The definitions are pinned in docs/metrics.md because peer load generators disagree on them
+(peer-load-generators.md): ITL is per token (a chunk of k tokens gives k gaps), TPOT is
+(E2E - TTFT) / (out - 1) from server usage, throughput is counted over a stated window, and an
+unknown figure is ``None``, never 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from servetune.records import RequestRecord
+from servetune.result import Percentiles, TrialSummary
+from servetune.sla import SLA
+
+log = logging.getLogger(__name__)
+
+PERCENTILE_METHOD = "linear"  # numpy's default: interpolate between the two nearest ranks
+
+
+def percentiles(values: Iterable[float]) -> Percentiles:
+    """p50/p90/p95/p99/max/mean/min with numpy's linear interpolation; empty -> count 0, all None."""
+    arr = np.fromiter((float(v) for v in values), dtype=np.float64)
+    if arr.size == 0:
+        return Percentiles()
+    p50, p90, p95, p99 = np.percentile(arr, [50, 90, 95, 99], method=PERCENTILE_METHOD)
+    return Percentiles(
+        count=int(arr.size),
+        mean=float(arr.mean()),
+        p50=float(p50),
+        p90=float(p90),
+        p95=float(p95),
+        p99=float(p99),
+        max=float(arr.max()),
+        min=float(arr.min()),
+    )
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    *,
+    window: tuple[float, float] | None,
+    sla: SLA | None,
+    gpu: dict[str, Any] | None,
+    server: dict[str, Any] | None,
+    lengths_exact: bool,
+) -> TrialSummary:
+    """Compute the TrialSummary of one trial (definitions: docs/metrics.md)."""
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    failed = [r for r in measured if not r.ok]
+
+    s = TrialSummary(
+        requests_total=len(records),
+        requests_measured=len(measured),
+        requests_warmup=len(records) - len(measured),
+        requests_ok=len(ok),
+        requests_failed=len(failed),
+        error_rate=len(failed) / len(measured) if measured else 0.0,
+        errors_by_class=dict(Counter(str(r.error_class) for r in failed)),
+        lengths_exact=lengths_exact,
+        token_count_sources=dict(Counter(r.token_count_source for r in ok if r.token_count_source)),
+    )
+
+    # latency distributions over successful measured requests
+    s.ttft_ms = percentiles(r.ttft_ms for r in ok if r.ttft_ms is not None)
+    s.itl_ms = percentiles(g for r in ok for g in r.itl_gaps_ms())
+    s.tpot_ms = percentiles(t for r in ok if (t := r.tpot_ms()) is not None)
+    s.e2e_ms = percentiles(r.e2e_ms for r in ok if r.e2e_ms is not None)
+    s.queue_ms = percentiles(r.queue_ms for r in ok)
+    # lengths as the server counted them (usage); requested lengths stay in the records
+    s.input_len = percentiles(r.prompt_tokens for r in ok if r.prompt_tokens is not None)
+    s.output_len = percentiles(r.completion_tokens for r in ok if r.completion_tokens is not None)
+    s.cached_len = percentiles(r.cached_tokens for r in ok if r.cached_tokens is not None)
+
+    _throughput(s, measured, ok, window)
+    _goodput(s, measured, ok, sla)
+    s.prefix_hit_rate = prefix_hit_rate(measured)
+    _server_signals(s, server)
+    _gpu(s, gpu)
+    return s
+
+
+# --- throughput ---------------------------------------------------------------------------
+
+
+def _end_s(r: RequestRecord) -> float | None:
+    return None if r.e2e_ms is None else r.t_send_s + r.e2e_ms / 1000.0
+
+
+def _first_token_s(r: RequestRecord) -> float | None:
+    return None if r.ttft_ms is None else r.t_send_s + r.ttft_ms / 1000.0
+
+
+def _chunk_tokens(r: RequestRecord) -> list[int]:
+    """Tokens per content chunk; a chunk without a count carries one (as in ``itl_gaps_ms``)."""
+    toks = r.chunk_tokens
+    return [max(toks[i], 0) if i < len(toks) else 1 for i in range(len(r.chunk_offsets_ms))]
+
+
+def resolve_window(
+    window: tuple[float, float] | None, measured: Sequence[RequestRecord]
+) -> tuple[float, float, str] | None:
+    """The stated window, or [first measured send, last measured end] when it is missing or empty."""
+    if window is not None:
+        start, end = window
+        if start is not None and end is not None and end > start:
+            return float(start), float(end), "stated"
+    sends = [r.t_send_s for r in measured]
+    ends = [e for r in measured if (e := _end_s(r)) is not None]
+    if not sends or not ends or max(ends) <= min(sends):
+        return None
+    log.warning(
+        "measurement window %s is missing or empty; falling back to first send .. last end", window
+    )
+    return min(sends), max(ends), "fallback"
+
+
+def _throughput(
+    s: TrialSummary,
+    measured: Sequence[RequestRecord],
+    ok: Sequence[RequestRecord],
+    window: tuple[float, float] | None,
+) -> None:
+    resolved = resolve_window(window, measured)
+    if resolved is None:
+        return
+    ws, we, source = resolved
+    s.window_start_s, s.window_end_s, s.window_s = ws, we, we - ws
+    s.window_source = source
+    span = we - ws
+
+    def inside(t: float | None) -> bool:
+        return t is not None and ws <= t <= we
+
+    completed = sum(1 for r in ok if inside(_end_s(r)))
+    out_tokens = 0
+    decode_tokens = 0
+    in_tokens = 0
+    any_prompt = False
+    for r in ok:
+        for i, (off, k) in enumerate(zip(r.chunk_offsets_ms, _chunk_tokens(r), strict=True)):
+            if inside(r.t_send_s + off / 1000.0):
+                out_tokens += k
+                decode_tokens += k - 1 if i == 0 else k  # the first token belongs to prefill
+        if r.prompt_tokens is not None:
+            any_prompt = True
+            if inside(_first_token_s(r)):
+                in_tokens += r.prompt_tokens
+
+    s.request_throughput = completed / span
+    s.output_tokens_per_s = out_tokens / span
+    s.decode_tokens_per_s = max(decode_tokens, 0) / span
+    if any_prompt:
+        s.input_tokens_per_s = in_tokens / span
+        s.total_tokens_per_s = s.input_tokens_per_s + s.output_tokens_per_s
+
+
+# --- goodput ------------------------------------------------------------------------------
+
+
+def meets_bounds(r: RequestRecord, bounds: dict[str, float]) -> bool:
+    """Succeeded and met every per-request bound; a request with <2 output tokens has no TPOT to miss."""
+    if not r.ok:
+        return False
+    if "ttft_ms" in bounds and (r.ttft_ms is None or r.ttft_ms > bounds["ttft_ms"]):
+        return False
+    if "e2e_ms" in bounds and (r.e2e_ms is None or r.e2e_ms > bounds["e2e_ms"]):
+        return False
+    if "tpot_ms" in bounds:
+        tpot = r.tpot_ms()
+        if tpot is not None and tpot > bounds["tpot_ms"]:
+            return False
+        if tpot is None and (r.output_tokens or 0) >= 2:  # a decode phase we could not time
+            return False
+    return True
+
+
+def _goodput(
+    s: TrialSummary, measured: Sequence[RequestRecord], ok: Sequence[RequestRecord], sla: SLA | None
+) -> None:
+    if sla is None:
+        return
+    bounds = sla.request_bounds()
+    s.sla = bounds
+    good = [r for r in ok if meets_bounds(r, bounds)]
+    if measured:
+        s.goodput_fraction = len(good) / len(measured)
+    if s.window_s:
+        ws, we = s.window_start_s, s.window_end_s
+        in_window = sum(1 for r in good if (e := _end_s(r)) is not None and ws <= e <= we)
+        s.goodput_rps = in_window / s.window_s
+
+
+# --- prefix cache -------------------------------------------------------------------------
+
+
+def prefix_hit_rate(measured: Sequence[RequestRecord]) -> float | None:
+    """sum(cached)/sum(prompt) over measured requests whose usage reported both; None if none did."""
+    cached = prompt = 0
+    seen = False
+    for r in measured:
+        if r.cached_tokens is not None and r.prompt_tokens is not None:
+            seen = True
+            cached += r.cached_tokens
+            prompt += r.prompt_tokens
+    if not seen or prompt == 0:
+        return None
+    return cached / prompt
+
+
+def _server_signals(s: TrialSummary, server: dict[str, Any] | None) -> None:
+    if not server:
+        return
+    from servetune.telemetry.prometheus import derive_signals
+
+    sig = derive_signals(server)
+    s.prefix_hit_rate_server = sig.get("prefix_hit_rate_server")
+    s.cache_hit_rate_gauge = sig.get("cache_hit_rate_gauge")
+    s.server_token_usage_max = sig.get("token_usage_max")
+    s.server_queue_reqs_max = sig.get("queue_reqs_max")
+    s.server_queue_reqs_mean = sig.get("queue_reqs_mean")
+    s.server_running_reqs_mean = sig.get("running_reqs_mean")
+    s.server_retractions = sig.get("retractions")
+    s.server_samples = int(sig.get("samples") or 0)
+
+
+# --- GPU memory curve ---------------------------------------------------------------------
+
+
+def gpu_sweeps(samples: Sequence[dict[str, Any]]) -> list[dict[int, dict[str, Any]]]:
+    """Group per-GPU samples into sweeps (one reading of every GPU): a repeated GPU index starts a new one."""
+    sweeps: list[dict[int, dict[str, Any]]] = []
+    cur: dict[int, dict[str, Any]] = {}
+    for sample in samples:
+        g = int(sample.get("gpu", 0))
+        if g in cur:
+            sweeps.append(cur)
+            cur = {}
+        cur[g] = sample
+    if cur:
+        sweeps.append(cur)
+    return sweeps
+
+
+def _gpu(s: TrialSummary, gpu: dict[str, Any] | None) -> None:
+    if not gpu:
+        return
+    s.gpu_state = str(gpu.get("state") or "unknown")
+    interval = gpu.get("interval_ms")
+    s.gpu_sample_interval_ms = float(interval) if interval is not None else None
+    procs = gpu.get("processes_at_start")
+    if procs is not None:
+        s.gpu_clean_at_start = not any(_is_foreign(p) for p in procs)
+    sweeps = gpu_sweeps(gpu.get("samples") or [])
+    s.gpu_samples = len(sweeps)
+    if not sweeps:
+        return
+    used = [sum(int(x["mem_used"]) for x in sw.values()) for sw in sweeps]
+    totals: dict[int, int] = {}
+    for sw in sweeps:
+        for g, x in sw.items():
+            totals[g] = max(totals.get(g, 0), int(x["mem_total"]))
+    s.gpu_mem_peak_bytes = max(used)
+    s.gpu_mem_mean_bytes = float(np.mean(used))
+    s.gpu_mem_idle_bytes = used[0]
+    s.gpu_mem_total_bytes = sum(totals.values())
+    if s.gpu_mem_total_bytes:
+        s.gpu_mem_peak_fraction = s.gpu_mem_peak_bytes / s.gpu_mem_total_bytes
+    utils = [float(x["util"]) for sw in sweeps for x in sw.values() if x.get("util") is not None]
+    if utils:
+        s.gpu_util_mean = float(np.mean(utils))
+    power = [
+        sum(float(x["power_w"]) for x in sw.values())
+        for sw in sweeps
+        if all(x.get("power_w") is not None for x in sw.values())
+    ]
+    if power:
+        s.gpu_power_mean_w = float(np.mean(power))
+
+
+def _is_foreign(proc: Any) -> bool:
+    """A process listed at start is foreign unless the sampler marked it as the server under test."""
+    if isinstance(proc, dict):
+        return bool(proc.get("foreign", True))
+    return True
