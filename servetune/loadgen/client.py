@@ -1,0 +1,208 @@
+"""run_load: stream every request through one pooled aiohttp session and record what came back.
+
+The per-chunk hot path is three operations: await the socket, take ``perf_counter_ns()``,
+append the raw bytes. Everything else (SSE splitting, JSON, token counting) happens once the
+request's stream has ended, so a busy client stamps chunks late as little as possible.
+Failures are recorded on the request (design.md: never an aborted run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from servetune.records import ErrorClass, RequestRecord
+from servetune.workload.request import WorkloadRequest
+
+from .config import LoadConfig, Target
+from .endpoints import decode_stream, request_body, token_counter
+from .sse import split_events
+from .strategies import arrival_offsets_s, closed_loop, open_loop
+
+READ_BUFSIZE = 1 << 22  # 64 KiB (aiohttp's default) throttles long-context streams: vLLM #39963
+ERROR_BODY_BYTES = 2048
+PREFLIGHT_TIMEOUT_S = 10.0
+
+Progress = Callable[[int, int, int], None]  # (requests done, errors, output tokens)
+
+
+class TargetUnreachable(ConnectionError):
+    """The target did not answer the preflight: nothing was sent."""
+
+
+@dataclass(slots=True)
+class LoadOutcome:
+    records: list[RequestRecord]  # one per request, in request order
+    window_start_s: float  # measured phase start, relative to t0
+    window_end_s: float  # last measured request dispatched (steady state ends)
+    drain_end_s: float  # every request finished
+
+
+def _classify_status(status: int) -> ErrorClass:
+    if status == 503:
+        return ErrorClass.REJECTED_503
+    return ErrorClass.HTTP_5XX if status >= 500 else ErrorClass.HTTP_4XX
+
+
+def _redact(text: str, secret: str | None) -> str:
+    return text.replace(secret, "***") if secret else text
+
+
+async def preflight(session: aiohttp.ClientSession, target: Target) -> None:
+    """Any HTTP answer from ``/health`` proves the target is reachable; only transport failures fail."""
+    url = target.url + "/health"
+    timeout = aiohttp.ClientTimeout(total=min(PREFLIGHT_TIMEOUT_S, target.timeout_s))
+    try:
+        async with session.get(url, timeout=timeout) as resp:
+            await resp.read()
+    except (aiohttp.ClientConnectionError, TimeoutError, OSError) as exc:
+        cause = str(exc) or type(exc).__name__
+        raise TargetUnreachable(f"target {target.url} is unreachable ({cause}); no request was sent") from exc
+
+
+def _new_record(req: WorkloadRequest, warmup: bool) -> RequestRecord:
+    return RequestRecord(
+        request_id=req.index,
+        requested_input_tokens=req.input_tokens,
+        requested_output_tokens=req.output_tokens,
+        prefix_group=req.prefix_group,
+        n_images=len(req.images),
+        turn=req.turn,
+        warmup=warmup,
+    )
+
+
+async def run_load(
+    target: Target,
+    requests: list[WorkloadRequest],
+    load: LoadConfig,
+    *,
+    t0_ns: int,
+    progress: Progress | None = None,
+    tokenizer: Any = None,
+) -> LoadOutcome:
+    """Send ``requests`` (the first ``load.warmup_requests`` as warm-up) and return one record each."""
+    if not requests:
+        raise ValueError("requests: nothing to send")
+    if load.warmup_requests >= len(requests):
+        raise ValueError(
+            f"warmup_requests ({load.warmup_requests}) must be fewer than the requests ({len(requests)})"
+        )
+    count = token_counter(tokenizer)
+    n_warm = load.warmup_requests
+    records = [_new_record(r, i < n_warm) for i, r in enumerate(requests)]
+    bodies = [request_body(target, r) for r in requests]
+    url = target.request_url
+    endpoint = target.endpoint
+    key = target.api_key()
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Accept-Encoding": "identity"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    timeout = aiohttp.ClientTimeout(total=target.timeout_s)
+    counters = [0, 0, 0]  # done, errors, output tokens
+    clock = time.perf_counter_ns
+
+    async def send(i: int, queue_ns: int) -> None:
+        rec = records[i]
+        rec.queue_ms = queue_ns / 1e6
+        reads: list[bytes] = []
+        times: list[int] = []
+        t_send = clock()
+        t_end = t_send
+        try:
+            async with session.post(url, data=bodies[i], timeout=timeout) as resp:
+                rec.http_status = resp.status
+                if resp.status >= 400:
+                    body = await resp.content.read(ERROR_BODY_BYTES)
+                    t_end = clock()
+                    rec.error_class = _classify_status(resp.status).value
+                    rec.error_message = f"HTTP {resp.status}: {body.decode('utf-8', 'replace')[:300]}"
+                else:
+                    readany = resp.content.readany
+                    while data := await readany():
+                        times.append(clock())
+                        reads.append(data)
+                    t_end = clock()
+        except TimeoutError:
+            t_end = clock()
+            rec.error_class = ErrorClass.TIMEOUT.value
+            rec.error_message = f"no complete response within timeout_s={target.timeout_s}"
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
+            t_end = clock()
+            rec.error_class = ErrorClass.CONNECTION.value
+            rec.error_message = f"{type(exc).__name__}: {exc}"
+        except asyncio.CancelledError:
+            rec.error_class = ErrorClass.CANCELLED.value
+            rec.error_message = "cancelled while in flight"
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded on the request, never aborts the run
+            t_end = clock()
+            rec.error_class = ErrorClass.CLIENT.value
+            rec.error_message = f"{type(exc).__name__}: {exc}"
+        finally:
+            rec.t_send_s = (t_send - t0_ns) / 1e9
+            rec.e2e_ms = (t_end - t_send) / 1e6
+        try:
+            if reads or rec.error_class is None:
+                events, tail = split_events(reads, times)
+                decode_stream(endpoint, events, rec, t_send, count)
+                if tail and rec.error_class == ErrorClass.EMPTY.value:
+                    rec.error_class = ErrorClass.MALFORMED.value
+                    rec.error_message = f"not an SSE stream: {tail[:120]!r}"
+        except Exception as exc:  # noqa: BLE001
+            rec.error_class = rec.error_class or ErrorClass.CLIENT.value
+            rec.error_message = rec.error_message or f"decoding failed: {type(exc).__name__}: {exc}"
+        if rec.error_message:
+            rec.error_message = _redact(rec.error_message, key)
+        counters[0] += 1
+        counters[1] += rec.error_class is not None
+        counters[2] += rec.output_tokens or 0
+        if progress is not None:
+            progress(counters[0], counters[1], counters[2])
+
+    connector = aiohttp.TCPConnector(limit=load.concurrency + 4, limit_per_host=0, keepalive_timeout=60)
+    async with aiohttp.ClientSession(
+        connector=connector,
+        headers=headers,
+        read_bufsize=READ_BUFSIZE,
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None),
+    ) as session:
+        await preflight(session, target)
+        if n_warm:
+            await closed_loop(list(range(n_warm)), load.concurrency, send)
+        measured = list(range(n_warm, len(requests)))
+        window_start = clock()
+        if load.mode == "rate":
+            await open_loop(measured, arrival_offsets_s(load, len(measured)), load.concurrency, send)
+        else:
+            await closed_loop(measured, load.concurrency, send)
+        drain_end = clock()
+    window_end_s = max(records[i].t_send_s for i in measured)
+    return LoadOutcome(records, (window_start - t0_ns) / 1e9, window_end_s, (drain_end - t0_ns) / 1e9)
+
+
+def run_load_sync(
+    target: Target,
+    requests: list[WorkloadRequest],
+    load: LoadConfig,
+    *,
+    t0_ns: int | None = None,
+    progress: Progress | None = None,
+    tokenizer: Any = None,
+) -> LoadOutcome:
+    """run_load on a fresh event loop (uvloop when installed); ``t0_ns`` defaults to now."""
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        factory = None
+    t0 = time.perf_counter_ns() if t0_ns is None else t0_ns
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(run_load(target, requests, load, t0_ns=t0, progress=progress, tokenizer=tokenizer))

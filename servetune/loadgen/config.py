@@ -1,0 +1,73 @@
+"""What to load and how hard: the target endpoint and the arrival process.
+
+The API key is deliberately NOT a field: only the *name* of the environment variable
+travels in configs, results and logs; the secret is read at run time by ``api_key()``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+Endpoint = Literal["chat", "completions", "generate"]
+
+ENDPOINT_PATHS: dict[str, str] = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "generate": "/generate",
+}
+
+
+class Target(BaseModel):
+    """A serving endpoint to stream from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="base URL, e.g. http://127.0.0.1:30000 (no endpoint path)")
+    endpoint: Endpoint = "chat"
+    model: str | None = None
+    api_key_env: str = "SERVETUNE_API_KEY"
+    timeout_s: float = Field(default=600.0, gt=0, description="per request, whole stream included")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every request body")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must be http(s)://host[:port], got {v!r}")
+        return v.rstrip("/")
+
+    @property
+    def request_url(self) -> str:
+        return self.url + ENDPOINT_PATHS[self.endpoint]
+
+    def api_key(self) -> str | None:
+        """The secret, read now from ``api_key_env`` (falling back to OPENAI_API_KEY); never stored."""
+        return os.environ.get(self.api_key_env) or os.environ.get("OPENAI_API_KEY") or None
+
+
+class LoadConfig(BaseModel):
+    """Closed loop at a fixed concurrency, or open loop at a rate with a cap on in-flight requests."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["concurrency", "rate"] = "concurrency"
+    concurrency: int = Field(gt=0, description="closed-loop streams; in rate mode the in-flight cap")
+    rate: float | None = Field(
+        default=None, gt=0, validate_default=True, description="requests/s, required in rate mode"
+    )
+    arrival: Literal["constant", "poisson", "gamma"] = "poisson"
+    burstiness: float = Field(default=1.0, gt=0, description="gamma shape: <1 burstier, >1 smoother")
+    warmup_requests: int = Field(default=0, ge=0)
+    seed: int = 0
+
+    @field_validator("rate")
+    @classmethod
+    def _rate_for_rate_mode(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is None and info.data.get("mode") == "rate":
+            raise ValueError("required when mode is 'rate' (requests per second)")
+        return v

@@ -1,0 +1,234 @@
+"""Per endpoint: the request body we send and how its stream is read back into a RequestRecord.
+
+Bodies are rendered before the run (nothing is serialised on the hot path); streams are
+decoded after each request ends, from the timestamped SSE events (sse.py). Per-chunk token
+counts follow design.md "Metric definitions", best source first, and the record says which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import orjson
+
+from servetune.records import ErrorClass, RequestRecord, TokenCountSource
+from servetune.workload.request import WorkloadRequest
+
+from .config import Target
+from .sse import SseEvent
+
+DEFAULT_TEMPERATURE = 0.0
+DEFAULT_IGNORE_EOS = True  # exact output lengths, as the workload asked for
+
+
+class TokenCounter(Protocol):
+    def count(self, text: str) -> int: ...
+
+
+def request_body(target: Target, req: WorkloadRequest) -> bytes:
+    """The JSON body for one request; ``target.extra_body`` wins (dict values merge one level deep)."""
+    body: dict[str, Any]
+    if target.endpoint == "generate":
+        body = {
+            "text": req.prompt_text(),
+            "sampling_params": {
+                "max_new_tokens": req.output_tokens,
+                "temperature": DEFAULT_TEMPERATURE,
+                "ignore_eos": DEFAULT_IGNORE_EOS,
+            },
+            "stream": True,
+        }
+        if req.images:
+            body["image_data"] = list(req.images)
+    else:
+        body = (
+            {"messages": req.chat_messages()}
+            if target.endpoint == "chat"
+            else {"prompt": req.prompt_text()}
+        )
+        body.update(
+            max_tokens=req.output_tokens,
+            temperature=DEFAULT_TEMPERATURE,
+            ignore_eos=DEFAULT_IGNORE_EOS,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        if target.model is not None:
+            body["model"] = target.model
+    for key, value in target.extra_body.items():
+        if isinstance(value, dict) and isinstance(body.get(key), dict):
+            body[key] = {**body[key], **value}
+        else:
+            body[key] = value
+    return orjson.dumps(body)
+
+
+def token_counter(tokenizer: Any) -> Callable[[str], int] | None:
+    """Accept an object with ``count(text)`` or ``encode(text)`` (e.g. a tokenizers.Tokenizer)."""
+    if tokenizer is None:
+        return None
+    if callable(getattr(tokenizer, "count", None)):
+        return tokenizer.count
+    encode = getattr(tokenizer, "encode", None)
+    if callable(encode):
+        return lambda text: len(encode(text))
+    raise TypeError(f"tokenizer {type(tokenizer).__name__} has neither count(text) nor encode(text)")
+
+
+class _Stream:
+    """What one stream said, before it is written into the record."""
+
+    __slots__ = ("times", "texts", "usage_tokens", "usage", "meta", "error")
+
+    def __init__(self) -> None:
+        self.times: list[int] = []  # content chunk arrival, perf_counter_ns
+        self.texts: list[str] = []  # generated text per content chunk
+        self.usage_tokens: list[int | None] = []  # cumulative completion tokens at that chunk
+        self.usage: dict | None = None  # the last usage / meta_info seen
+        self.meta: bool = False  # counts came from SGLang meta_info
+        self.error: tuple[ErrorClass, str] | None = None
+
+
+def _chunk_text(choice: dict, chat: bool) -> str:
+    if not chat:
+        return choice.get("text") or ""
+    delta = choice.get("delta") or {}
+    # reasoning models stream their thinking first: it is generated text all the same
+    return delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
+
+
+def _error_text(obj: Any) -> str:
+    err = obj.get("error") if isinstance(obj, dict) else obj
+    if isinstance(err, dict):
+        return str(err.get("message") or err)[:300]
+    return str(err)[:300]
+
+
+def _read_openai(events: list[SseEvent], chat: bool) -> _Stream:
+    s = _Stream()
+    for i, ev in enumerate(events):
+        data = ev.data
+        if data == b"[DONE]":
+            break
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            s.error = (ErrorClass.MALFORMED, f"event {i}: not JSON: {data[:120]!r}")
+            break
+        if not isinstance(obj, dict):
+            s.error = (ErrorClass.MALFORMED, f"event {i}: not a JSON object: {data[:120]!r}")
+            break
+        if ev.event == b"error" or obj.get("error") is not None:
+            s.error = (ErrorClass.MALFORMED, f"error event {i}: {_error_text(obj)}")
+            break
+        usage = obj.get("usage")
+        if usage:
+            s.usage = usage
+        for choice in obj.get("choices") or ():
+            text = _chunk_text(choice, chat)
+            if text:
+                s.times.append(ev.t_ns)
+                s.texts.append(text)
+                s.usage_tokens.append(usage.get("completion_tokens") if usage else None)
+                break
+    return s
+
+
+def _read_generate(events: list[SseEvent]) -> _Stream:
+    """SGLang native /generate: ``text`` is cumulative; ``meta_info`` counts tokens."""
+    s = _Stream()
+    s.meta = True
+    prev = ""
+    for i, ev in enumerate(events):
+        data = ev.data
+        if data == b"[DONE]":
+            break
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            s.error = (ErrorClass.MALFORMED, f"event {i}: not JSON: {data[:120]!r}")
+            break
+        if not isinstance(obj, dict):
+            s.error = (ErrorClass.MALFORMED, f"event {i}: not a JSON object: {data[:120]!r}")
+            break
+        if ev.event == b"error" or obj.get("error") is not None:
+            s.error = (ErrorClass.MALFORMED, f"error event {i}: {_error_text(obj)}")
+            break
+        meta = obj.get("meta_info") or {}
+        if meta:
+            s.usage = meta
+        text = obj.get("text") or ""
+        # cumulative by default; --incremental-streaming-output servers send deltas instead
+        delta = text[len(prev) :] if text.startswith(prev) else text
+        prev = text if text.startswith(prev) else prev + text
+        if delta:
+            s.times.append(ev.t_ns)
+            s.texts.append(delta)
+            s.usage_tokens.append(meta.get("completion_tokens"))
+    return s
+
+
+def _growth(cumulative: list[int | None], total: int | None) -> list[int] | None:
+    """Per-chunk tokens from a cumulative count at each chunk; tokens with no text go to the next chunk."""
+    if not cumulative or any(c is None for c in cumulative):
+        return None
+    out, prev = [], 0
+    for c in cumulative:
+        if c < prev:  # type: ignore[operator]
+            return None
+        out.append(c - prev)  # type: ignore[operator]
+        prev = c  # type: ignore[assignment]
+    if total is not None and total > prev:  # tokens after the last text chunk (e.g. a stop token)
+        out[-1] += total - prev
+    return out
+
+
+def apportion(total: int, n: int) -> list[int]:
+    """``total`` tokens spread over ``n`` chunks as evenly as integers allow (sums exactly)."""
+    base, extra = divmod(total, n)
+    return [base + 1 if i < extra else base for i in range(n)]
+
+
+def decode_stream(
+    endpoint: str,
+    events: list[SseEvent],
+    rec: RequestRecord,
+    t_send_ns: int,
+    count: Callable[[str], int] | None = None,
+) -> None:
+    """Fill timings, token counts, usage and (if the stream was bad) the error of ``rec``."""
+    s = _read_generate(events) if endpoint == "generate" else _read_openai(events, endpoint == "chat")
+    usage = s.usage or {}
+    completion = usage.get("completion_tokens")
+    rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
+    rec.completion_tokens = completion if completion is not None else rec.completion_tokens
+    if s.meta:
+        rec.cached_tokens = usage.get("cached_tokens", rec.cached_tokens)
+    else:
+        details = usage.get("prompt_tokens_details") or {}
+        rec.cached_tokens = details.get("cached_tokens", rec.cached_tokens)
+
+    n = len(s.times)
+    if n:
+        rec.ttft_ms = (s.times[0] - t_send_ns) / 1e6
+        rec.chunk_offsets_ms = [(t - t_send_ns) / 1e6 for t in s.times]
+        tokens = _growth(s.usage_tokens, completion)
+        if tokens is not None:
+            source = TokenCountSource.META_INFO if s.meta else TokenCountSource.USAGE_PER_CHUNK
+        elif count is not None:
+            tokens, source = [count(t) for t in s.texts], TokenCountSource.TOKENIZER
+        elif completion is not None:
+            tokens, source = apportion(completion, n), TokenCountSource.APPORTIONED
+        else:
+            tokens, source = [1] * n, TokenCountSource.CHUNKS
+        rec.chunk_tokens = tokens
+        rec.token_count_source = source.value
+        if count is not None:
+            rec.client_completion_tokens = count("".join(s.texts))
+    if rec.error_class is None:
+        if s.error is not None:
+            rec.error_class, rec.error_message = s.error[0].value, s.error[1]
+        elif not n:
+            rec.error_class = ErrorClass.EMPTY.value
+            rec.error_message = f"stream ended without generated text ({len(events)} events)"

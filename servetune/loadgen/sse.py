@@ -1,0 +1,63 @@
+"""Server-sent events, split after the fact from raw, timestamped socket reads.
+
+The hot path (client.py) only appends ``(perf_counter_ns(), bytes)`` per read; this module
+turns those reads into events once the stream is over. Each event is stamped with the time
+of the read that *completed* it: that is when the client could first have seen it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class SseEvent(NamedTuple):
+    t_ns: int  # arrival of the read that completed the event
+    event: bytes | None  # the ``event:`` field (b"error" for error events), None when absent
+    data: bytes  # the ``data:`` lines joined by b"\n"
+
+
+def split_events(reads: list[bytes], times: list[int]) -> tuple[list[SseEvent], bytes]:
+    """Split reads into events; returns the events and any trailing bytes that never formed one."""
+    events: list[SseEvent] = []
+    carry = b""
+    for data, t in zip(reads, times, strict=True):
+        buf = carry + data if carry else data
+        if b"\r" in buf:
+            if buf.endswith(b"\r"):  # a CRLF split across reads: wait for its LF
+                carry = buf
+                continue
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        start = 0
+        while (end := buf.find(b"\n\n", start)) >= 0:
+            ev = _parse_block(buf, start, end, t)
+            if ev is not None:
+                events.append(ev)
+            start = end + 2
+        carry = buf[start:]
+    tail = carry.strip()
+    if tail and times:  # a last event the server did not terminate with a blank line
+        ev = _parse_block(tail, 0, len(tail), times[-1])
+        if ev is not None:
+            events.append(ev)
+            tail = b""
+    return events, tail
+
+
+def _parse_block(buf: bytes, start: int, end: int, t: int) -> SseEvent | None:
+    if buf.startswith(b"data: ", start) and buf.find(b"\n", start, end) < 0:
+        return SseEvent(t, None, buf[start + 6 : end])  # the common case: one data line
+    event: bytes | None = None
+    data: list[bytes] = []
+    for line in buf[start:end].split(b"\n"):
+        if not line or line[0] == 58:  # b":" comment / keep-alive
+            continue
+        name, _, value = line.partition(b":")
+        if value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            data.append(value)
+        elif name == b"event":
+            event = value
+    if not data and event is None:
+        return None
+    return SseEvent(t, event, b"\n".join(data))

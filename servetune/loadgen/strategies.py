@@ -1,0 +1,70 @@
+"""When each measured request is due: closed loop (as soon as a stream frees) or an open-loop schedule.
+
+Open-loop schedules are computed up front from the seed, so a run is reproducible and the
+dispatcher only compares clocks; lateness (timer or concurrency cap) becomes ``queue_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+
+from .config import LoadConfig
+
+
+def arrival_offsets_s(load: LoadConfig, n: int) -> list[float]:
+    """Due times in seconds after the measured phase starts; the first request is due at 0."""
+    if load.mode != "rate" or n == 0:
+        return [0.0] * n
+    rate = float(load.rate)  # type: ignore[arg-type]  # validated: set in rate mode
+    if load.arrival == "constant":
+        return [i / rate for i in range(n)]
+    rng = np.random.default_rng(load.seed)
+    if load.arrival == "poisson":
+        gaps = rng.exponential(1.0 / rate, size=n - 1)
+    else:  # gamma: shape = burstiness, mean gap 1/rate (vLLM's --burstiness semantics)
+        gaps = rng.gamma(shape=load.burstiness, scale=1.0 / (rate * load.burstiness), size=n - 1)
+    return [0.0, *np.cumsum(gaps).tolist()]
+
+
+Send = Callable[[int, int], Awaitable[None]]  # (request index, queue time in ns)
+
+
+async def closed_loop(indices: list[int], concurrency: int, send: Send) -> None:
+    """``concurrency`` streams, each sending its next request as soon as the previous one ends."""
+    it = iter(indices)
+
+    async def stream() -> None:
+        for i in it:  # the shared iterator hands each index to exactly one stream
+            await send(i, 0)
+
+    await asyncio.gather(*(stream() for _ in range(min(concurrency, len(indices)))))
+
+
+async def open_loop(indices: list[int], offsets_s: list[float], cap: int, send: Send) -> None:
+    """Dispatch request j at ``start + offsets_s[j]``, never more than ``cap`` in flight."""
+    slots = asyncio.Semaphore(cap)
+    tasks: set[asyncio.Task[None]] = set()
+    clock = time.perf_counter_ns
+    start = clock()
+
+    async def run(i: int, queue_ns: int) -> None:
+        try:
+            await send(i, queue_ns)
+        finally:
+            slots.release()
+
+    for i, off in zip(indices, offsets_s, strict=True):
+        due = start + int(off * 1e9)
+        wait = due - clock()
+        if wait > 0:
+            await asyncio.sleep(wait / 1e9)
+        await slots.acquire()
+        task = asyncio.create_task(run(i, max(0, clock() - due)))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    while tasks:
+        await asyncio.gather(*tasks)
