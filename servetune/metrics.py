@@ -107,11 +107,16 @@ def _chunk_tokens(r: RequestRecord) -> list[int]:
 def resolve_window(
     window: tuple[float, float] | None, measured: Sequence[RequestRecord]
 ) -> tuple[float, float, str] | None:
-    """The stated window, or [first measured send, last measured end] when it is missing or empty."""
+    """The stated window, or [first measured send, last measured end] when it is missing or empty.
+
+    "Empty" includes a window in which no measured request ended: a closed loop whose requests
+    all start at once (requests <= concurrency) has no steady state to measure.
+    """
     if window is not None:
         start, end = window
         if start is not None and end is not None and end > start:
-            return float(start), float(end), "stated"
+            if not measured or any(start <= e <= end for r in measured if (e := _end_s(r)) is not None):
+                return float(start), float(end), "stated"
     sends = [r.t_send_s for r in measured]
     ends = [e for r in measured if (e := _end_s(r)) is not None]
     if not sends or not ends or max(ends) <= min(sends):

@@ -98,7 +98,8 @@ def test_degenerate_window_falls_back_to_send_and_end_times():
 
 
 def test_chunks_without_counts_carry_one_token():
-    r = RequestRecord(request_id=1, t_send_s=0.0, ttft_ms=10.0, e2e_ms=30.0, chunk_offsets_ms=[10.0, 20.0, 30.0])
+    r = RequestRecord(request_id=1, t_send_s=0.0, ttft_ms=10.0, e2e_ms=30.0,
+                      chunk_offsets_ms=[10.0, 20.0, 30.0])
     s = summarize([r], window=(0.0, 1.0), sla=None, gpu=None, server=None, lengths_exact=False)
     assert s.output_tokens_per_s == approx(3.0)
     assert s.decode_tokens_per_s == approx(2.0)
@@ -137,7 +138,8 @@ def test_prefix_hit_rate_is_none_when_unknown_and_zero_when_zero():
     unknown = [RequestRecord(request_id=i, ttft_ms=1, e2e_ms=2, prompt_tokens=10) for i in range(3)]
     assert summarize(unknown, window=(0, 1), sla=None, gpu=None, server=None,
                      lengths_exact=False).prefix_hit_rate is None
-    zero = [RequestRecord(request_id=i, ttft_ms=1, e2e_ms=2, prompt_tokens=10, cached_tokens=0) for i in range(3)]
+    zero = [RequestRecord(request_id=i, ttft_ms=1, e2e_ms=2, prompt_tokens=10, cached_tokens=0)
+            for i in range(3)]
     assert summarize(zero, window=(0, 1), sla=None, gpu=None, server=None,
                      lengths_exact=False).prefix_hit_rate == 0.0
 
@@ -217,3 +219,12 @@ def test_summary_survives_the_result_json_round_trip(tmp_path):
     path = TrialResult(records=_records(), summary=s, load={"concurrency": 2}).save(tmp_path / "r.json")
     back = TrialResult.load(path)
     assert back.summary == s
+
+
+def test_window_in_which_nothing_ended_falls_back():
+    # all requests sent at once (requests <= concurrency): the loadgen's window is just the dispatch burst
+    recs = [RequestRecord(request_id=i, t_send_s=1.0, ttft_ms=50.0, e2e_ms=500.0, chunk_offsets_ms=[50.0],
+                          chunk_tokens=[1]) for i in range(4)]
+    s = summarize(recs, window=(1.0, 1.0001), sla=None, gpu=None, server=None, lengths_exact=False)
+    assert (s.window_start_s, s.window_end_s, s.window_source) == (1.0, 1.5, "fallback")
+    assert s.request_throughput == approx(8.0)
