@@ -70,7 +70,7 @@ class TrialSummary(BaseModel):
     request_throughput: float | None = None  # req/s
     input_tokens_per_s: float | None = None
     output_tokens_per_s: float | None = None
-    decode_tokens_per_s: float | None = None  # sum(out-1) / sum(decode time), per stream
+    decode_tokens_per_s: float | None = None  # output tokens in the window minus first tokens / window
     total_tokens_per_s: float | None = None
     # goodput under the SLA
     goodput_rps: float | None = None
