@@ -1,0 +1,232 @@
+"""``servetune bench``: one trial against a running endpoint, with a progress bar, a summary table and a JSON result.
+
+Everything is checked before the first request: a bad option, workload file or SLA, or an
+unreachable URL ends with one line naming the cause and exit code 2, and nothing is sent.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from servetune.loadgen import LoadConfig, Target, TargetUnreachable
+from servetune.result import Percentiles, TrialResult
+from servetune.sla import SLA
+from servetune.workload.spec import WorkloadSpec
+
+DEFAULT_PRESET = "chat"
+BAD_INPUT = 2
+
+console = Console(stderr=True)
+
+
+class BadInput(Exception):
+    """A user error found before anything was sent: printed as one line, exit code 2."""
+
+
+def _pydantic_line(exc: ValidationError, prefix: str = "") -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        parts.append(f"{prefix}{loc}: {err['msg']}" if loc else f"{prefix.rstrip('.')}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def resolve_workload(value: str | None) -> WorkloadSpec:
+    """A workload file (YAML/JSON) or the name of a preset; the default preset when None."""
+    from servetune.workload import presets
+
+    if value is None:
+        return presets.get(DEFAULT_PRESET)
+    path = Path(value)
+    if path.is_file():
+        try:
+            return WorkloadSpec.from_file(path)
+        except ValidationError as exc:
+            raise BadInput(f"workload {value}: {_pydantic_line(exc)}") from exc
+        except Exception as exc:  # noqa: BLE001 - YAML/JSON syntax, unreadable file
+            raise BadInput(f"workload {value}: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+    if value in presets.names():
+        return presets.get(value)
+    raise BadInput(f"workload: {value!r} is neither a file nor a preset ({', '.join(presets.names())})")
+
+
+def _gpu_list(value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError as exc:
+        raise BadInput(f"--gpus: expected comma-separated GPU indices like 0,1, got {value!r}") from exc
+
+
+def _ms(p: Percentiles, field: str) -> str:
+    v = getattr(p, field)
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _num(v: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def summary_table(result: TrialResult) -> Table:
+    s = result.summary
+    t = Table(title=f"trial {result.trial_id[:8]}  status={result.status}", show_header=True)
+    t.add_column("metric")
+    t.add_column("p50", justify="right")
+    t.add_column("p90", justify="right")
+    t.add_column("p99", justify="right")
+    t.add_column("mean", justify="right")
+    for name, p in (("TTFT ms", s.ttft_ms), ("ITL ms", s.itl_ms), ("TPOT ms", s.tpot_ms), ("E2E ms", s.e2e_ms)):
+        t.add_row(name, _ms(p, "p50"), _ms(p, "p90"), _ms(p, "p99"), _ms(p, "mean"))
+    t.add_section()
+    window = f"{_num(s.window_s, '{:.2f}')} s ({s.window_source or '-'})"
+    rows = [
+        ("requests ok / measured", f"{s.requests_ok} / {s.requests_measured} (errors {s.error_rate:.1%})"),
+        ("window", window),
+        ("requests/s", _num(s.request_throughput, "{:.2f}")),
+        ("output tokens/s", _num(s.output_tokens_per_s)),
+        ("decode tokens/s", _num(s.decode_tokens_per_s)),
+        ("input tokens/s", _num(s.input_tokens_per_s)),
+        ("goodput req/s", _num(s.goodput_rps, "{:.2f}") + (f" ({s.goodput_fraction:.1%} good)"
+                                                           if s.goodput_fraction is not None else "")),
+        ("prefix hit rate (usage)", _num(s.prefix_hit_rate, "{:.1%}")),
+        ("prefix hit rate (server)", _num(s.prefix_hit_rate_server, "{:.1%}")),
+        ("GPU memory peak", f"{s.gpu_mem_peak_bytes / 2**30:.2f} GiB" if s.gpu_mem_peak_bytes is not None
+         else f"- ({s.gpu_state})"),
+    ]
+    for name, value in rows:
+        t.add_row(name, value, "", "", "")
+    if s.errors_by_class:
+        t.add_row("errors", ", ".join(f"{k}={v}" for k, v in sorted(s.errors_by_class.items())), "", "", "")
+    return t
+
+
+def bench(
+    url: Annotated[str, typer.Option(help="server base URL, e.g. http://127.0.0.1:30000")],
+    concurrency: Annotated[int, typer.Option(help="closed-loop streams; with --rate, the in-flight cap")],
+    requests: Annotated[int, typer.Option(help="measured requests (warm-up not included)")],
+    out: Annotated[Path, typer.Option(help="where to write the JSON result")],
+    workload: Annotated[str | None, typer.Option(help="workload file (YAML/JSON) or preset name")] = None,
+    rate: Annotated[float | None, typer.Option(help="open loop: requests per second")] = None,
+    arrival: Annotated[str, typer.Option(help="constant | poisson | gamma (with --rate)")] = "poisson",
+    burstiness: Annotated[float, typer.Option(help="gamma shape: <1 burstier, >1 smoother")] = 1.0,
+    endpoint: Annotated[str, typer.Option(help="chat | completions | generate")] = "chat",
+    model: Annotated[str | None, typer.Option(help="model name sent in the request body")] = None,
+    sla: Annotated[list[str] | None, typer.Option(help="per-request bound, e.g. ttft_ms=500 (repeat)")] = None,
+    warmup: Annotated[int, typer.Option(help="warm-up requests before the measured ones")] = 1,
+    tokenizer: Annotated[str | None, typer.Option(help="tokenizer.json or model dir: exact prompt lengths")] = None,
+    api_key_env: Annotated[str, typer.Option(help="NAME of the env var holding the API key")] = "SERVETUNE_API_KEY",
+    gpu_interval_ms: Annotated[float, typer.Option(help="NVML sampling interval")] = 100.0,
+    gpus: Annotated[str | None, typer.Option(help="GPU indices to sample, e.g. 0,1 (default: all)")] = None,
+    flush_cache: Annotated[bool, typer.Option(help="POST /flush_cache before the warm-up")] = True,
+    timeout_s: Annotated[float, typer.Option(help="per-request timeout, stream included")] = 600.0,
+    seed: Annotated[int | None, typer.Option(help="override the workload's seed")] = None,
+) -> None:
+    """Benchmark a running endpoint: one trial, its summary, and a JSON result with every record."""
+    from servetune.trial import TrialRequest, run_trial
+
+    try:
+        spec = resolve_workload(workload)
+        if seed is not None:
+            spec = spec.model_copy(update={"seed": seed})
+        try:
+            sla_obj = SLA.parse_cli(sla) if sla else None
+        except ValidationError as exc:
+            raise BadInput(_pydantic_line(exc, "--sla ")) from exc
+        except ValueError as exc:
+            raise BadInput(f"--sla: {exc}") from exc
+        try:
+            req = TrialRequest(
+                target=Target(url=url, endpoint=endpoint, model=model, api_key_env=api_key_env, timeout_s=timeout_s),
+                load=LoadConfig(
+                    mode="rate" if rate is not None else "concurrency",
+                    concurrency=concurrency,
+                    rate=rate,
+                    arrival=arrival,
+                    burstiness=burstiness,
+                    warmup_requests=warmup,
+                    seed=spec.seed,
+                ),
+                workload=spec,
+                num_requests=requests,
+                sla=sla_obj,
+                gpu_indices=_gpu_list(gpus),
+                gpu_interval_ms=gpu_interval_ms,
+                flush_cache=flush_cache,
+                tokenizer=tokenizer,
+            )
+        except ValidationError as exc:
+            raise BadInput(_cli_names(_pydantic_line(exc))) from exc
+        result = _run_with_progress(run_trial, req)
+    except BadInput as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(BAD_INPUT) from None
+    except TargetUnreachable as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(BAD_INPUT) from None
+    except ValueError as exc:  # from building the workload (e.g. a tokenizer that cannot reach a length)
+        console.print(f"[red]error:[/red] {str(exc).splitlines()[0]}", highlight=False, soft_wrap=True)
+        raise typer.Exit(BAD_INPUT) from None
+
+    path = result.save(out)
+    Console().print(summary_table(result))
+    console.print(f"result written to {path}")
+    if result.status != "ok":
+        console.print(f"[red]trial failed:[/red] {result.failure_reason}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
+_CLI_NAMES = {
+    "load.concurrency": "--concurrency",
+    "load.rate": "--rate",
+    "load.arrival": "--arrival",
+    "load.burstiness": "--burstiness",
+    "load.warmup_requests": "--warmup",
+    "target.url": "--url",
+    "target.endpoint": "--endpoint",
+    "target.timeout_s": "--timeout-s",
+    "num_requests": "--requests",
+    "gpu_interval_ms": "--gpu-interval-ms",
+}
+
+
+def _cli_names(line: str) -> str:
+    """Name the option the user typed, not our internal field path."""
+    for field, option in _CLI_NAMES.items():
+        line = line.replace(f"{field}:", f"{option}:")
+    return line
+
+
+def _run_with_progress(run_trial, req) -> TrialResult:  # noqa: ANN001 - keeps the import lazy
+    total = req.total_requests
+    start = time.perf_counter()
+    with Progress(
+        TextColumn("[bold]bench"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[tps]:>8.0f} tok/s"),
+        TextColumn("errors {task.fields[errors]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task("requests", total=total, tps=0.0, errors=0)
+
+        def progress(done: int, errors: int, tokens: int) -> None:
+            elapsed = time.perf_counter() - start
+            bar.update(task, completed=done, errors=errors, tps=tokens / elapsed if elapsed > 0 else 0.0)
+
+        return run_trial(req, progress=progress)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)
+

@@ -1,0 +1,240 @@
+"""run_trial: the one place that glues workload, load generator, telemetry and metrics together.
+
+Used by ``servetune bench``, the tuning runner and the Airflow tasks, so every trial is measured
+the same way. Order matters and is fixed here: validate -> build requests -> clean-environment
+preflight -> server info -> flush the prefix cache (before warm-up, never after: SGLang PR #37359)
+-> telemetry on -> load -> telemetry off -> summary -> fingerprint. Bad input or an unreachable
+target raise before any request is sent; a failure once load has started is recorded on the
+result (status "failed" + reason), never raised, so nothing measured is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from servetune.loadgen import LoadConfig, Target, TargetUnreachable, run_load
+from servetune.loadgen.client import preflight as check_reachable
+from servetune.metrics import summarize
+from servetune.result import TrialResult
+from servetune.sla import SLA
+from servetune.workload.spec import WorkloadSpec
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, int], None]  # (requests done, errors, output tokens), as in run_load
+FLUSH_TIMEOUT_S = 30.0
+
+
+class TrialRequest(BaseModel):
+    """Everything one trial needs; checked before anything is sent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: Target
+    load: LoadConfig
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    num_requests: int = Field(gt=0, description="measured requests, warm-up (load.warmup_requests) excluded")
+    sla: SLA | None = None
+    gpu_indices: list[int] | None = Field(default=None, description="GPUs to sample (None: all visible)")
+    gpu_interval_ms: float = Field(default=100.0, gt=0)
+    scrape_interval_s: float = Field(default=1.0, gt=0)
+    flush_cache: bool = Field(default=True, description="POST /flush_cache before the warm-up, if the server has it")
+    stage: str | None = None
+    server_config: dict[str, Any] = Field(default_factory=dict)
+    experiment_id: str | None = None
+    tokenizer: str | None = Field(default=None, description="tokenizer.json or model dir; else workload.tokenizer")
+    model_path: str | None = Field(default=None, description="for the environment fingerprint")
+    prompt_template: str | None = Field(default=None, description="for the environment fingerprint")
+
+    @model_validator(mode="after")
+    def _paths_exist(self) -> TrialRequest:
+        tok = self.tokenizer or self.workload.tokenizer
+        if tok is not None and not Path(tok).exists():
+            raise ValueError(f"tokenizer: {tok} does not exist")
+        if any(i < 0 for i in self.gpu_indices or []):
+            raise ValueError(f"gpu_indices: must be >= 0, got {self.gpu_indices}")
+        return self
+
+    @property
+    def total_requests(self) -> int:
+        return self.load.warmup_requests + self.num_requests
+
+
+def run_trial(
+    req: TrialRequest, *, preflight: Callable[[], None] | None = None, progress: Progress | None = None
+) -> TrialResult:
+    """Run one trial on a fresh event loop (uvloop when installed); see ``run_trial_async``."""
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(run_trial_async(req, preflight=preflight, progress=progress))
+
+
+async def run_trial_async(
+    req: TrialRequest, *, preflight: Callable[[], None] | None = None, progress: Progress | None = None
+) -> TrialResult:
+    """Run one trial. Raises ``ValueError``/``TargetUnreachable`` before any request; else returns."""
+    from servetune.workload import build_requests, load_tokenizer
+
+    tok_path = req.tokenizer or req.workload.tokenizer
+    tokenizer = load_tokenizer(tok_path) if tok_path else None
+    batch = build_requests(req.workload, req.total_requests, tokenizer=tokenizer)
+    async with aiohttp.ClientSession() as session:
+        await check_reachable(session, req.target)
+
+    result = TrialResult(
+        stage=req.stage,
+        experiment_id=req.experiment_id,
+        target=req.target.model_dump(mode="json"),
+        server_config=dict(req.server_config),
+        load=req.load.model_dump(mode="json") | {"requests": req.num_requests},
+        sla=req.sla.model_dump(mode="json", exclude_none=True) if req.sla else {},
+        workload={
+            "spec": req.workload.model_dump(mode="json"),
+            "fingerprint": batch.fingerprint,
+            "lengths_exact": batch.lengths_exact,
+            "tokenizer": batch.tokenizer_name,
+        },
+    )
+
+    if preflight is not None:
+        try:
+            preflight()
+        except Exception as exc:  # noqa: BLE001 - the environment check's verdict, recorded
+            return _failed(result, f"preflight failed: {exc}", req, batch.lengths_exact)
+
+    server: dict[str, Any] = {"server_info": await _server_info(req.target.url)}
+    if req.flush_cache:
+        server["flush_cache"] = await _flush_cache(req.target)
+
+    t0_ns = time.perf_counter_ns()
+    result.t0_unix = time.time()
+    gpu_sampler = _gpu_sampler(req)
+    scraper = _scraper(req)
+    gpu_sampler.start(t0_ns)
+    outcome = None
+    try:
+        await scraper.start(t0_ns)
+        outcome = await run_load(
+            req.target, batch.requests, req.load, t0_ns=t0_ns, progress=progress, tokenizer=tokenizer
+        )
+    except Exception as exc:  # noqa: BLE001 - recorded on the result, telemetry kept
+        result.status, result.failure_reason = "failed", f"load failed: {type(exc).__name__}: {exc}"
+        log.exception("trial load failed")
+    finally:
+        server.update(await _stop_scraper(scraper))
+        result.gpu = gpu_sampler.stop()
+    result.server = server
+
+    if outcome is not None:
+        result.records = outcome.records
+        result.load |= {
+            "window_start_s": outcome.window_start_s,
+            "window_end_s": outcome.window_end_s,
+            "drain_end_s": outcome.drain_end_s,
+        }
+    result.summary = summarize(
+        result.records,
+        window=(outcome.window_start_s, outcome.window_end_s) if outcome else None,
+        sla=req.sla,
+        gpu=result.gpu,
+        server=server,
+        lengths_exact=batch.lengths_exact,
+    )
+    result.environment = _environment(req, server, result.gpu)
+
+    if result.status == "ok":
+        reason = await _failure_after_load(req.target, result)
+        if reason:
+            result.status, result.failure_reason = "failed", reason
+    return result
+
+
+def _failed(result: TrialResult, reason: str, req: TrialRequest, lengths_exact: bool) -> TrialResult:
+    result.status, result.failure_reason = "failed", reason
+    result.summary = summarize([], window=None, sla=req.sla, gpu=None, server=None, lengths_exact=lengths_exact)
+    return result
+
+
+async def _failure_after_load(target: Target, result: TrialResult) -> str | None:
+    """A trial whose every measured request failed, or whose target stopped answering, failed."""
+    s = result.summary
+    async with aiohttp.ClientSession() as session:
+        try:
+            await check_reachable(session, target)
+        except TargetUnreachable as exc:
+            return f"the target stopped answering during the trial: {exc}"
+    if s.requests_measured and s.requests_ok == 0:
+        classes = ", ".join(f"{k}: {v}" for k, v in sorted(s.errors_by_class.items()))
+        sample = next((r.error_message for r in result.records if not r.warmup and r.error_message), None)
+        return f"every measured request failed ({classes})" + (f"; e.g. {sample}" if sample else "")
+    return None
+
+
+async def _flush_cache(target: Target) -> dict[str, Any]:
+    """POST /flush_cache so the warm-up, not a previous trial, fills the prefix cache."""
+    url = target.url + "/flush_cache"
+    try:
+        async with aiohttp.ClientSession() as session, session.post(
+            url, timeout=aiohttp.ClientTimeout(total=FLUSH_TIMEOUT_S)
+        ) as resp:
+            text = (await resp.text())[:200]
+            status = {"status": resp.status, "flushed": resp.status < 300, "body": text}
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        status = {"status": None, "flushed": False, "body": f"{type(exc).__name__}: {exc}"}
+    if resp_missing := status["status"] in (404, 405):
+        log.info("%s has no /flush_cache; the prefix cache was not flushed", target.url)
+    elif not status["flushed"]:
+        log.warning("flushing the prefix cache failed: %s", status)
+    status["supported"] = not resp_missing
+    return status
+
+
+async def _server_info(url: str) -> dict[str, Any] | None:
+    from servetune.telemetry.server_info import fetch_server_info
+
+    info = fetch_server_info(url)
+    return await info if asyncio.iscoroutine(info) else info
+
+
+def _gpu_sampler(req: TrialRequest) -> Any:
+    from servetune.telemetry.nvml import GpuSampler
+
+    return GpuSampler(indices=req.gpu_indices, interval_ms=req.gpu_interval_ms)
+
+
+def _scraper(req: TrialRequest) -> Any:
+    from servetune.telemetry.prometheus import MetricsScraper
+
+    return MetricsScraper(req.target.url, interval_s=req.scrape_interval_s)
+
+
+async def _stop_scraper(scraper: Any) -> dict[str, Any]:
+    try:
+        return dict(await scraper.stop() or {})
+    except Exception as exc:  # noqa: BLE001 - missing server telemetry is stated, not fatal
+        log.warning("metrics scraper: %s", exc)
+        return {"scrape_error": f"{type(exc).__name__}: {exc}"}
+
+
+def _environment(req: TrialRequest, server: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any]:
+    from servetune.telemetry.environment import fingerprint
+
+    return fingerprint(
+        server_info=server.get("server_info"),
+        gpu=gpu,
+        model_path=req.model_path,
+        prompt_template=req.prompt_template,
+    )
