@@ -1,0 +1,175 @@
+"""What a report is drawn from: one campaign (or one lone bench trial), whatever it was stored in.
+
+The figures and the HTML only ever see a ``Campaign``; the loaders here turn a campaign result
+directory, a single JSON file, or an experiment id in the warehouse into one, so a report looks the
+same wherever its data came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from servetune.result import SCHEMA as TRIAL_SCHEMA
+from servetune.result import TrialResult
+
+# Stages that measure the load curve (throughput/latency vs concurrency); `refine` trials vary
+# the server config near the ceiling and get their own heatmap, `correctness` is a single request.
+CURVE_STAGES = (None, "baseline", "ramp", "bisect")
+STAGE_ORDER = {"correctness": 0, "baseline": 1, "ramp": 2, "bisect": 3, "refine": 4, None: 5}
+
+
+class ReportInputError(ValueError):
+    """The thing asked for cannot be read as a campaign; the message names the file and the cause."""
+
+
+@dataclass
+class Campaign:
+    """One experiment's metadata, its trials and its recommendation, plus where they came from."""
+
+    source: str
+    experiment: dict[str, Any] = field(default_factory=dict)
+    trials: list[TrialResult] = field(default_factory=list)
+    recommendation: dict[str, Any] | None = None
+
+    @property
+    def experiment_id(self) -> str | None:
+        return self.experiment.get("experiment_id") or next(
+            (t.experiment_id for t in self.trials if t.experiment_id), None
+        )
+
+    @property
+    def model(self) -> str | None:
+        return self.experiment.get("model") or next(
+            (t.target.get("model") for t in self.trials if t.target.get("model")), None
+        )
+
+    @property
+    def sla(self) -> dict[str, float]:
+        """The plan's SLA section, else the SLA the trials were judged with (lone bench results)."""
+        plan_sla = (self.experiment.get("plan") or {}).get("sla") or {}
+        if plan_sla:
+            return {k: float(v) for k, v in plan_sla.items() if isinstance(v, int | float)}
+        for t in self.trials:
+            if t.sla:
+                return {k: float(v) for k, v in t.sla.items() if isinstance(v, int | float)}
+        return {}
+
+    def curve_trials(self) -> list[TrialResult]:
+        """Trials on the load curve that have a concurrency, sorted by it."""
+        out = [t for t in self.trials if t.stage in CURVE_STAGES and concurrency_of(t) is not None]
+        return sorted(out, key=lambda t: (concurrency_of(t), t.created_at))
+
+    def refine_trials(self) -> list[TrialResult]:
+        return [t for t in self.trials if t.stage == "refine"]
+
+    def ceiling(self) -> tuple[int | None, str]:
+        """The concurrency ceiling and where the number came from (stated, never silently guessed)."""
+        for holder, name in ((self.recommendation or {}, "recommendation"), (self.experiment, "experiment")):
+            value = holder.get("ceiling") if isinstance(holder, dict) else None
+            if isinstance(value, dict):
+                value = value.get("concurrency")
+            if isinstance(value, int | float):
+                return int(value), f"{name}.ceiling"
+        if self.recommendation and isinstance(self.recommendation.get("concurrency"), int | float):
+            return int(self.recommendation["concurrency"]), "recommendation.concurrency"
+        derived = derive_ceiling(self.curve_trials(), self.sla)
+        return derived, "derived from the ramp (highest level meeting the p99 SLA)" if derived else "none"
+
+
+def concurrency_of(trial: TrialResult) -> int | None:
+    value = trial.load.get("concurrency")
+    return int(value) if isinstance(value, int | float) else None
+
+
+def meets_sla(trial: TrialResult, sla: dict[str, float]) -> bool:
+    """The trial-level judgement the tuner uses: ok status, p99 bounds met, errors under the limit."""
+    if trial.status != "ok":
+        return False
+    s = trial.summary
+    for bound, pct in (("p99_ttft_ms", s.ttft_ms), ("p99_tpot_ms", s.tpot_ms), ("p99_e2e_ms", s.e2e_ms)):
+        limit = sla.get(bound)
+        if limit is not None and (pct.p99 is None or pct.p99 > limit):
+            return False
+    max_err = sla.get("max_error_rate")
+    if max_err is not None and s.error_rate > max_err:
+        return False
+    mem_limit = sla.get("gpu_memory_limit")
+    return not (mem_limit is not None and s.gpu_mem_peak_fraction is not None and s.gpu_mem_peak_fraction > mem_limit)
+
+
+def derive_ceiling(curve: list[TrialResult], sla: dict[str, float]) -> int | None:
+    """Highest concurrency whose trial met the SLA, for results that do not state their ceiling."""
+    passing = [concurrency_of(t) for t in curve if meets_sla(t, sla)]
+    return max((c for c in passing if c is not None), default=None)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise ReportInputError(f"{path}: no such file") from None
+    except orjson.JSONDecodeError as exc:
+        raise ReportInputError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _load_trial(path: Path) -> TrialResult:
+    try:
+        return TrialResult.from_dict(_read_json(path))
+    except ReportInputError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ReportInputError(f"{path}: not a readable trial result: {exc}") from None
+
+
+def load_result_dir(directory: Path) -> Campaign:
+    """A campaign directory as the tuning CLI writes it: experiment.json, trials/*.json, recommendation.json."""
+    exp_path = directory / "experiment.json"
+    trials_dir = directory / "trials"
+    if not exp_path.is_file() and not trials_dir.is_dir():
+        raise ReportInputError(f"{directory}: neither experiment.json nor trials/ found: not a campaign directory")
+    experiment = _read_json(exp_path) if exp_path.is_file() else {}
+    if not isinstance(experiment, dict):
+        raise ReportInputError(f"{exp_path}: expected a JSON object, got {type(experiment).__name__}")
+    trials = [_load_trial(p) for p in sorted(trials_dir.glob("*.json"))] if trials_dir.is_dir() else []
+    rec_path = directory / "recommendation.json"
+    recommendation = _read_json(rec_path) if rec_path.is_file() else experiment.get("recommendation")
+    if recommendation is not None and not isinstance(recommendation, dict):
+        raise ReportInputError(f"{rec_path}: expected a JSON object, got {type(recommendation).__name__}")
+    trials.sort(key=lambda t: (STAGE_ORDER.get(t.stage, 9), concurrency_of(t) or 0, t.created_at))
+    return Campaign(source=str(directory), experiment=experiment, trials=trials, recommendation=recommendation)
+
+
+def load_json(path: Path) -> Campaign:
+    """One JSON file: a lone trial (``servetune bench``) or a campaign's experiment.json."""
+    data = _read_json(path)
+    if not isinstance(data, dict):
+        raise ReportInputError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if data.get("schema") == TRIAL_SCHEMA:
+        trial = _load_trial(path)
+        experiment = {"experiment_id": trial.experiment_id, "model": trial.target.get("model"),
+                      "engine": trial.target.get("engine")}
+        return Campaign(source=str(path), experiment=experiment, trials=[trial])
+    if "experiment_id" in data and path.name == "experiment.json":
+        return load_result_dir(path.parent)
+    raise ReportInputError(
+        f"{path}: neither a trial result (schema {TRIAL_SCHEMA!r}) nor a campaign's experiment.json "
+        f"(schema={data.get('schema')!r})"
+    )
+
+
+def load_campaign(source: str, *, database_url: str | None = None) -> Campaign:
+    """A result directory, a JSON file, or an experiment id looked up in the warehouse."""
+    path = Path(source)
+    if path.is_dir():
+        return load_result_dir(path)
+    if path.is_file():
+        return load_json(path)
+    if path.suffix == ".json" or "/" in source:
+        raise ReportInputError(f"{source}: no such file or directory")
+    from servetune.report.warehouse_source import load_experiment
+
+    return load_experiment(source, database_url=database_url)

@@ -1,0 +1,212 @@
+"""Render a campaign as one self-contained HTML file (PNGs embedded as base64) with the PNGs beside it.
+
+Self-contained so the report can be mailed, attached to an Airflow run or opened from object
+storage without its folder; the PNG files are written too so they can be pasted elsewhere.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+from servetune import __version__
+from servetune.report.campaign import Campaign, concurrency_of, meets_sla
+from servetune.report.figures import ReportFigure, all_figures
+from servetune.result import Percentiles, TrialResult
+
+REPORT_NAME = "report.html"
+
+
+@dataclass
+class RenderedReport:
+    html_path: Path
+    png_paths: list[Path]
+    figures: list[ReportFigure]
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    """Numbers for humans: '-' when missing, thousands separators, a fixed number of decimals."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _pair(p: Percentiles, digits: int = 1) -> str:
+    return f"{fmt(p.p50, digits)} / {fmt(p.p99, digits)}"
+
+
+_BEFORE = ("previous", "from", "old", "before")
+_AFTER = ("current", "to", "new", "after")
+
+
+def diff_rows(diff: dict[str, Any] | None) -> list[dict[str, str]] | None:
+    """diff_from_previous as rows of (field, previous, now); None when there was nothing to compare with."""
+    if diff is None:
+        return None
+    changes = diff.get("changes") if isinstance(diff.get("changes"), dict) else diff
+    rows = []
+    for name, change in sorted(changes.items()):
+        if isinstance(change, dict) and any(k in change for k in _BEFORE + _AFTER):
+            before = next((change[k] for k in _BEFORE if k in change), None)
+            after = next((change[k] for k in _AFTER if k in change), None)
+        elif isinstance(change, list | tuple) and len(change) == 2:
+            before, after = change
+        else:
+            before, after = "", change
+        rows.append({"field": name, "before": fmt(before), "after": fmt(after)})
+    return rows
+
+
+def _validation_cells(t: TrialResult) -> tuple[str, str, list[str]]:
+    v = t.validation
+    if not v:
+        return "not validated", "muted", []
+    failed = []
+    for r in v.get("results") or []:
+        if isinstance(r, dict) and r.get("success") is False:
+            name = next((r[k] for k in ("expectation", "expectation_type", "name", "check", "type") if r.get(k)),
+                        "unnamed check")
+            column = r.get("column")
+            detail = r.get("reason") or r.get("message") or ""
+            failed.append(" ".join(str(x) for x in (name, f"({column})" if column else "", detail) if x))
+    if v.get("success"):
+        return "passed", "ok", failed
+    return f"failed ({len(failed)})" if failed else "failed", "bad", failed
+
+
+def checklist_rows(campaign: Campaign) -> list[dict[str, Any]]:
+    rows = []
+    sla = campaign.sla
+    for t in campaign.trials:
+        label, css, failed = _validation_cells(t)
+        met = meets_sla(t, sla)
+        rows.append({"trial_id": t.trial_id, "stage": t.stage or "bench", "concurrency": fmt(concurrency_of(t)),
+                     "status": t.status, "validation": label, "validation_class": css, "failed": failed,
+                     "failure_reason": t.failure_reason,
+                     "sla": ("met" if met else "missed") if sla else "no SLA", "sla_class": "ok" if met else "bad"})
+    return rows
+
+
+def trial_rows(campaign: Campaign) -> list[dict[str, str]]:
+    rows = []
+    for t in campaign.trials:
+        s = t.summary
+        cfg = t.server_config
+        knobs = [f"{short}={cfg[k]}" for k, short in (("chunked_prefill_size", "chunk"),
+                                                       ("schedule_conservativeness", "cons"),
+                                                       ("max_running_requests", "max-running"))
+                 if cfg.get(k) is not None]
+        rows.append({
+            "trial_id": t.trial_id, "stage": t.stage or "bench", "concurrency": fmt(concurrency_of(t)),
+            "config": ", ".join(knobs) or "-", "rps": fmt(s.request_throughput), "goodput": fmt(s.goodput_rps),
+            "out_tps": fmt(s.output_tokens_per_s, 0), "ttft": _pair(s.ttft_ms), "tpot": _pair(s.tpot_ms),
+            "e2e": fmt(s.e2e_ms.p99, 0), "errors": pct(s.error_rate), "hit": pct(s.prefix_hit_rate),
+            "gpu_peak": pct(s.gpu_mem_peak_fraction),
+        })
+    return rows
+
+
+def key_cards(campaign: Campaign) -> list[dict[str, str]]:
+    """The headline numbers: from the recommendation when there is one, else from the best curve trial."""
+    ceiling, _ = campaign.ceiling()
+    rec = campaign.recommendation
+    cards = [{"key": "ceiling", "label": "concurrency ceiling", "value": fmt(ceiling)}]
+    if rec:
+        p99s = rec.get("p99s") or {}
+        cards += [
+            {"key": "recommended-concurrency", "label": "recommended concurrency", "value": fmt(rec.get("concurrency"))},
+            {"key": "goodput", "label": "goodput req/s", "value": fmt(rec.get("goodput_rps"))},
+            {"key": "output-tps", "label": "output tok/s", "value": fmt(rec.get("output_tokens_per_s"), 0)},
+            {"key": "p99-ttft", "label": "p99 TTFT ms", "value": fmt(p99s.get("ttft_ms"), 1)},
+            {"key": "p99-tpot", "label": "p99 TPOT ms", "value": fmt(p99s.get("tpot_ms"), 1)},
+            {"key": "p99-e2e", "label": "p99 E2E ms", "value": fmt(p99s.get("e2e_ms"), 0)},
+            {"key": "prefix-hit-rate", "label": "prefix hit rate", "value": pct(rec.get("prefix_hit_rate"))},
+        ]
+    else:
+        curve = campaign.curve_trials() or campaign.trials
+        best = max(curve, key=lambda t: t.summary.goodput_rps or 0.0, default=None)
+        if best is not None:
+            s = best.summary
+            cards += [
+                {"key": "goodput", "label": "goodput req/s", "value": fmt(s.goodput_rps)},
+                {"key": "output-tps", "label": "output tok/s", "value": fmt(s.output_tokens_per_s, 0)},
+                {"key": "p99-ttft", "label": "p99 TTFT ms", "value": fmt(s.ttft_ms.p99, 1)},
+                {"key": "p99-tpot", "label": "p99 TPOT ms", "value": fmt(s.tpot_ms.p99, 1)},
+                {"key": "prefix-hit-rate", "label": "prefix hit rate", "value": pct(s.prefix_hit_rate)},
+            ]
+    accepted = sum(1 for t in campaign.trials if t.status == "ok")
+    cards.append({"key": "trials", "label": "trials ok / total", "value": f"{accepted} / {len(campaign.trials)}"})
+    return cards
+
+
+def _environment() -> Environment:
+    return Environment(loader=PackageLoader("servetune.report", "templates"),
+                       autoescape=select_autoescape(["html", "j2"]), undefined=StrictUndefined,
+                       trim_blocks=True, lstrip_blocks=True)
+
+
+def render_html(campaign: Campaign, figures: list[ReportFigure], png_files: dict[str, str]) -> str:
+    exp = campaign.experiment
+    is_campaign = bool(exp.get("plan")) or len(campaign.trials) > 1
+    title = f"{campaign.model or 'unknown model'}" + ("" if is_campaign else " (single bench trial)")
+    meta = [(k, exp[k]) for k in ("engine", "trigger", "status", "started_at", "finished_at", "dag_run_id")
+            if exp.get(k)]
+    ceiling, ceiling_source = campaign.ceiling()
+    rec = campaign.recommendation
+    context = {
+        "title": title, "experiment_id": campaign.experiment_id, "meta": meta, "version": __version__,
+        "source": campaign.source, "generated_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cards": key_cards(campaign), "ceiling_source": ceiling_source, "sla": campaign.sla,
+        "recommendation": rec, "is_campaign": is_campaign,
+        "diff_rows": diff_rows(rec.get("diff_from_previous")) if rec else None,
+        "figures": [{"key": f.key, "title": f.title, "caption": f.caption, "png": f.png, "note": f.note,
+                     "b64": base64.b64encode(f.png).decode() if f.png else "", "file": png_files.get(f.key, "")}
+                    for f in figures],
+        "checklist": checklist_rows(campaign), "trial_rows": trial_rows(campaign),
+    }
+    return _environment().get_template("report.html.j2").render(**context)
+
+
+def write_report(campaign: Campaign, out_dir: str | Path) -> RenderedReport:
+    """Draw every figure, write the PNGs and ``report.html`` into ``out_dir`` (created if missing)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = all_figures(campaign)
+    pngs: list[Path] = []
+    files: dict[str, str] = {}
+    for fig in figures:
+        if fig.png:
+            path = out / f"{fig.key}.png"
+            path.write_bytes(fig.png)
+            pngs.append(path)
+            files[fig.key] = path.name
+    html_path = out / REPORT_NAME
+    tmp = html_path.with_suffix(".html.tmp")
+    tmp.write_text(render_html(campaign, figures, files), encoding="utf-8")
+    tmp.replace(html_path)
+    return RenderedReport(html_path=html_path, png_paths=pngs, figures=figures)
+
+
+def default_out_dir(source: str, campaign: Campaign) -> Path:
+    """Beside the data: DIR/report for a result dir, FILE-report/ for a JSON, ./report-<id> for the warehouse."""
+    path = Path(source)
+    if path.is_dir():
+        return path / "report"
+    if path.is_file():
+        return path.with_name(path.stem + "-report")
+    return Path(f"report-{campaign.experiment_id or source}")

@@ -1,0 +1,141 @@
+"""Builds campaign result directories for the report and history tests, in code.
+
+The layout is exactly what the tuning CLI writes (experiment.json, trials/<id>.json,
+recommendation.json); the numbers follow a plausible saturating curve so the figures have shape,
+and one ramp level misses the SLA so the ceiling and the failed checklist rows are exercised.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from servetune.result import Percentiles, TrialResult, TrialSummary
+
+GIB = 1024**3
+SLA = {"p99_ttft_ms": 800.0, "p99_tpot_ms": 60.0, "p99_e2e_ms": 20000.0, "max_error_rate": 0.01}
+RAMP = (16, 32, 64, 96, 128)
+CHUNKS = (2048, 4096, 8192)
+CONSERVATIVENESS = (0.3, 0.7, 1.0)
+
+
+def _pcts(p50: float, p99: float) -> Percentiles:
+    return Percentiles(count=300, mean=(p50 + p99) / 2, p50=p50, p90=p50 + 0.6 * (p99 - p50),
+                       p95=p50 + 0.8 * (p99 - p50), p99=p99, max=p99 * 1.1, min=p50 * 0.5)
+
+
+def make_trial(*, experiment_id: str, stage: str, concurrency: int, created: datetime,
+               chunk: int = 8192, cons: float = 1.0, max_running: int | None = None,
+               hit_rate: float = 0.62, speed: float = 1.0, failed_check: str | None = None,
+               model: str = "llama-3.1-8b") -> TrialResult:
+    """One trial whose figures follow a saturating throughput curve (speed scales the whole curve)."""
+    c = concurrency
+    tps_per_stream = 55.0 * speed / (1 + c / 90)
+    out_tps = c * tps_per_stream
+    rps = out_tps / 256
+    ttft_p99 = 90 + 2.9 * c ** 1.25 / speed
+    tpot_p99 = 1000 / tps_per_stream * 1.3
+    good = rps if (ttft_p99 <= SLA["p99_ttft_ms"] and tpot_p99 <= SLA["p99_tpot_ms"]) else rps * 0.55
+    total = 80 * GIB
+    peak = 0.55 * total + min(0.38, c / 400) * total
+    samples = []
+    for i in range(50):
+        t = i * 1.2
+        used = 0.55 * total + (peak - 0.55 * total) * (1 - math.exp(-t / 12))
+        samples.append({"t_s": t, "gpu": 0, "mem_used": int(used), "mem_total": total, "util": 90, "power_w": 600.0})
+    summary = TrialSummary(
+        requests_total=340, requests_measured=300, requests_warmup=40, requests_ok=300, error_rate=0.0,
+        window_start_s=4.0, window_end_s=64.0, window_s=60.0,
+        ttft_ms=_pcts(ttft_p99 * 0.45, ttft_p99), tpot_ms=_pcts(tpot_p99 * 0.7, tpot_p99),
+        itl_ms=_pcts(tpot_p99 * 0.65, tpot_p99 * 1.4), e2e_ms=_pcts(ttft_p99 + 255 * tpot_p99 * 0.7,
+                                                                    ttft_p99 + 255 * tpot_p99),
+        input_len=_pcts(1000, 3800), output_len=_pcts(256, 256), lengths_exact=True,
+        request_throughput=rps, output_tokens_per_s=out_tps, input_tokens_per_s=rps * 1200,
+        total_tokens_per_s=out_tps + rps * 1200, decode_tokens_per_s=tps_per_stream,
+        goodput_rps=good, goodput_fraction=good / rps, sla=SLA,
+        prefix_hit_rate=hit_rate, prefix_hit_rate_server=hit_rate - 0.01,
+        gpu_state="ok", gpu_samples=len(samples), gpu_sample_interval_ms=1200, gpu_mem_total_bytes=total,
+        gpu_mem_peak_bytes=int(peak), gpu_mem_peak_fraction=peak / total, gpu_clean_at_start=True,
+    )
+    validation = {"success": failed_check is None, "results": [
+        {"expectation": "input_len_present", "success": True},
+        {"expectation": failed_check or "ttft_le_e2e", "success": failed_check is None,
+         "column": "ttft_ms" if failed_check else None},
+    ]}
+    return TrialResult(
+        trial_id=uuid.uuid4().hex, created_at=created.isoformat(), status="ok" if failed_check is None else "rejected",
+        failure_reason=None if failed_check is None else f"checklist: {failed_check}", stage=stage,
+        experiment_id=experiment_id,
+        target={"url": "http://127.0.0.1:30000", "endpoint": "chat", "model": model, "engine": "sglang"},
+        server_config={"chunked_prefill_size": chunk, "schedule_conservativeness": cons,
+                       "max_running_requests": max_running, "enable_cache_report": True},
+        load={"mode": "concurrency", "concurrency": c, "requests": 340, "warmup": 40},
+        sla=SLA, workload={"fingerprint": "wl-123", "lengths_exact": True},
+        t0_unix=created.timestamp(), gpu={"state": "ok", "samples": samples, "interval_ms": 1200},
+        summary=summary, validation=validation,
+    )
+
+
+def write_campaign(root: Path, *, model: str = "llama-3.1-8b", started: datetime | None = None,
+                   speed: float = 1.0, hit_rate: float = 0.62, previous: dict[str, Any] | None = None,
+                   experiment_id: str | None = None) -> Path:
+    """A whole campaign directory: correctness, baseline, ramp (one level over the SLA), refinement grid."""
+    exp_id = experiment_id or uuid.uuid4().hex
+    started = started or datetime(2026, 11, 2, 3, 0, tzinfo=UTC)
+    directory = root / exp_id
+    trials: list[TrialResult] = []
+    t = started
+
+    def nxt() -> datetime:
+        nonlocal t
+        t += timedelta(minutes=2)
+        return t
+
+    trials.append(make_trial(experiment_id=exp_id, stage="correctness", concurrency=1, created=nxt(),
+                             speed=speed, hit_rate=hit_rate, model=model))
+    trials.append(make_trial(experiment_id=exp_id, stage="baseline", concurrency=8, created=nxt(),
+                             speed=speed, hit_rate=hit_rate, model=model))
+    for c in RAMP:
+        trials.append(make_trial(experiment_id=exp_id, stage="ramp", concurrency=c, created=nxt(), speed=speed,
+                                 hit_rate=hit_rate, model=model,
+                                 failed_check="gpu_memory_curve_covers_window" if c == 128 else None))
+    ceiling = 64
+    for chunk in CHUNKS:
+        for cons in CONSERVATIVENESS:
+            if (chunk, cons) == (2048, 1.0):
+                continue  # an unmeasured cell: the heatmap must show it as such
+            boost = 1 + (0.04 if chunk == 4096 else 0) + (0.03 if cons == 0.7 else 0)
+            trials.append(make_trial(experiment_id=exp_id, stage="refine", concurrency=ceiling, created=nxt(),
+                                     chunk=chunk, cons=cons, speed=speed * boost, hit_rate=hit_rate, model=model))
+    best = max((x for x in trials if x.stage == "refine"), key=lambda x: x.summary.goodput_rps)
+    for trial in trials:
+        trial.save(directory / "trials" / f"{trial.trial_id}.json")
+    s = best.summary
+    recommendation = {
+        "config": {"chunked_prefill_size": best.server_config["chunked_prefill_size"],
+                   "schedule_conservativeness": best.server_config["schedule_conservativeness"],
+                   "max_running_requests": ceiling, "enable_cache_report": True},
+        "concurrency": ceiling, "evidence_trial_ids": [best.trial_id],
+        "goodput_rps": s.goodput_rps, "p99s": {"ttft_ms": s.ttft_ms.p99, "tpot_ms": s.tpot_ms.p99,
+                                               "e2e_ms": s.e2e_ms.p99},
+        "output_tokens_per_s": s.output_tokens_per_s, "prefix_hit_rate": s.prefix_hit_rate,
+        "explanation": [f"ceiling c={ceiling}: c=96 missed the p99 TTFT bound",
+                        "chunked-prefill-size 4096 with schedule-conservativeness 0.7 gave the most goodput"],
+        "diff_from_previous": previous,
+    }
+    experiment = {
+        "experiment_id": exp_id, "model": model, "engine": "sglang", "model_fingerprint": "mf-" + model,
+        "prompt_template_fingerprint": "pt-1", "trigger": "schedule", "dag_run_id": f"scheduled__{started:%Y%m%d}",
+        "plan": {"model": model, "sla": {k: v for k, v in SLA.items() if k.startswith("p99")}},
+        "status": "succeeded", "started_at": started.isoformat(), "finished_at": t.isoformat(),
+        "recommendation": recommendation,
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "experiment.json").write_bytes(orjson.dumps(experiment))
+    (directory / "recommendation.json").write_bytes(orjson.dumps(recommendation))
+    return directory
