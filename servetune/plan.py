@@ -1,0 +1,234 @@
+"""TuningPlan: everything one tuning campaign needs, loaded from YAML and checked before any server starts.
+
+A plan names the model, how to start the engine and where (runner), the workload, the SLA, the
+stages of the protocol (design.md "The staged protocol", the seed article's 3.3) and a GPU budget.
+A bad plan is rejected with the dotted path of the bad field (``stages.ramp.levels: ...``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from servetune.sla import SLA
+from servetune.workload.spec import WorkloadSpec
+
+FlagValue = int | float | str | bool
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineSection(_Strict):
+    """How to start the server: the engine kind and its launch flags (without leading dashes)."""
+
+    kind: Literal["sglang", "vllm", "sim", "external"] = "sglang"
+    flags: dict[str, FlagValue | None] = Field(
+        default_factory=dict, description="launch flags, e.g. {mem-fraction-static: 0.85}; null = bare switch"
+    )
+    url: str | None = Field(default=None, description="for kind=external: the endpoint we do not launch")
+    port: int | None = Field(default=None, ge=0, le=65535)
+    ready_timeout_s: float = Field(default=900.0, gt=0)
+
+    @field_validator("flags")
+    @classmethod
+    def _no_dashes(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for k in v:
+            if k.startswith("-"):
+                raise ValueError(f"write flag names without leading dashes: {k!r}")
+        return v
+
+
+class RunnerSection(_Strict):
+    """Where the server runs."""
+
+    kind: Literal["local", "ssh", "kubernetes"] = "local"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class CorrectnessStage(_Strict):
+    """Step 1: one request must come back with sane output; idle GPU memory and resolved args recorded."""
+
+    enabled: bool = True
+    requests: int = Field(default=2, ge=1, le=64)
+
+
+class BaselineStage(_Strict):
+    """Step 2: a low-concurrency run whose figures are the reference for everything after."""
+
+    concurrency: int = Field(default=8, ge=1)
+    requests: int = Field(default=200, ge=1, description="measured requests after warm-up")
+    warmup: int = Field(default=16, ge=0)
+
+
+class RampStage(_Strict):
+    """Steps 3-4: raise concurrency level by level until the SLA, memory or errors break, or gains stall."""
+
+    levels: list[int] = Field(default_factory=lambda: [16, 32, 48, 64, 96, 128], min_length=1)
+    requests: int = Field(default=200, ge=1, description="measured requests per level after warm-up")
+    warmup: int = Field(default=16, ge=0)
+    min_gain: float = Field(default=0.05, ge=0, le=1, description="a level gaining less throughput is a plateau")
+    bisect: bool = Field(default=True, description="bisect between the last passing and first failing level")
+    bisect_min_step: int = Field(default=4, ge=1, description="stop bisecting when the gap is this small")
+
+    @field_validator("levels")
+    @classmethod
+    def _increasing(cls, v: list[int]) -> list[int]:
+        if any(x <= 0 for x in v):
+            raise ValueError("concurrency levels must be positive")
+        if any(b <= a for a, b in zip(v, v[1:], strict=False)):
+            raise ValueError(f"levels must be strictly increasing, got {v}")
+        return v
+
+
+DEFAULT_GRID: dict[str, list[FlagValue]] = {
+    "chunked-prefill-size": [1024, 2048, 4096, 8192],
+    "schedule-conservativeness": [0.3, 0.7, 1.0, 1.3],
+}
+
+
+class RefineStage(_Strict):
+    """Step 5: tune server flags near the ceiling; every server-side change restarts the server.
+
+    ``grid`` lists the candidate values per flag, searched in the given order (the article's
+    order: radix cache first, then chunked prefill, then scheduling, then max-running). The
+    search walks one flag at a time from the incumbent, in the direction the server signals
+    suggest, and stops when a step no longer helps: it never runs the whole grid
+    (bench/tuning_efficiency.py measures what that saves).
+    """
+
+    enabled: bool = True
+    radix_cache: bool = Field(default=True, description="turn the prefix cache on first (drop disable-radix-cache)")
+    shared_prefix_policies: list[str] = Field(
+        default_factory=list,
+        description="schedule policies tried in the radix step when the workload shares prefixes, e.g. [lpm]",
+    )
+    grid: dict[str, list[FlagValue]] = Field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_GRID.items()})
+    set_max_running: bool = Field(default=True, description="try max-running-requests = the ceiling level last")
+    max_running_flag: str = Field(default="max-running-requests", description="vLLM: max-num-seqs")
+    extend_levels: int = Field(default=2, ge=0, description="levels above the ceiling tried with the tuned config")
+    min_improvement: float = Field(default=0.02, ge=0, le=1, description="gain a change needs to be kept")
+    tie_tolerance: float = Field(default=0.01, ge=0, le=1, description="goodputs this close tie; signals decide")
+    requests: int | None = Field(default=None, ge=1, description="default: ramp.requests")
+    warmup: int | None = Field(default=None, ge=0, description="default: ramp.warmup")
+
+    @field_validator("grid")
+    @classmethod
+    def _non_empty_values(cls, v: dict[str, list[FlagValue]]) -> dict[str, list[FlagValue]]:
+        for flag, values in v.items():
+            if flag.startswith("-"):
+                raise ValueError(f"write flag names without leading dashes: {flag!r}")
+            if not values:
+                raise ValueError(f"{flag}: give at least one value")
+            if len(set(map(str, values))) != len(values):
+                raise ValueError(f"{flag}: duplicate values {values}")
+        return v
+
+
+class Stages(_Strict):
+    correctness: CorrectnessStage = Field(default_factory=CorrectnessStage)
+    baseline: BaselineStage = Field(default_factory=BaselineStage)
+    ramp: RampStage = Field(default_factory=RampStage)
+    refine: RefineStage = Field(default_factory=RefineStage)
+
+    @model_validator(mode="after")
+    def _ramp_above_baseline(self) -> Stages:
+        if self.ramp.levels[0] <= self.baseline.concurrency:
+            raise ValueError(
+                f"ramp.levels must start above baseline.concurrency ({self.baseline.concurrency}),"
+                f" got {self.ramp.levels[0]}"
+            )
+        return self
+
+
+class Budget(_Strict):
+    """The campaign stops (and recommends from what it has) once this much GPU time is spent."""
+
+    max_gpu_minutes: float = Field(default=240.0, gt=0)
+    restart_cost_s: float = Field(default=60.0, ge=0, description="GPU time charged per server (re)start")
+
+
+class SimEstimate(_Strict):
+    """Profiles for estimating a real campaign with the simulator (``servetune tune --dry-run``)."""
+
+    gpu: str = "A100-80G"
+    model: str = "llama-8b"
+
+
+class TuningPlan(_Strict):
+    """One campaign: what to tune, under which SLA, in which stages, within which budget."""
+
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1, description="model path or id as the engine serves it")
+    engine: EngineSection = Field(default_factory=EngineSection)
+    runner: RunnerSection = Field(default_factory=RunnerSection)
+    endpoint: Literal["chat", "completions", "generate"] = "chat"
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    sla: SLA
+    stages: Stages = Field(default_factory=Stages)
+    budget: Budget = Field(default_factory=Budget)
+    on_trial_failure: Literal["continue", "stop"] = Field(
+        default="continue", description="a failed trial counts as a failing level (continue) or ends the run"
+    )
+    estimate: SimEstimate | None = Field(default=None, description="sim profiles for --dry-run estimates")
+    seed: int = 0
+
+    @field_validator("sla")
+    @classmethod
+    def _sla_has_a_p99_bound(cls, v: SLA) -> SLA:
+        if v.p99_ttft_ms is None and v.p99_tpot_ms is None and v.p99_e2e_ms is None:
+            raise ValueError("set at least one of p99_ttft_ms, p99_tpot_ms, p99_e2e_ms")
+        return v
+
+    @model_validator(mode="after")
+    def _external_has_url(self) -> TuningPlan:
+        if self.engine.kind == "external":
+            if not self.engine.url:
+                raise ValueError("engine.url is required when engine.kind is 'external'")
+            if self.stages.refine.enabled:
+                raise ValueError("stages.refine.enabled: an external engine cannot be restarted with new flags")
+        return self
+
+    def refine_requests(self) -> tuple[int, int]:
+        r = self.stages.refine
+        return (r.requests or self.stages.ramp.requests, self.stages.ramp.warmup if r.warmup is None else r.warmup)
+
+
+class PlanError(ValueError):
+    """A plan that cannot run; the message names the file and the path of every bad field."""
+
+
+def _format_errors(source: str, exc: ValidationError) -> str:
+    lines = [f"{source}: invalid tuning plan ({exc.error_count()} error(s))"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {loc}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def parse_plan(data: Any, *, source: str = "plan") -> TuningPlan:
+    if not isinstance(data, dict):
+        raise PlanError(f"{source}: a plan must be a mapping, got {type(data).__name__}")
+    try:
+        return TuningPlan.model_validate(data)
+    except ValidationError as exc:
+        raise PlanError(_format_errors(source, exc)) from None
+
+
+def load_plan(path: str | Path) -> TuningPlan:
+    """Read a YAML (or JSON) plan; a missing file or a bad field raises PlanError naming it."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot read plan: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PlanError(f"{path}: not valid YAML: {exc}") from None
+    return parse_plan(data, source=str(path))

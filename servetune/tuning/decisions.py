@@ -1,0 +1,99 @@
+"""What to run next: a pure function of the plan and the results so far.
+
+``next_trials(plan, state)`` does no I/O and takes and returns pydantic models, so the CLI
+runs it in a loop (servetune.tuning.campaign) and Airflow runs it between tasks with the
+state passed as JSON. Calling it again with one more outcome moves the campaign one step on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servetune.plan import TuningPlan
+from servetune.tuning.ceiling import find_ceiling, judge
+from servetune.tuning.recommend import recommend
+from servetune.tuning.refine import RefineResult, goodput, refine
+from servetune.tuning.state import CampaignState, Ceiling, Decision, Flags, TrialOutcome, TrialSpec
+
+
+def base_flags(plan: TuningPlan) -> Flags:
+    return dict(plan.engine.flags)
+
+
+def correctness_ok(o: TrialOutcome) -> tuple[bool, str]:
+    """Sane output: the trial ran, every request succeeded and produced tokens."""
+    s = o.summary
+    if o.status == "failed":
+        return False, f"correctness trial failed: {o.failure_reason or 'unknown'}"
+    if s.requests_failed or s.requests_ok == 0:
+        errors = ", ".join(f"{k}={v}" for k, v in s.errors_by_class.items()) or "no successful request"
+        return False, f"correctness: {s.requests_failed} of {s.requests_total} requests failed ({errors})"
+    if not s.output_len.max:
+        return False, "correctness: the server returned no output tokens"
+    return True, ""
+
+
+def next_trials(plan: TuningPlan, state: CampaignState, *, previous: dict[str, Any] | None = None) -> Decision:
+    """The next trial(s) to run, or ``done`` with the ceiling and the recommendation."""
+    failed = [o for o in state.outcomes if o.status == "failed"]
+    if failed and plan.on_trial_failure == "stop":
+        return _stop(plan, state, previous, f"trial {failed[0].trial_id} failed ({failed[0].failure_reason});"
+                                            " the plan says on_trial_failure: stop")
+    over_budget = state.gpu_seconds >= plan.budget.max_gpu_minutes * 60
+    flags = base_flags(plan)
+
+    if plan.stages.correctness.enabled:
+        checks = state.by_stage("correctness")
+        if not checks:
+            return Decision(stage="correctness", trials=[TrialSpec(
+                stage="correctness", concurrency=1, flags=flags, requests=plan.stages.correctness.requests,
+                warmup=0, reason="one request must return sane output; record idle GPU memory")])
+        ok, why = correctness_ok(checks[-1])
+        if not ok:
+            return Decision(stage="done", done=True, failed=True, reason=why)
+
+    found = find_ceiling(plan, state, flags)
+    if isinstance(found, TrialSpec):
+        if over_budget:
+            return _stop(plan, state, previous, _budget_reason(plan, state))
+        return Decision(stage=found.stage, trials=[found])
+    ceiling = found
+    if ceiling.level is None:
+        return Decision(stage="done", done=True, failed=True, ceiling=ceiling,
+                        reason="no concurrency level met the plan's limits: " + "; ".join(ceiling.reasons))
+
+    refined: RefineResult | None = None
+    if plan.stages.refine.enabled:
+        step = refine(plan, state, ceiling, flags)
+        if isinstance(step, TrialSpec):
+            if over_budget:
+                return _stop(plan, state, previous, _budget_reason(plan, state), ceiling=ceiling)
+            return Decision(stage="refine", trials=[step], ceiling=ceiling)
+        refined = step
+    rec = recommend(plan, state, ceiling, refined, previous)
+    return Decision(stage="done", done=True, ceiling=ceiling, recommendation=rec,
+                    reason=f"ceiling at concurrency {ceiling.level}; recommendation at {rec.concurrency if rec else '-'}")
+
+
+def _budget_reason(plan: TuningPlan, state: CampaignState) -> str:
+    return (f"GPU budget spent: {state.gpu_seconds / 60:.1f} of {plan.budget.max_gpu_minutes:g} min;"
+            " recommending from the trials so far")
+
+
+def best_passing(plan: TuningPlan, state: CampaignState) -> TrialOutcome | None:
+    passing = [o for o in state.outcomes if o.stage != "correctness" and judge(o, plan.sla).passed]
+    return max(passing, key=goodput, default=None)
+
+
+def _stop(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | None, reason: str,
+          ceiling: Ceiling | None = None) -> Decision:
+    """End early (budget, stop-on-failure): recommend the best passing trial so far, if any."""
+    best = best_passing(plan, state)
+    if best is None:
+        return Decision(stage="done", done=True, failed=True, reason=reason, ceiling=ceiling)
+    if ceiling is None:
+        ceiling = Ceiling(level=best.concurrency, kind="budget", pass_trial_id=best.trial_id,
+                          reasons=["the campaign ended before the ramp found the ceiling"])
+    partial = RefineResult(best=best, compared=[o.trial_id for o in state.by_stage("refine")], notes=[reason])
+    rec = recommend(plan, state, ceiling, partial, previous)
+    return Decision(stage="done", done=True, ceiling=ceiling, recommendation=rec, reason=reason)

@@ -1,0 +1,159 @@
+"""The data the pure decisions read and write: trial specs, outcomes, the campaign state.
+
+Everything is a pydantic model so an Airflow task can pass it through XCom as JSON and the
+CLI can replay a campaign from its result folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from servetune.plan import FlagValue
+from servetune.result import TrialResult, TrialSummary
+
+Stage = Literal["correctness", "baseline", "ramp", "bisect", "refine"]
+Flags = dict[str, FlagValue | None]
+
+
+def config_key(flags: Flags) -> str:
+    """Stable short hash of a server configuration: two trials with the same key ran the same server."""
+    return hashlib.sha256(orjson.dumps(flags, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
+
+
+class TrialSpec(BaseModel):
+    """One trial to run: the full server flags, the load level and why it was chosen."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: Stage
+    concurrency: int = Field(ge=1)
+    flags: Flags = Field(default_factory=dict)
+    requests: int = Field(ge=1, description="measured requests")
+    warmup: int = Field(default=0, ge=0)
+    reason: str = ""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (config_key(self.flags), self.concurrency)
+
+
+class TrialOutcome(BaseModel):
+    """What the decisions need from one finished trial (the full TrialResult stays on disk)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trial_id: str
+    stage: Stage
+    concurrency: int
+    flags: Flags = Field(default_factory=dict)
+    status: Literal["ok", "failed"] = "ok"
+    failure_reason: str | None = None
+    summary: TrialSummary = Field(default_factory=TrialSummary)
+    gpu_seconds: float = Field(default=0.0, ge=0, description="trial time plus any server (re)start")
+    restarted: bool = False
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (config_key(self.flags), self.concurrency)
+
+    @classmethod
+    def from_result(
+        cls, spec: TrialSpec, result: TrialResult, *, gpu_seconds: float, restarted: bool
+    ) -> TrialOutcome:
+        status: Literal["ok", "failed"] = "ok" if result.status != "failed" else "failed"
+        return cls(
+            trial_id=result.trial_id,
+            stage=spec.stage,
+            concurrency=spec.concurrency,
+            flags=dict(spec.flags),
+            status=status,
+            failure_reason=result.failure_reason,
+            summary=result.summary,
+            gpu_seconds=gpu_seconds,
+            restarted=restarted,
+        )
+
+
+class CampaignState(BaseModel):
+    """Every outcome so far, in the order the trials ran."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    outcomes: list[TrialOutcome] = Field(default_factory=list)
+
+    def lookup(self, flags: Flags, concurrency: int) -> TrialOutcome | None:
+        """The latest measurement of this server config at this level, from any stage."""
+        key = (config_key(flags), concurrency)
+        for o in reversed(self.outcomes):
+            if o.stage != "correctness" and o.key == key:
+                return o
+        return None
+
+    def by_stage(self, stage: Stage) -> list[TrialOutcome]:
+        return [o for o in self.outcomes if o.stage == stage]
+
+    @property
+    def gpu_seconds(self) -> float:
+        return sum(o.gpu_seconds for o in self.outcomes)
+
+    def add(self, outcome: TrialOutcome) -> CampaignState:
+        return CampaignState(outcomes=[*self.outcomes, outcome])
+
+
+class Verdict(BaseModel):
+    """Whether one trial met the plan's limits, and if not, every reason why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    passed: bool
+    kind: Literal["pass", "sla", "memory", "errors", "failed"] = "pass"
+    reasons: list[str] = Field(default_factory=list)
+
+
+class Ceiling(BaseModel):
+    """Where the ramp stopped and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    level: int | None = Field(description="highest passing concurrency; None when nothing passed")
+    kind: Literal["sla", "memory", "errors", "failed", "plateau", "exhausted", "budget"]
+    first_fail: int | None = None
+    reasons: list[str] = Field(default_factory=list)
+    pass_trial_id: str | None = None
+    fail_trial_id: str | None = None
+
+
+class Recommendation(BaseModel):
+    """The campaign's answer; written as recommendation.json (layout shared with warehouse and report)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: Flags
+    concurrency: int
+    evidence_trial_ids: list[str]
+    goodput_rps: float | None
+    p99_ttft_ms: float | None
+    p99_tpot_ms: float | None
+    p99_e2e_ms: float | None
+    output_tokens_per_s: float | None
+    prefix_hit_rate: float | None
+    explanation: list[str]
+    diff_from_previous: dict[str, Any] | None = None
+
+
+class Decision(BaseModel):
+    """What to do next: trials to run (in order), or done with the reason and the recommendation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: Literal["correctness", "baseline", "ramp", "bisect", "refine", "done"]
+    trials: list[TrialSpec] = Field(default_factory=list)
+    done: bool = False
+    reason: str = ""
+    ceiling: Ceiling | None = None
+    recommendation: Recommendation | None = None
+    failed: bool = Field(default=False, description="done without a usable answer (correctness, stop-on-failure)")
