@@ -35,6 +35,8 @@ def _register() -> None:
 
     for name in (
         # --- command modules: one line each ---
+        "report",
+        "history",
         # --- end command modules ---
     ):
         import_module(f"servetune.commands.{name}").register(app)

@@ -16,6 +16,8 @@ from typing import Any
 import orjson
 
 from servetune.result import Percentiles, TrialResult, TrialSummary
+from servetune.tuning.recommend import diff_recommendations
+from servetune.tuning.state import Recommendation
 
 GIB = 1024**3
 SLA = {"p99_ttft_ms": 800.0, "p99_tpot_ms": 60.0, "p99_e2e_ms": 20000.0, "max_error_rate": 0.01}
@@ -72,8 +74,9 @@ def make_trial(*, experiment_id: str, stage: str, concurrency: int, created: dat
         failure_reason=None if failed_check is None else f"checklist: {failed_check}", stage=stage,
         experiment_id=experiment_id,
         target={"url": "http://127.0.0.1:30000", "endpoint": "chat", "model": model, "engine": "sglang"},
-        server_config={"chunked_prefill_size": chunk, "schedule_conservativeness": cons,
-                       "max_running_requests": max_running, "enable_cache_report": True},
+        # flag spelling as servetune.tuning writes it (the report also reads chunked_prefill_size)
+        server_config={"chunked-prefill-size": chunk, "schedule-conservativeness": cons,
+                       "max-running-requests": max_running, "enable-cache-report": True},
         load={"mode": "concurrency", "concurrency": c, "requests": 340, "warmup": 40},
         sla=SLA, workload={"fingerprint": "wl-123", "lengths_exact": True},
         t0_unix=created.timestamp(), gpu={"state": "ok", "samples": samples, "interval_ms": 1200},
@@ -112,25 +115,26 @@ def write_campaign(root: Path, *, model: str = "llama-3.1-8b", started: datetime
             boost = 1 + (0.04 if chunk == 4096 else 0) + (0.03 if cons == 0.7 else 0)
             trials.append(make_trial(experiment_id=exp_id, stage="refine", concurrency=ceiling, created=nxt(),
                                      chunk=chunk, cons=cons, speed=speed * boost, hit_rate=hit_rate, model=model))
-    best = max((x for x in trials if x.stage == "refine"), key=lambda x: x.summary.goodput_rps)
+    best = max((x for x in trials if x.stage == "refine"), key=lambda x: x.summary.goodput_rps or 0.0)
     for trial in trials:
         trial.save(directory / "trials" / f"{trial.trial_id}.json")
     s = best.summary
-    recommendation = {
-        "config": {"chunked_prefill_size": best.server_config["chunked_prefill_size"],
-                   "schedule_conservativeness": best.server_config["schedule_conservativeness"],
-                   "max_running_requests": ceiling, "enable_cache_report": True},
-        "concurrency": ceiling, "evidence_trial_ids": [best.trial_id],
-        "goodput_rps": s.goodput_rps, "p99s": {"ttft_ms": s.ttft_ms.p99, "tpot_ms": s.tpot_ms.p99,
-                                               "e2e_ms": s.e2e_ms.p99},
-        "output_tokens_per_s": s.output_tokens_per_s, "prefix_hit_rate": s.prefix_hit_rate,
-        "explanation": [f"ceiling c={ceiling}: c=96 missed the p99 TTFT bound",
-                        "chunked-prefill-size 4096 with schedule-conservativeness 0.7 gave the most goodput"],
-        "diff_from_previous": previous,
-    }
+    rec = Recommendation(
+        config={"chunked-prefill-size": best.server_config["chunked-prefill-size"],
+                "schedule-conservativeness": best.server_config["schedule-conservativeness"],
+                "max-running-requests": ceiling, "enable-cache-report": True},
+        concurrency=ceiling, evidence_trial_ids=[best.trial_id], goodput_rps=s.goodput_rps,
+        p99_ttft_ms=s.ttft_ms.p99, p99_tpot_ms=s.tpot_ms.p99, p99_e2e_ms=s.e2e_ms.p99,
+        output_tokens_per_s=s.output_tokens_per_s, prefix_hit_rate=s.prefix_hit_rate,
+        explanation=[f"ceiling at concurrency {ceiling} (sla): c=96 missed the p99 TTFT bound",
+                     "chunked-prefill-size 4096 with schedule-conservativeness 0.7 gave the most goodput"],
+    )
+    if previous is not None:
+        rec.diff_from_previous = diff_recommendations(previous, rec)
+    recommendation = rec.model_dump(mode="json")
     experiment = {
         "experiment_id": exp_id, "model": model, "engine": "sglang", "model_fingerprint": "mf-" + model,
-        "prompt_template_fingerprint": "pt-1", "trigger": "schedule", "dag_run_id": f"scheduled__{started:%Y%m%d}",
+        "prompt_template_fingerprint": "pt-1", "trigger": "weekly", "dag_run_id": f"scheduled__{started:%Y%m%d}",
         "plan": {"model": model, "sla": {k: v for k, v in SLA.items() if k.startswith("p99")}},
         "status": "succeeded", "started_at": started.isoformat(), "finished_at": t.isoformat(),
         "recommendation": recommendation,

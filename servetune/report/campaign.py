@@ -80,6 +80,15 @@ class Campaign:
         return derived, "derived from the ramp (highest level meeting the p99 SLA)" if derived else "none"
 
 
+def flag_value(config: dict[str, Any], name: str) -> Any:
+    """A server flag whatever its spelling: ``chunked_prefill_size``, ``chunked-prefill-size`` or ``--chunked-prefill-size``."""
+    want = name.lstrip("-").replace("-", "_")
+    for key, value in config.items():
+        if key.lstrip("-").replace("-", "_") == want:
+            return value
+    return None
+
+
 def concurrency_of(trial: TrialResult) -> int | None:
     value = trial.load.get("concurrency")
     return int(value) if isinstance(value, int | float) else None

@@ -11,13 +11,14 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from servetune.report.campaign import Campaign, concurrency_of, meets_sla
+from servetune.report.campaign import Campaign, concurrency_of, flag_value, meets_sla
 from servetune.result import TrialResult
 
 GIB = 1024**3
@@ -50,8 +51,8 @@ def trial_label(t: TrialResult) -> str:
     if t.stage == "refine":
         for key, short in (("chunked_prefill_size", "chunk"), ("schedule_conservativeness", "cons"),
                            ("max_running_requests", "mrr")):
-            if cfg.get(key) is not None:
-                parts.append(f"{short}={cfg[key]}")
+            if flag_value(cfg, key) is not None:
+                parts.append(f"{short}={flag_value(cfg, key)}")
     return " ".join(parts)
 
 
@@ -186,18 +187,20 @@ def refine_heatmap_figure(campaign: Campaign) -> ReportFigure:
     caption = ("Goodput (req/s) of each refinement trial near the ceiling; the best of a cell is shown "
                "when several max-running-requests values were tried. Hatched cells were not measured; "
                "a cross marks a trial that missed the SLA or failed.")
-    trials = [t for t in campaign.refine_trials()
-              if t.server_config.get("chunked_prefill_size") is not None
-              and t.server_config.get("schedule_conservativeness") is not None]
+    def cell(t: TrialResult) -> tuple[Any, Any]:
+        return (flag_value(t.server_config, "chunked_prefill_size"),
+                flag_value(t.server_config, "schedule_conservativeness"))
+
+    trials = [t for t in campaign.refine_trials() if None not in cell(t)]
     if not trials:
         return ReportFigure(key, title, caption, None, "no refinement trials in this campaign")
-    chunks = sorted({t.server_config["chunked_prefill_size"] for t in trials})
-    conss = sorted({t.server_config["schedule_conservativeness"] for t in trials})
+    chunks = sorted({cell(t)[0] for t in trials})
+    conss = sorted({cell(t)[1] for t in trials})
     grid = [[math.nan] * len(chunks) for _ in conss]
     passed = [[False] * len(chunks) for _ in conss]
     for t in trials:
-        i = conss.index(t.server_config["schedule_conservativeness"])
-        j = chunks.index(t.server_config["chunked_prefill_size"])
+        i = conss.index(cell(t)[1])
+        j = chunks.index(cell(t)[0])
         value = t.summary.goodput_rps if t.status == "ok" else 0.0
         value = value if value is not None else 0.0
         if math.isnan(grid[i][j]) or value > grid[i][j]:
@@ -216,8 +219,8 @@ def refine_heatmap_figure(campaign: Campaign) -> ReportFigure:
             text = f"{v:.2f}" + ("" if passed[i][j] else " ✗")
             dark = float(im.norm(v)) > 0.6  # white text only on the dark end of the colour map
             ax.text(j, i, text, ha="center", va="center", fontsize=9, color="white" if dark else "black")
-            if (rec_cfg.get("chunked_prefill_size") == chunks[j]
-                    and rec_cfg.get("schedule_conservativeness") == conss[i]):
+            if (flag_value(rec_cfg, "chunked_prefill_size") == chunks[j]
+                    and flag_value(rec_cfg, "schedule_conservativeness") == conss[i]):
                 ax.add_patch(_outline(j, i))
     ax.set_xticks(range(len(chunks)), [str(c) for c in chunks])
     ax.set_yticks(range(len(conss)), [f"{c:g}" for c in conss])

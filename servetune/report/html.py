@@ -15,7 +15,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from servetune import __version__
-from servetune.report.campaign import Campaign, concurrency_of, meets_sla
+from servetune.report.campaign import Campaign, concurrency_of, flag_value, meets_sla
 from servetune.report.figures import ReportFigure, all_figures
 from servetune.result import Percentiles, TrialResult
 
@@ -50,25 +50,45 @@ def _pair(p: Percentiles, digits: int = 1) -> str:
     return f"{fmt(p.p50, digits)} / {fmt(p.p99, digits)}"
 
 
-_BEFORE = ("previous", "from", "old", "before")
-_AFTER = ("current", "to", "new", "after")
+_BEFORE = ("old", "previous", "from", "before")
+_AFTER = ("new", "current", "to", "after")
+
+
+def _is_change(value: Any) -> bool:
+    return isinstance(value, dict) and any(k in value for k in _BEFORE + _AFTER)
 
 
 def diff_rows(diff: dict[str, Any] | None) -> list[dict[str, str]] | None:
-    """diff_from_previous as rows of (field, previous, now); None when there was nothing to compare with."""
+    """diff_from_previous as rows (field, previous, now, change); None when there was nothing to compare with.
+
+    Reads the tuning layout ``{"config": {flag: {old, new}}, "figures": {name: {old, new, change}}}``
+    and flat ``{field: {old, new}}`` or ``{field: [old, new]}`` maps alike. Figures that did not
+    change are left out so the table shows only what moved.
+    """
     if diff is None:
         return None
-    changes = diff.get("changes") if isinstance(diff.get("changes"), dict) else diff
-    rows = []
-    for name, change in sorted(changes.items()):
-        if isinstance(change, dict) and any(k in change for k in _BEFORE + _AFTER):
+    rows: list[dict[str, str]] = []
+
+    def add(name: str, change: Any) -> None:
+        if _is_change(change):
             before = next((change[k] for k in _BEFORE if k in change), None)
             after = next((change[k] for k in _AFTER if k in change), None)
+            rel = change.get("change")
         elif isinstance(change, list | tuple) and len(change) == 2:
-            before, after = change
+            (before, after), rel = change, None
         else:
-            before, after = "", change
-        rows.append({"field": name, "before": fmt(before), "after": fmt(after)})
+            return
+        if before == after:
+            return
+        rows.append({"field": name, "before": fmt(before), "after": fmt(after),
+                     "change": f"{rel:+.1%}" if isinstance(rel, int | float) else ""})
+
+    for name, change in diff.items():
+        if isinstance(change, dict) and not _is_change(change):
+            for sub, sub_change in change.items():  # a section: "config" flags, "figures"
+                add(sub if name in ("config", "figures") else f"{name}.{sub}", sub_change)
+        else:
+            add(name, change)
     return rows
 
 
@@ -107,10 +127,10 @@ def trial_rows(campaign: Campaign) -> list[dict[str, str]]:
     for t in campaign.trials:
         s = t.summary
         cfg = t.server_config
-        knobs = [f"{short}={cfg[k]}" for k, short in (("chunked_prefill_size", "chunk"),
-                                                       ("schedule_conservativeness", "cons"),
-                                                       ("max_running_requests", "max-running"))
-                 if cfg.get(k) is not None]
+        knobs = [f"{short}={flag_value(cfg, k)}" for k, short in (("chunked_prefill_size", "chunk"),
+                                                                   ("schedule_conservativeness", "cons"),
+                                                                   ("max_running_requests", "max-running"))
+                 if flag_value(cfg, k) is not None]
         rows.append({
             "trial_id": t.trial_id, "stage": t.stage or "bench", "concurrency": fmt(concurrency_of(t)),
             "config": ", ".join(knobs) or "-", "rps": fmt(s.request_throughput), "goodput": fmt(s.goodput_rps),
@@ -127,7 +147,9 @@ def key_cards(campaign: Campaign) -> list[dict[str, str]]:
     rec = campaign.recommendation
     cards = [{"key": "ceiling", "label": "concurrency ceiling", "value": fmt(ceiling)}]
     if rec:
-        p99s = rec.get("p99s") or {}
+        p99s = dict(rec.get("p99s") or {})  # nested (the brief's layout) or flat p99_*_ms (tuning.Recommendation)
+        for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            p99s.setdefault(name, rec.get(f"p99_{name}"))
         cards += [
             {"key": "recommended-concurrency", "label": "recommended concurrency", "value": fmt(rec.get("concurrency"))},
             {"key": "goodput", "label": "goodput req/s", "value": fmt(rec.get("goodput_rps"))},

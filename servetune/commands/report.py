@@ -1,0 +1,48 @@
+"""``servetune report``: an HTML report (with PNGs) of a campaign or of a single bench result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+BAD_INPUT = 2
+
+console = Console(stderr=True)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    def report(
+        source: Annotated[str, typer.Argument(
+            help="a campaign result directory, a trial or experiment JSON file, or an experiment id in the warehouse",
+            metavar="EXPERIMENT_ID_OR_RESULT_DIR_OR_JSON")],
+        out: Annotated[Path | None, typer.Option(
+            "--out", help="folder for report.html and the PNGs (default: DIR/report, FILE-report/, ./report-ID)")]
+        = None,
+        database_url: Annotated[str | None, typer.Option(
+            "--database-url", help="warehouse URL for an experiment id (default: SERVETUNE_DATABASE_URL, "
+            "else the Airflow connection AIRFLOW_CONN_SERVETUNE_WAREHOUSE)")] = None,
+    ) -> None:
+        """Write a self-contained HTML report: curves vs concurrency, GPU memory, hit rate, refinement heatmap,
+        the recommendation and its difference from the last one, and every trial's checklist status."""
+        from servetune.report.campaign import ReportInputError, load_campaign
+        from servetune.report.html import default_out_dir, write_report
+        from servetune.warehouse.db import WarehouseConfigError
+
+        try:
+            campaign = load_campaign(source, database_url=database_url)
+        except (ReportInputError, WarehouseConfigError) as exc:
+            console.print(f"[red]report:[/red] {exc}")
+            raise typer.Exit(BAD_INPUT) from None
+        if not campaign.trials:
+            console.print(f"[red]report:[/red] {source}: no trials to report on")
+            raise typer.Exit(BAD_INPUT)
+        rendered = write_report(campaign, out or default_out_dir(source, campaign))
+        for fig in rendered.figures:
+            if fig.png is None:
+                console.print(f"[yellow]not drawn[/yellow] {fig.title}: {fig.note}")
+        console.print(f"{len(campaign.trials)} trials, {len(rendered.png_paths)} figures")
+        typer.echo(str(rendered.html_path))

@@ -1,0 +1,149 @@
+"""``servetune history``: a model's past experiments in the terminal, newest first, with trend arrows.
+
+Read from the warehouse through ``servetune.warehouse.tables``. The headline numbers come from
+each experiment's accepted recommendation; the hit rate falls back to the mean over its accepted
+trials when a campaign ended without a recommendation, so a regression (the seed article's 60% ->
+20% cache story) still shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy import and_, func, select
+
+from servetune.report.campaign import flag_value
+from servetune.warehouse import db
+from servetune.warehouse.tables import experiments, trials
+
+# (field, higher is better): the arrows are green when the figure moved the good way
+TRENDS = {"ceiling": True, "goodput_rps": True, "output_tokens_per_s": True, "prefix_hit_rate": True,
+          "p99_ttft_ms": False}
+FLAT = 0.02  # relative changes under 2% show as a flat arrow: run-to-run noise, not a trend
+CONFIG_FLAGS = (("chunked_prefill_size", "chunk"), ("schedule_conservativeness", "cons"),
+                ("max_running_requests", "max-running"))
+
+
+@dataclass
+class HistoryEntry:
+    experiment_id: str
+    started_at: datetime | None
+    status: str | None
+    trigger: str
+    trials_ok: int
+    trials_total: int
+    ceiling: int | None
+    config: dict[str, Any]
+    goodput_rps: float | None
+    output_tokens_per_s: float | None
+    p99_ttft_ms: float | None
+    prefix_hit_rate: float | None
+    hit_rate_source: str  # "recommendation" | "trials mean" | "-"
+
+
+def fetch_history(model: str, *, database_url: str | None = None, limit: int = 20) -> list[HistoryEntry]:
+    """The model's experiments, newest first, with their trial counts and mean accepted hit rate."""
+    ok = trials.c.status == "ok"
+    query = (
+        select(
+            experiments.c.experiment_id, experiments.c.started_at, experiments.c.status, experiments.c.trigger,
+            experiments.c.recommendation,
+            func.count(trials.c.trial_id).label("trials_total"),
+            func.count(trials.c.trial_id).filter(ok).label("trials_ok"),
+            func.avg(trials.c.prefix_hit_rate).filter(and_(ok, trials.c.stage != "correctness"))
+            .label("hit_rate_mean"),
+        )
+        .select_from(experiments.outerjoin(trials, trials.c.experiment_id == experiments.c.experiment_id))
+        .where(experiments.c.model == model)
+        .group_by(experiments.c.experiment_id)
+        .order_by(experiments.c.started_at.desc().nulls_last(), experiments.c.loaded_at.desc())
+        .limit(limit)
+    )
+    engine = db.engine(database_url)
+    try:
+        with engine.connect() as conn:
+            rows = list(conn.execute(query).mappings())
+    finally:
+        engine.dispose()
+    out = []
+    for r in rows:
+        rec = r["recommendation"] or {}
+        hit, source = rec.get("prefix_hit_rate"), "recommendation"
+        if hit is None and r["hit_rate_mean"] is not None:
+            hit, source = float(r["hit_rate_mean"]), "trials mean"
+        ceiling = rec.get("ceiling") if isinstance(rec.get("ceiling"), int) else rec.get("concurrency")
+        p99s = rec.get("p99s") or {}
+        out.append(HistoryEntry(
+            experiment_id=r["experiment_id"], started_at=r["started_at"], status=r["status"], trigger=r["trigger"],
+            trials_ok=r["trials_ok"], trials_total=r["trials_total"], ceiling=ceiling,
+            config=rec.get("config") or {}, goodput_rps=rec.get("goodput_rps"),
+            output_tokens_per_s=rec.get("output_tokens_per_s"),
+            p99_ttft_ms=rec.get("p99_ttft_ms", p99s.get("ttft_ms")),
+            prefix_hit_rate=hit, hit_rate_source=source if hit is not None else "-",
+        ))
+    return out
+
+
+def trend(current: float | None, previous: float | None, higher_is_better: bool) -> Text:
+    """An arrow for the change from the previous experiment: green when better, red when worse."""
+    if current is None or previous is None:
+        return Text(" ")
+    if previous == 0:
+        rel = 0.0 if current == 0 else 1.0
+    else:
+        rel = (current - previous) / abs(previous)
+    if abs(rel) < FLAT:
+        return Text("→", style="dim")
+    better = (rel > 0) == higher_is_better
+    return Text("↑" if rel > 0 else "↓", style="bold green" if better else "bold red")
+
+
+def config_text(config: dict[str, Any]) -> str:
+    parts = [f"{short}={flag_value(config, name)}" for name, short in CONFIG_FLAGS
+             if flag_value(config, name) is not None]
+    return ", ".join(parts) or "-"
+
+
+def history_table(model: str, entries: list[HistoryEntry]) -> Table:
+    table = Table(title=f"servetune history: {model}", title_justify="left", header_style="bold")
+    for name, justify in (("started", "left"), ("experiment", "left"), ("trigger", "left"), ("status", "left"),
+                          ("trials ok", "right"), ("ceiling", "right"), ("recommended config", "left"),
+                          ("goodput req/s", "right"), ("out tok/s", "right"), ("p99 TTFT ms", "right"),
+                          ("hit rate", "right")):
+        table.add_column(name, justify=justify, no_wrap=name != "recommended config")
+    # entries are newest first: each row is compared with the next older one that has the figure
+    for i, e in enumerate(entries):
+        older = entries[i + 1:]
+
+        def cell(field: str, text: str, e: HistoryEntry = e, older: list[HistoryEntry] = older) -> Text:
+            prev = next((getattr(o, field) for o in older if getattr(o, field) is not None), None)
+            return Text.assemble(text, " ", trend(getattr(e, field), prev, TRENDS[field]))
+
+        hit = "-" if e.prefix_hit_rate is None else f"{e.prefix_hit_rate:.1%}"
+        if e.hit_rate_source == "trials mean":
+            hit += "*"
+        table.add_row(
+            e.started_at.strftime("%Y-%m-%d %H:%M") if e.started_at else "-",
+            e.experiment_id[:12], e.trigger, e.status or "-", f"{e.trials_ok}/{e.trials_total}",
+            cell("ceiling", "-" if e.ceiling is None else str(e.ceiling)),
+            config_text(e.config),
+            cell("goodput_rps", "-" if e.goodput_rps is None else f"{e.goodput_rps:.2f}"),
+            cell("output_tokens_per_s", "-" if e.output_tokens_per_s is None else f"{e.output_tokens_per_s:,.0f}"),
+            cell("p99_ttft_ms", "-" if e.p99_ttft_ms is None else f"{e.p99_ttft_ms:,.0f}"),
+            cell("prefix_hit_rate", hit),
+        )
+    if any(e.hit_rate_source == "trials mean" for e in entries):
+        table.caption = "* no recommendation: mean hit rate over the experiment's accepted trials"
+    return table
+
+
+def print_history(model: str, entries: list[HistoryEntry], console: Console) -> None:
+    if not entries:
+        console.print(f"no experiments for model {model!r} in the warehouse")
+        return
+    console.print(history_table(model, entries))
