@@ -1,0 +1,196 @@
+"""Run the report checklist (Great Expectations 1.x suites from ``expectations/``) on one trial.
+
+GX is called from our own code (airflow-provider-great-expectations does not install beside
+Airflow 3.3), with an ephemeral context: nothing is written unless Data Docs are asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel
+
+from servetune.result import TrialResult
+from servetune.validation.frames import TrialFrames, build_frames
+
+log = logging.getLogger(__name__)
+
+EXPECTATIONS_DIR = Path(__file__).with_name("expectations")
+SUITES = ("trial_summary", "trial_requests", "trial_gpu")
+#: checklist items a plan may waive (e.g. a CPU-only engine has no GPU memory curve)
+WAIVABLE = frozenset({"gpu_memory_curve", "clean_gpu"})
+#: a GPU state the suites accept: measured by NVML, or synthesized by the simulator
+GPU_STATES_WITH_CURVE = ("ok", "simulated")
+
+
+class ExpectationOutcome(BaseModel):
+    suite: str
+    expectation: str
+    column: str | None = None
+    checklist: str | None = None
+    success: bool
+    observed_value: Any = None
+    details: dict[str, Any] = {}
+
+
+class ValidationReport(BaseModel):
+    """What the checklist found; stored with the result and in the warehouse's ``validations``."""
+
+    success: bool
+    results: list[ExpectationOutcome]
+    suites: list[str]
+    gx_version: str
+    parameters: dict[str, Any] = {}
+    waived: list[str] = []
+    data_docs: str | None = None  # index.html when Data Docs were built
+
+    @property
+    def failed(self) -> list[ExpectationOutcome]:
+        return [r for r in self.results if not r.success]
+
+    def failure_reason(self) -> str | None:
+        if self.success:
+            return None
+        items = sorted({f"{r.checklist or r.suite}: {r.expectation}({r.column or ''})" for r in self.failed})
+        return "validation failed: " + "; ".join(items)
+
+
+def load_suite(name: str, waive: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A suite's JSON, minus the expectations of waived checklist items."""
+    data = orjson.loads((EXPECTATIONS_DIR / f"{name}.json").read_bytes())
+    data["expectations"] = [e for e in data["expectations"] if e.get("meta", {}).get("checklist") not in waive]
+    return data
+
+
+def parameters(result: TrialResult, *, min_measured: int, expected_interval_ms: float | None,
+               max_error_rate: float | None) -> dict[str, Any]:
+    """Values for the suites' ``$PARAMETER`` placeholders, from the trial and the caller."""
+    interval = expected_interval_ms or result.gpu.get("interval_ms") or result.summary.gpu_sample_interval_ms
+    interval = float(interval or 100.0)
+    spec = (result.workload or {}).get("spec") or {}
+    exact = bool(result.summary.lengths_exact or (result.workload or {}).get("lengths_exact"))
+    if max_error_rate is None:
+        max_error_rate = float((result.sla or {}).get("max_error_rate", 0.01))
+    return {
+        "min_measured": int(min_measured),
+        "max_error_rate": float(max_error_rate),
+        # prompts built with the model's tokenizer land within the chat template's overhead;
+        # character-estimated prompts only within a factor of two
+        "input_ratio_min": 0.8 if exact else 0.5,
+        "input_ratio_max": 1.5 if exact else 2.0,
+        # max_tokens caps the output; with ignore_eos the server generates exactly that many
+        "output_ratio_min": 0.9 if spec.get("ignore_eos", True) else 0.0,
+        "output_ratio_max": 1.05,
+        "interval_min_ms": 0.5 * interval,
+        "interval_max_ms": 1.5 * interval,
+        "max_gap_ms": 5.0 * interval,
+        "max_uncovered_s": 2.0 * interval / 1000.0 + 0.5,
+    }
+
+
+def _json_safe(value: Any) -> Any:
+    return orjson.loads(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
+                                     default=str))
+
+
+def _outcome(suite: str, r: dict[str, Any]) -> ExpectationOutcome:
+    cfg = r["expectation_config"]
+    kwargs = cfg.get("kwargs", {})
+    res = r.get("result") or {}
+    if "observed_value" in res:
+        observed = res["observed_value"]
+    else:
+        observed = {k: res[k] for k in ("element_count", "unexpected_count", "partial_unexpected_list")
+                    if k in res}
+        if "partial_unexpected_list" in observed:
+            observed["partial_unexpected_list"] = observed["partial_unexpected_list"][:10]
+    exc = r.get("exception_info") or {}
+    details = {k: v for k, v in kwargs.items() if k != "batch_id"}
+    if exc.get("raised_exception"):
+        details["exception"] = exc.get("exception_message")
+    column = kwargs.get("column") or (
+        f"{kwargs['column_A']}>={kwargs['column_B']}" if "column_A" in kwargs else None)
+    return ExpectationOutcome(
+        suite=suite, expectation=cfg["type"], column=column, checklist=(cfg.get("meta") or {}).get("checklist"),
+        success=bool(r["success"]), observed_value=_json_safe(observed), details=_json_safe(details),
+    )
+
+
+def _context(data_docs_dir: Path | None):
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    config = DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+        analytics_enabled=False,
+        progress_bars=ProgressBarsConfig(globally=False),
+    )
+    ctx = gx.get_context(mode="ephemeral", project_config=config)
+    if data_docs_dir is not None:
+        ctx.add_data_docs_site("servetune", {
+            "class_name": "SiteBuilder",
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend",
+                              "base_directory": str(data_docs_dir)},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        })
+    return gx, ctx
+
+
+def run_suites(frames: TrialFrames, params: dict[str, Any], *, waive: frozenset[str] = frozenset(),
+               data_docs_dir: Path | None = None, run_name: str = "trial") -> ValidationReport:
+    gx, ctx = _context(data_docs_dir)
+    from great_expectations.core.expectation_suite import ExpectationSuite
+
+    source = ctx.data_sources.add_pandas(name="trial")
+    frame_of = {"trial_summary": frames.summary, "trial_requests": frames.requests, "trial_gpu": frames.gpu}
+    suites = [s for s in SUITES if not (s == "trial_gpu" and "gpu_memory_curve" in waive)]
+    outcomes: list[ExpectationOutcome] = []
+    for name in suites:
+        suite = ctx.suites.add(ExpectationSuite(**load_suite(name, waive)))
+        batch = source.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe("whole")
+        definition = ctx.validation_definitions.add(
+            gx.ValidationDefinition(name=f"{run_name}:{name}", data=batch, suite=suite))
+        run_kwargs = {"batch_parameters": {"dataframe": frame_of[name]}, "expectation_parameters": params}
+        if data_docs_dir is not None:  # a checkpoint stores the result so Data Docs can render it
+            checkpoint = ctx.checkpoints.add(gx.Checkpoint(name=f"{run_name}:{name}",
+                                                           validation_definitions=[definition]))
+            cp = checkpoint.run(**run_kwargs)
+            vr = next(iter(cp.run_results.values()))
+        else:
+            vr = definition.run(**run_kwargs, result_format="SUMMARY")
+        outcomes.extend(_outcome(name, r) for r in vr.to_json_dict()["results"])
+    docs = None
+    if data_docs_dir is not None:
+        ctx.build_data_docs(site_names=["servetune"])
+        docs = str(Path(data_docs_dir) / "index.html")
+    return ValidationReport(
+        success=all(o.success for o in outcomes), results=outcomes, suites=suites,
+        gx_version=gx.__version__, parameters=params, waived=sorted(waive), data_docs=docs,
+    )
+
+
+def validate(result: TrialResult, *, min_measured: int = 200, expected_interval_ms: float | None = None,
+             max_error_rate: float | None = None, waive: tuple[str, ...] | list[str] = (),
+             data_docs_dir: str | Path | None = None) -> ValidationReport:
+    """Check one trial against the report checklist; ``waive`` drops checklist items a plan waived."""
+    unknown = set(waive) - WAIVABLE
+    if unknown:
+        raise ValueError(f"cannot waive {sorted(unknown)}: only {sorted(WAIVABLE)} may be waived")
+    params = parameters(result, min_measured=min_measured, expected_interval_ms=expected_interval_ms,
+                        max_error_rate=max_error_rate)
+    report = run_suites(build_frames(result), params, waive=frozenset(waive),
+                        data_docs_dir=Path(data_docs_dir) if data_docs_dir else None,
+                        run_name=result.trial_id)
+    log.info("trial %s: validation %s (%d/%d expectations met)", result.trial_id,
+             "passed" if report.success else "FAILED", sum(o.success for o in report.results),
+             len(report.results))
+    return report

@@ -1,0 +1,112 @@
+"""Build realistic ``TrialResult`` objects in code for the warehouse and validation tests."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+
+from servetune.records import RequestRecord
+from servetune.result import Percentiles, TrialResult, TrialSummary
+
+
+def _pct(values: list[float]) -> Percentiles:
+    v = sorted(values)
+    n = len(v)
+
+    def q(p: float) -> float:
+        return v[min(n - 1, int(p * n))]
+
+    return Percentiles(count=n, mean=sum(v) / n, p50=q(0.5), p90=q(0.9), p95=q(0.95), p99=q(0.99),
+                       max=v[-1], min=v[0])
+
+
+def make_trial(
+    *,
+    trial_id: str | None = None,
+    experiment_id: str | None = None,
+    model: str = "llama-8b",
+    n: int = 240,
+    warmup: int = 10,
+    concurrency: int = 16,
+    hit_rate: float = 0.6,
+    t0_unix: float | None = None,
+    seed: int = 0,
+    workload_fingerprint: str = "wl-0001",
+    interval_ms: float = 100.0,
+    stage: str | None = "ramp",
+    ttft_scale: float = 1.0,
+) -> TrialResult:
+    """A clean, passing trial: ``n`` measured requests, a GPU curve covering the window."""
+    rng = random.Random(seed)
+    records: list[RequestRecord] = []
+    for i in range(n + warmup):
+        prompt = rng.randint(800, 1200)
+        out = 128
+        ttft = rng.uniform(40, 120) * ttft_scale
+        tpot = rng.uniform(8, 14)
+        e2e = ttft + tpot * (out - 1)
+        offsets = [ttft + k * tpot * 8 for k in range(16)]
+        records.append(RequestRecord(
+            request_id=i, t_send_s=0.05 * i, queue_ms=rng.uniform(0, 5), ttft_ms=ttft, e2e_ms=e2e,
+            chunk_offsets_ms=offsets, chunk_tokens=[8] * 16, token_count_source="meta_info",
+            prompt_tokens=prompt, completion_tokens=out, cached_tokens=int(prompt * hit_rate),
+            requested_input_tokens=prompt, requested_output_tokens=out, prefix_group=0,
+            warmup=i < warmup, http_status=200,
+        ))
+    measured = [r for r in records if not r.warmup]
+    window_start, window_end = measured[0].t_send_s, measured[-1].t_send_s + measured[-1].e2e_ms / 1000
+    window = window_end - window_start
+    out_tokens = sum(r.completion_tokens for r in measured)
+    samples = []
+    t = 0.0
+    while t <= window_end + interval_ms / 1000:
+        samples.append({"t_s": round(t, 3), "gpu": 0, "mem_used": 60_000_000_000 + int(t * 1e6),
+                        "mem_total": 80_000_000_000, "util": 0.9, "power_w": 600.0})
+        t += interval_ms / 1000
+    mem = [s["mem_used"] for s in samples]
+    summary = TrialSummary(
+        requests_total=len(records), requests_measured=len(measured), requests_warmup=warmup,
+        requests_ok=len(measured), requests_failed=0, error_rate=0.0,
+        window_start_s=window_start, window_end_s=window_end, window_s=window, window_source="stated",
+        ttft_ms=_pct([r.ttft_ms for r in measured]),
+        itl_ms=_pct([g for r in measured for g in r.itl_gaps_ms()]),
+        tpot_ms=_pct([r.tpot_ms() for r in measured]),
+        e2e_ms=_pct([r.e2e_ms for r in measured]),
+        queue_ms=_pct([r.queue_ms for r in measured]),
+        input_len=_pct([r.prompt_tokens for r in measured]),
+        output_len=_pct([r.completion_tokens for r in measured]),
+        cached_len=_pct([r.cached_tokens for r in measured]),
+        lengths_exact=True, token_count_sources={"meta_info": len(measured)},
+        request_throughput=len(measured) / window, input_tokens_per_s=sum(r.prompt_tokens for r in measured) / window,
+        output_tokens_per_s=out_tokens / window, decode_tokens_per_s=1000 / 11.0,
+        total_tokens_per_s=(out_tokens + sum(r.prompt_tokens for r in measured)) / window,
+        goodput_rps=len(measured) / window * 0.95, goodput_fraction=0.95, sla={"ttft_ms": 500.0},
+        prefix_hit_rate=sum(r.cached_tokens for r in measured) / sum(r.prompt_tokens for r in measured),
+        gpu_state="ok", gpu_samples=len(samples), gpu_sample_interval_ms=interval_ms,
+        gpu_mem_total_bytes=80_000_000_000, gpu_mem_peak_bytes=max(mem), gpu_mem_mean_bytes=sum(mem) / len(mem),
+        gpu_mem_idle_bytes=mem[0], gpu_mem_peak_fraction=max(mem) / 80e9, gpu_util_mean=0.9,
+        gpu_power_mean_w=600.0, gpu_clean_at_start=True, server_samples=2,
+    )
+    kwargs = {"trial_id": trial_id} if trial_id else {}
+    return TrialResult(
+        **kwargs,
+        created_at=datetime.fromtimestamp(t0_unix or 1_760_000_000, UTC).isoformat(),
+        stage=stage, experiment_id=experiment_id,
+        target={"url": "http://127.0.0.1:30000", "endpoint": "chat", "model": model, "engine": "sglang"},
+        server_config={"chunked_prefill_size": 4096, "schedule_conservativeness": 1.0},
+        load={"mode": "concurrency", "concurrency": concurrency, "warmup_requests": warmup},
+        sla={"p99_ttft_ms": 1000.0, "p99_tpot_ms": 50.0, "max_error_rate": 0.01},
+        workload={"spec": {"name": "chat", "seed": 0, "ignore_eos": True}, "fingerprint": workload_fingerprint,
+                  "lengths_exact": True},
+        t0_unix=t0_unix or 1_760_000_000.0,
+        records=records,
+        gpu={"state": "ok", "devices": [{"index": 0, "name": "NVIDIA H100"}], "processes_at_start": [],
+             "interval_ms": interval_ms, "samples": samples},
+        server={"server_info": {"version": "0.5.23"}, "metrics_before": {}, "metrics_after": {},
+                "samples": [{"t_s": 0.0, "name": "sglang:num_running_reqs", "labels": {"model_name": model},
+                             "value": 0.0},
+                            {"t_s": 1.0, "name": "sglang:num_running_reqs", "labels": {"model_name": model},
+                             "value": float(concurrency)}]},
+        environment={"host": "test", "servetune_version": "0.1.0"},
+        summary=summary,
+    )
