@@ -35,6 +35,7 @@ def _register() -> None:
 
     for name in (
         # --- command modules: one line each ---
+        "bench",
         "report",
         "history",
         # --- end command modules ---

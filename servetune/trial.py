@@ -101,12 +101,7 @@ async def run_trial_async(
         server_config=dict(req.server_config),
         load=req.load.model_dump(mode="json") | {"requests": req.num_requests},
         sla=req.sla.model_dump(mode="json", exclude_none=True) if req.sla else {},
-        workload={
-            "spec": req.workload.model_dump(mode="json"),
-            "fingerprint": batch.fingerprint,
-            "lengths_exact": batch.lengths_exact,
-            "tokenizer": batch.tokenizer_name,
-        },
+        workload=batch.describe(),
     )
 
     if preflight is not None:

@@ -10,9 +10,11 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import orjson
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -21,7 +23,7 @@ from servetune.result import Percentiles, TrialResult
 from servetune.sla import SLA
 from servetune.workload.spec import WorkloadSpec
 
-DEFAULT_PRESET = "chat"
+DEFAULT_PRESET = "chat-default"
 BAD_INPUT = 2
 
 console = Console(stderr=True)
@@ -31,20 +33,25 @@ class BadInput(Exception):
     """A user error found before anything was sent: printed as one line, exit code 2."""
 
 
+def _error(message: str) -> None:
+    console.print("[red]error:[/red]", escape(message), highlight=False, soft_wrap=True)
+
+
 def _pydantic_line(exc: ValidationError, prefix: str = "") -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"])
-        parts.append(f"{prefix}{loc}: {err['msg']}" if loc else f"{prefix.rstrip('.')}: {err['msg']}")
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{prefix}{loc}: {msg}" if loc else f"{prefix}{msg}".strip())
     return "; ".join(parts)
 
 
 def resolve_workload(value: str | None) -> WorkloadSpec:
     """A workload file (YAML/JSON) or the name of a preset; the default preset when None."""
-    from servetune.workload import presets
+    from servetune.workload.presets import PRESETS, get_preset
 
     if value is None:
-        return presets.get(DEFAULT_PRESET)
+        return get_preset(DEFAULT_PRESET)
     path = Path(value)
     if path.is_file():
         try:
@@ -52,10 +59,23 @@ def resolve_workload(value: str | None) -> WorkloadSpec:
         except ValidationError as exc:
             raise BadInput(f"workload {value}: {_pydantic_line(exc)}") from exc
         except Exception as exc:  # noqa: BLE001 - YAML/JSON syntax, unreadable file
-            raise BadInput(f"workload {value}: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
-    if value in presets.names():
-        return presets.get(value)
-    raise BadInput(f"workload: {value!r} is neither a file nor a preset ({', '.join(presets.names())})")
+            raise BadInput(f"workload {value}: {_syntax_line(exc)}") from exc
+    if value in PRESETS:
+        return get_preset(value)
+    raise BadInput(f"workload: {value!r} is neither a file nor a preset ({', '.join(sorted(PRESETS))})")
+
+
+def _syntax_line(exc: Exception) -> str:
+    """One line for a file that does not parse: which format, where, and what."""
+    import yaml
+
+    if isinstance(exc, yaml.YAMLError):
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}"
+    if isinstance(exc, orjson.JSONDecodeError):
+        return f"not valid JSON: {exc}"
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
 def _gpu_list(value: str | None) -> list[int] | None:
@@ -144,43 +164,42 @@ def bench(
         except ValueError as exc:
             raise BadInput(f"--sla: {exc}") from exc
         try:
-            req = TrialRequest(
-                target=Target(url=url, endpoint=endpoint, model=model, api_key_env=api_key_env, timeout_s=timeout_s),
-                load=LoadConfig(
-                    mode="rate" if rate is not None else "concurrency",
-                    concurrency=concurrency,
-                    rate=rate,
-                    arrival=arrival,
-                    burstiness=burstiness,
-                    warmup_requests=warmup,
-                    seed=spec.seed,
-                ),
-                workload=spec,
-                num_requests=requests,
-                sla=sla_obj,
-                gpu_indices=_gpu_list(gpus),
-                gpu_interval_ms=gpu_interval_ms,
-                flush_cache=flush_cache,
-                tokenizer=tokenizer,
+            req = TrialRequest.model_validate(
+                {
+                    "target": {"url": url, "endpoint": endpoint, "model": model, "api_key_env": api_key_env,
+                               "timeout_s": timeout_s},
+                    "load": {
+                        "mode": "rate" if rate is not None else "concurrency",
+                        "concurrency": concurrency,
+                        "rate": rate,
+                        "arrival": arrival,
+                        "burstiness": burstiness,
+                        "warmup_requests": warmup,
+                        "seed": spec.seed,
+                    },
+                    "workload": spec,
+                    "num_requests": requests,
+                    "sla": sla_obj,
+                    "gpu_indices": _gpu_list(gpus),
+                    "gpu_interval_ms": gpu_interval_ms,
+                    "flush_cache": flush_cache,
+                    "tokenizer": tokenizer,
+                }
             )
         except ValidationError as exc:
             raise BadInput(_cli_names(_pydantic_line(exc))) from exc
         result = _run_with_progress(run_trial, req)
-    except BadInput as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(BAD_INPUT) from None
-    except TargetUnreachable as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(BAD_INPUT) from None
-    except ValueError as exc:  # from building the workload (e.g. a tokenizer that cannot reach a length)
-        console.print(f"[red]error:[/red] {str(exc).splitlines()[0]}", highlight=False, soft_wrap=True)
+    except (BadInput, TargetUnreachable, ValueError) as exc:
+        # ValueError: from building the workload (e.g. a length the tokenizer cannot reach)
+        _error(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise typer.Exit(BAD_INPUT) from None
 
     path = result.save(out)
     Console().print(summary_table(result))
     console.print(f"result written to {path}")
     if result.status != "ok":
-        console.print(f"[red]trial failed:[/red] {result.failure_reason}", highlight=False, soft_wrap=True)
+        console.print("[red]trial failed:[/red]", escape(result.failure_reason or "?"), highlight=False,
+                      soft_wrap=True)
         raise typer.Exit(1)
 
 

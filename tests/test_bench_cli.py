@@ -1,0 +1,145 @@
+"""``servetune bench`` end to end against a real streaming HTTP server, through Typer's CliRunner.
+
+The CLI's own event loop runs in a worker thread; the server runs on the test's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from servetune.cli import app
+
+from sse_server import Scenario
+from test_trial import _serve
+
+TINY = "name: tiny\nseed: 3\ninput: {kind: fixed, value: 32}\noutput: {kind: fixed, value: 8}\n"
+
+
+@pytest.fixture
+async def server():
+    srv, seen = await _serve(Scenario(ttft_ms=10, gap_ms=2, tokens_per_chunk=2))
+    yield srv, seen
+    await srv.stop()
+
+
+async def _bench(*args: str):
+    return await asyncio.to_thread(CliRunner().invoke, app, ["bench", *args])
+
+
+def _tiny(tmp_path: Path) -> str:
+    p = tmp_path / "tiny.yaml"
+    p.write_text(TINY)
+    return str(p)
+
+
+async def test_bench_writes_a_complete_result(server, tmp_path):
+    srv, seen = server
+    out = tmp_path / "res" / "result.json"
+    r = await _bench(
+        "--url", srv.url, "--concurrency", "4", "--requests", "12", "--warmup", "2", "--out", str(out),
+        "--workload", _tiny(tmp_path), "--model", "sse-test", "--sla", "ttft_ms=5000", "--sla", "tpot_ms=1000",
+        "--gpu-interval-ms", "20",
+    )
+    assert r.exit_code == 0, r.output
+    assert "TTFT ms" in r.output and "output tokens/s" in r.output and "result written to" in r.output
+    d = orjson.loads(out.read_bytes())
+    s = d["summary"]
+    assert d["schema"] == "servetune.trial/1" and d["status"] == "ok"
+    assert s["ttft_ms"]["p50"] >= 10.0 and s["itl_ms"]["p99"] > 0 and s["output_tokens_per_s"] > 0
+    assert s["requests_measured"] == 12 and s["requests_warmup"] == 2 and s["error_rate"] == 0.0
+    assert s["sla"] == {"ttft_ms": 5000.0, "tpot_ms": 1000.0} and s["goodput_fraction"] == 1.0
+    assert s["output_len"]["p50"] == 8 and s["gpu_state"] == "no_gpu"
+    assert len(d["records"]) == 14 and all(rec["ttft_ms"] < rec["e2e_ms"] for rec in d["records"])
+    assert d["workload"]["spec"]["name"] == "tiny" and d["workload"]["fingerprint"]
+    assert d["load"]["concurrency"] == 4 and d["load"]["mode"] == "concurrency"
+    assert "samples" in d["gpu"] and d["environment"]
+    assert len(seen.generations) == 14
+
+
+async def test_default_workload_and_rate_mode(server, tmp_path):
+    srv, seen = server
+    out = tmp_path / "r.json"
+    r = await _bench(
+        "--url", srv.url, "--concurrency", "2", "--requests", "3", "--warmup", "0", "--out", str(out),
+        "--rate", "50", "--arrival", "constant", "--endpoint", "completions",
+    )
+    assert r.exit_code == 0, r.output
+    d = orjson.loads(out.read_bytes())
+    assert d["workload"]["spec"]["name"] == "chat-default"
+    assert d["load"]["mode"] == "rate" and d["load"]["rate"] == 50.0 and d["load"]["arrival"] == "constant"
+    assert d["target"]["endpoint"] == "completions" and d["summary"]["requests_ok"] == 3
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+BAD_WORKLOADS = {
+    "malformed": ("input: {kind: lognormal, median: -5, sigma: 0.5}\n", "input"),
+    "unknown_distribution": ("input: {kind: zipf, value: 3}\n", "input"),
+    "not_yaml": ("input: [unclosed\n", "YAML"),
+    "unknown_field": ("inputs: {kind: fixed, value: 3}\n", "inputs"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_WORKLOADS))
+async def test_bad_workload_files_name_the_cause_and_send_nothing(server, tmp_path, case):
+    srv, seen = server
+    text, expect = BAD_WORKLOADS[case]
+    wl = tmp_path / "w.yaml"
+    wl.write_text(text)
+    r = await _bench("--url", srv.url, "--concurrency", "2", "--requests", "2", "--out", str(tmp_path / "o.json"),
+                     "--workload", str(wl))
+    assert r.exit_code == 2, r.output
+    assert "error:" in r.output and expect in r.output and str(wl) in r.output
+    assert seen.calls == [] and not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["--concurrency", "0"], "--concurrency"),
+        (["--concurrency", "-3"], "--concurrency"),
+        (["--requests", "0"], "--requests"),
+        (["--arrival", "zipf", "--rate", "5"], "--arrival"),
+        (["--rate", "-1"], "--rate"),
+        (["--endpoint", "embeddings"], "--endpoint"),
+        (["--sla", "ttft=5"], "ttft"),
+        (["--sla", "ttft_ms=fast"], "--sla"),
+        (["--sla", "ttft_ms=-5"], "ttft_ms"),
+        (["--workload", "no-such-preset"], "no-such-preset"),
+        (["--gpus", "0,x"], "--gpus"),
+        (["--tokenizer", "/nonexistent/tok.json"], "tokenizer"),
+    ],
+)
+async def test_bad_options_name_the_option_and_send_nothing(server, tmp_path, args, expect):
+    srv, seen = server
+    base = {"--url": srv.url, "--concurrency": "2", "--requests": "2", "--out": str(tmp_path / "o.json")}
+    for i in range(0, len(args), 2):
+        base[args[i]] = args[i + 1]
+    r = await _bench(*[x for kv in base.items() for x in kv])
+    assert r.exit_code == 2, r.output
+    first = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    assert len(first) == 1 and expect in first[0], r.output
+    assert seen.calls == []
+
+
+async def test_unreachable_url_is_a_one_line_error(tmp_path):
+    r = await _bench("--url", f"http://127.0.0.1:{_closed_port()}", "--concurrency", "2", "--requests", "2",
+                     "--out", str(tmp_path / "o.json"), "--workload", _tiny(tmp_path))
+    assert r.exit_code == 2
+    assert "unreachable" in r.output and "no request was sent" in r.output
+    assert not (tmp_path / "o.json").exists()
+
+
+async def test_bad_url_scheme(tmp_path):
+    r = await _bench("--url", "ftp://x", "--concurrency", "2", "--requests", "2", "--out", str(tmp_path / "o.json"))
+    assert r.exit_code == 2 and "--url" in r.output
