@@ -38,6 +38,7 @@ def _register() -> None:
         "bench",
         "report",
         "history",
+        "tune",
         # --- end command modules ---
     ):
         import_module(f"servetune.commands.{name}").register(app)

@@ -1,0 +1,211 @@
+"""``servetune tune PLAN.yaml``: run the staged tuning protocol end to end, or show what it would run.
+
+The plan is checked before any server starts (a bad field ends with its path and exit code 2).
+Live campaigns start servers through the plan's engine and runner; ``--virtual`` answers every
+trial with the simulator in virtual time; ``--dry-run`` prints the trials and the GPU time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from servetune.plan import PlanError, TuningPlan, load_plan
+
+BAD_INPUT = 2
+console = Console(stderr=True)
+
+
+def _fmt_s(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _progress_printer(plan: TuningPlan) -> Any:
+    from servetune.tuning.campaign import Progress
+    from servetune.tuning.ceiling import judge
+
+    def show(p: Progress) -> None:
+        s = p.spec
+        head = f"[bold]#{p.index}[/bold] {s.stage:<11} level {s.concurrency:>4}"
+        if p.event == "start":
+            console.print(f"{head}  start  ({escape(s.reason)})  GPU so far {_fmt_s(p.spent_s)},"
+                          f" ETA <= {_fmt_s(p.eta_s)}", highlight=False)
+            return
+        o = p.outcome
+        assert o is not None
+        if o.status == "failed":
+            console.print(f"{head}  [red]failed[/red]: {escape(o.failure_reason or '?')}", highlight=False)
+            return
+        sm = o.summary
+        verdict = judge(o, plan.sla)
+        mark = "[green]pass[/green]" if verdict.passed else "[yellow]fail[/yellow]: " + escape("; ".join(verdict.reasons))
+        console.print(
+            f"{head}  goodput {sm.goodput_rps or 0:.2f} req/s, p99 TTFT {sm.ttft_ms.p99 or 0:.0f} ms,"
+            f" p99 TPOT {sm.tpot_ms.p99 or 0:.1f} ms, {o.gpu_seconds:.0f} s GPU  {mark}", highlight=False)
+
+    return show
+
+
+def _load(plan_path: Path) -> TuningPlan:
+    try:
+        return load_plan(plan_path)
+    except PlanError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(BAD_INPUT) from None
+
+
+def _sim_runner(plan: TuningPlan) -> Any:
+    """A simulated runner for the plan: its own flags for a sim engine, the estimate profiles otherwise."""
+    from servetune.tuning.runner import SimTrialRunner
+
+    if plan.engine.kind == "sim":
+        return SimTrialRunner(plan)
+    if plan.estimate is None:
+        return None
+    return SimTrialRunner(plan, extra_flags={"gpu-profile": plan.estimate.gpu, "model-profile": plan.estimate.model})
+
+
+def _print_dry_run(plan: TuningPlan) -> None:
+    from servetune.tuning.campaign import dry_run
+
+    runner = _sim_runner(plan)
+    if runner is None:
+        _print_static_schedule(plan)
+        return
+    decision, outcomes, specs = dry_run(plan, runner)
+    table = Table(title=f"{plan.name}: trials the campaign would start (simulated, virtual time)")
+    for col in ("#", "stage", "level", "server flags changed", "restart", "GPU s", "goodput req/s"):
+        table.add_column(col)
+    base = plan.engine.flags
+    for i, (spec, o) in enumerate(zip(specs, outcomes, strict=True), 1):
+        changed = {k: v for k, v in spec.flags.items() if base.get(k, object()) != v or k not in base}
+        removed = [k for k in base if k not in spec.flags]
+        text = ", ".join([f"{k}={v}" for k, v in changed.items()] + [f"-{k}" for k in removed]) or "-"
+        table.add_row(str(i), spec.stage, str(spec.concurrency), text, "yes" if o.restarted else "",
+                      f"{o.gpu_seconds:.0f}", f"{o.summary.goodput_rps or 0:.2f}" if o.status == "ok" else "failed")
+    console.print(table)
+    total = sum(o.gpu_seconds for o in outcomes)
+    console.print(f"{len(specs)} trials, estimated GPU time {_fmt_s(total)} (budget {plan.budget.max_gpu_minutes:g} min,"
+                  f" restart cost {plan.budget.restart_cost_s:g} s each); the simulator's estimate, not a measurement")
+    if decision.recommendation:
+        r = decision.recommendation
+        console.print(f"simulated recommendation: concurrency {r.concurrency}, flags {r.config},"
+                      f" goodput {r.goodput_rps or 0:.2f} req/s", highlight=False)
+    else:
+        console.print(f"simulated campaign ends without a recommendation: {escape(decision.reason)}")
+
+
+def _print_static_schedule(plan: TuningPlan) -> None:
+    """Without a simulator profile: the worst-case trial list; GPU time cannot be estimated."""
+    from servetune.tuning.campaign import remaining_trials_upper_bound
+    from servetune.tuning.state import CampaignState
+
+    st = plan.stages
+    table = Table(title=f"{plan.name}: trials the campaign would start (worst case; no simulator profile)")
+    for col in ("stage", "levels", "requests each"):
+        table.add_column(col)
+    if st.correctness.enabled:
+        table.add_row("correctness", "1", str(st.correctness.requests))
+    table.add_row("baseline", str(st.baseline.concurrency), str(st.baseline.requests + st.baseline.warmup))
+    table.add_row("ramp", ", ".join(map(str, st.ramp.levels)) + " (stops at the ceiling)",
+                  str(st.ramp.requests + st.ramp.warmup))
+    if st.ramp.bisect:
+        table.add_row("bisect", f"between last pass and first fail, down to a gap of {st.ramp.bisect_min_step}",
+                      str(st.ramp.requests + st.ramp.warmup))
+    if st.refine.enabled:
+        walk = ", ".join(f"{k} {v}" for k, v in st.refine.grid.items())
+        table.add_row("refine", f"at the ceiling, one flag at a time: {walk}", str(plan.refine_requests()[0]))
+    console.print(table)
+    n = remaining_trials_upper_bound(plan, CampaignState(), "correctness")
+    console.print(f"at most {n} trials; GPU time cannot be estimated for engine {plan.engine.kind!r} without"
+                  f" a simulator profile (add `estimate: {{gpu: ..., model: ...}}` to the plan). The budget caps"
+                  f" it at {plan.budget.max_gpu_minutes:g} min.")
+
+
+def _print_recommendation(decision: Any, out: Path) -> None:
+    rec = decision.recommendation
+    if rec is None:
+        console.print(f"[red]no recommendation[/red]: {escape(decision.reason)}")
+        return
+    table = Table(title="recommendation", show_header=False)
+    table.add_row("server flags", " ".join(f"--{k}" + ("" if v is None else f" {v}") for k, v in rec.config.items())
+                  or "(engine defaults)")
+    table.add_row("concurrency", str(rec.concurrency))
+    table.add_row("goodput", f"{rec.goodput_rps or 0:.2f} req/s")
+    table.add_row("p99 TTFT / TPOT / E2E",
+                  f"{rec.p99_ttft_ms or 0:.0f} / {rec.p99_tpot_ms or 0:.1f} / {rec.p99_e2e_ms or 0:.0f} ms")
+    table.add_row("output tokens/s", f"{rec.output_tokens_per_s or 0:.0f}")
+    if rec.prefix_hit_rate is not None:
+        table.add_row("prefix hit rate", f"{rec.prefix_hit_rate:.1%}")
+    table.add_row("evidence", ", ".join(t[:8] for t in rec.evidence_trial_ids))
+    console.print(table)
+    for line in rec.explanation:
+        console.print(f"  - {escape(line)}", highlight=False)
+    console.print(f"written to {out}/recommendation.json")
+
+
+def tune(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN.yaml", help="the tuning plan")],
+    out: Annotated[Path | None, typer.Option("--out", help="result folder (default: runs/<plan name>-<id>)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the trials and the GPU time; start nothing")] = False,
+    virtual: Annotated[bool, typer.Option("--virtual", help="answer every trial with the simulator in virtual time")]
+    = False,
+    previous: Annotated[Path | None, typer.Option(help="a previous recommendation.json to diff against")] = None,
+    trigger: Annotated[str, typer.Option(help="manual | weekly | on_change | bench")] = "manual",
+    dag_run_id: Annotated[str | None, typer.Option(help="the Airflow DAG run, when run from one")] = None,
+) -> None:
+    """Run a tuning campaign: correctness, baseline, ramp, ceiling, refinement, recommendation."""
+    import uuid
+
+    from servetune.tuning.campaign import TRIGGERS, Campaign
+
+    plan = _load(plan_path)
+    if dry_run:
+        _print_dry_run(plan)
+        return
+    if trigger not in TRIGGERS:
+        console.print(f"[red]error:[/red] --trigger must be one of {', '.join(TRIGGERS)}, got {trigger!r}")
+        raise typer.Exit(BAD_INPUT)
+    prev = None
+    if previous is not None:
+        try:
+            prev = orjson.loads(previous.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            console.print(f"[red]error:[/red] --previous {previous}: {escape(str(exc))}")
+            raise typer.Exit(BAD_INPUT) from None
+        if not isinstance(prev, dict) or "config" not in prev:
+            console.print(f"[red]error:[/red] --previous {previous}: not a recommendation.json (no 'config')")
+            raise typer.Exit(BAD_INPUT)
+    if virtual:
+        runner = _sim_runner(plan)
+        if runner is None:
+            console.print("[red]error:[/red] --virtual needs engine.kind sim or an `estimate:` section in the plan")
+            raise typer.Exit(BAD_INPUT)
+    else:
+        from servetune.tuning.live import LiveTrialRunner
+
+        runner = LiveTrialRunner(plan)
+    experiment_id = uuid.uuid4().hex
+    out = out or Path("runs") / f"{plan.name}-{experiment_id[:8]}"
+    console.print(f"campaign {experiment_id[:8]}: plan {plan.name}, engine {plan.engine.kind}"
+                  f"{' (virtual time)' if virtual else ''}, results in {out}", highlight=False)
+    campaign = Campaign(plan, runner, out, trigger=trigger, dag_run_id=dag_run_id, previous=prev,
+                        experiment_id=experiment_id, progress=_progress_printer(plan))
+    decision = campaign.run()
+    console.print(f"done: {escape(decision.reason)} ({len(campaign.state.outcomes)} trials,"
+                  f" {_fmt_s(campaign.state.gpu_seconds)} GPU)", highlight=False)
+    _print_recommendation(decision, out)
+    if decision.failed:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune)

@@ -1,0 +1,206 @@
+"""A campaign: the pure decisions driven against a TrialRunner, written to a result folder.
+
+Result folder (shared with the warehouse loader and the report):
+  OUT/experiment.json            experiment metadata, the plan, status, the recommendation
+  OUT/trials/<trial_id>.json     every trial's TrialResult (stage and experiment_id set)
+  OUT/recommendation.json        the recommendation, when there is one
+experiment.json is rewritten after every trial, so an interrupted campaign still says how far it got.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from servetune.plan import TuningPlan
+from servetune.tuning.decisions import next_trials
+from servetune.tuning.runner import RunReport, TrialRunner, failed_result
+from servetune.tuning.state import CampaignState, Decision, TrialOutcome, TrialSpec
+
+log = logging.getLogger(__name__)
+TRIGGERS = ("manual", "weekly", "on_change", "bench")
+
+
+@dataclass
+class Progress:
+    """What the progress display gets before and after each trial."""
+
+    event: str  # "start" | "end"
+    spec: TrialSpec
+    index: int  # 1-based trial number
+    spent_s: float  # GPU seconds so far
+    eta_s: float | None  # estimated GPU seconds left (upper bound)
+    outcome: TrialOutcome | None = None
+
+
+def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: str) -> int:
+    """At most this many trials are left: the ETA's basis (the walk usually stops sooner)."""
+    st = plan.stages
+    refine = 0
+    if st.refine.enabled:
+        refine = 1 + len(st.refine.shared_prefix_policies) + sum(len(v) for v in st.refine.grid.values())
+        refine += st.refine.extend_levels + int(st.refine.set_max_running)
+    bisect = 4 if st.ramp.bisect else 0
+    measured = {o.concurrency for o in state.outcomes if o.stage in ("baseline", "ramp")}
+    ramp_left = sum(1 for c in [st.baseline.concurrency, *st.ramp.levels] if c not in measured)
+    if stage in ("correctness", "baseline", "ramp"):
+        return int(stage == "correctness") + ramp_left + bisect + refine
+    if stage == "bisect":
+        return bisect + refine
+    return max(1, refine - len(state.by_stage("refine")))
+
+
+def plan_fingerprints(plan: TuningPlan) -> tuple[str | None, str | None]:
+    """Model and prompt-template fingerprints (servetune.fingerprint), None where not computable."""
+    try:
+        from servetune.fingerprint import model_fingerprint
+    except ImportError:  # pragma: no cover - module of another engineer, optional here
+        return None, None
+    try:
+        model_fp = model_fingerprint(plan.model).digest
+    except (OSError, ValueError) as exc:
+        log.warning("model fingerprint of %s: %s", plan.model, exc)
+        model_fp = None
+    return model_fp, None
+
+
+class Campaign:
+    """Runs one plan to its recommendation, trial by trial, writing everything as it goes."""
+
+    def __init__(
+        self, plan: TuningPlan, runner: TrialRunner, out_dir: str | Path, *, trigger: str = "manual",
+        dag_run_id: str | None = None, previous: dict[str, Any] | None = None,
+        experiment_id: str | None = None, progress: Callable[[Progress], None] | None = None,
+    ) -> None:
+        if trigger not in TRIGGERS:
+            raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
+        self.plan, self.runner, self.out = plan, runner, Path(out_dir)
+        self.previous, self.progress = previous, progress
+        self.state = CampaignState()
+        model_fp, template_fp = plan_fingerprints(plan)
+        self.experiment: dict[str, Any] = {
+            "experiment_id": experiment_id or uuid.uuid4().hex,
+            "model": plan.model,
+            "engine": plan.engine.kind,
+            "model_fingerprint": model_fp,
+            "prompt_template_fingerprint": template_fp,
+            "trigger": trigger,
+            "dag_run_id": dag_run_id,
+            "plan": plan.model_dump(mode="json"),
+            "status": "running",
+            "started_at": datetime.now(UTC).isoformat(),
+            "finished_at": None,
+            "recommendation": None,
+            "ceiling": None,
+            "status_reason": None,
+            "gpu_seconds": 0.0,
+        }
+
+    @property
+    def experiment_id(self) -> str:
+        return self.experiment["experiment_id"]
+
+    def run(self) -> Decision:
+        """Loop decide -> run -> record until the decisions say done; the runner is always closed."""
+        (self.out / "trials").mkdir(parents=True, exist_ok=True)
+        self._write_experiment()
+        decision: Decision | None = None
+        try:
+            while True:
+                decision = next_trials(self.plan, self.state, previous=self.previous)
+                if decision.done:
+                    break
+                for spec in decision.trials:
+                    self._run_one(spec, decision.stage)
+        except BaseException as exc:
+            self._finish(None, failed=True, reason=f"campaign aborted: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self.runner.close()
+        self._finish(decision, failed=decision.failed, reason=decision.reason)
+        return decision
+
+    def _run_one(self, spec: TrialSpec, stage: str) -> TrialOutcome:
+        index = len(self.state.outcomes) + 1
+        eta = self._eta(stage)
+        if self.progress:
+            self.progress(Progress("start", spec, index, self.state.gpu_seconds, eta))
+        try:
+            report = self.runner.run(spec, experiment_id=self.experiment_id)
+        except Exception as exc:  # noqa: BLE001 - a broken trial is recorded; the plan decides what follows
+            log.exception("trial %s at concurrency %s failed", spec.stage, spec.concurrency)
+            report = RunReport(failed_result(spec, f"{type(exc).__name__}: {exc}", experiment_id=self.experiment_id),
+                               gpu_seconds=0.0, restarted=False)
+        result = report.result
+        result.stage, result.experiment_id = spec.stage, self.experiment_id
+        result.server_config = dict(spec.flags)
+        result.save(self.out / "trials" / f"{result.trial_id}.json")
+        outcome = TrialOutcome.from_result(spec, result, gpu_seconds=report.gpu_seconds, restarted=report.restarted)
+        self.state = self.state.add(outcome)
+        self.experiment["gpu_seconds"] = round(self.state.gpu_seconds, 3)
+        self._write_experiment()
+        if self.progress:
+            self.progress(Progress("end", spec, index, self.state.gpu_seconds, self._eta(stage), outcome))
+        return outcome
+
+    def _eta(self, stage: str) -> float | None:
+        done = [o for o in self.state.outcomes if o.stage != "correctness"]
+        if not done:
+            return None
+        mean = sum(o.gpu_seconds for o in done) / len(done)
+        return mean * remaining_trials_upper_bound(self.plan, self.state, stage)
+
+    def _finish(self, decision: Decision | None, *, failed: bool, reason: str) -> None:
+        rec = decision.recommendation if decision else None
+        ceiling = decision.ceiling if decision else None
+        self.experiment.update(
+            status="failed" if failed else "done",
+            finished_at=datetime.now(UTC).isoformat(),
+            recommendation=rec.model_dump(mode="json") if rec else None,
+            ceiling=({"concurrency": ceiling.level, **ceiling.model_dump(mode="json", exclude={"level"})}
+                     if ceiling else None),
+            status_reason=reason,
+        )
+        if rec is not None:
+            _write_json(self.out / "recommendation.json", rec.model_dump(mode="json"))
+        self._write_experiment()
+
+    def _write_experiment(self) -> None:
+        _write_json(self.out / "experiment.json", self.experiment)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    tmp.replace(path)
+
+
+def run_campaign(plan: TuningPlan, runner: TrialRunner, out_dir: str | Path, **kwargs: Any) -> Decision:
+    return Campaign(plan, runner, out_dir, **kwargs).run()
+
+
+def dry_run(plan: TuningPlan, runner: TrialRunner, *, max_trials: int = 500) -> tuple[Decision, list[TrialOutcome],
+                                                                                      list[TrialSpec]]:
+    """The whole campaign against a (simulated) runner, in memory: what it would run, and the answer."""
+    state = CampaignState()
+    specs: list[TrialSpec] = []
+    try:
+        for _ in range(max_trials):
+            decision = next_trials(plan, state)
+            if decision.done:
+                return decision, state.outcomes, specs
+            for spec in decision.trials:
+                report = runner.run(spec, experiment_id="dry-run")
+                specs.append(spec)
+                state = state.add(TrialOutcome.from_result(spec, report.result, gpu_seconds=report.gpu_seconds,
+                                                           restarted=report.restarted))
+    finally:
+        runner.close()
+    raise RuntimeError(f"the campaign did not finish within {max_trials} trials")

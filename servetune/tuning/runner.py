@@ -1,0 +1,96 @@
+"""Running one trial: the interface the campaign drives, and its simulated implementation.
+
+The decisions never run anything; a ``TrialRunner`` turns a ``TrialSpec`` into a ``TrialResult``
+and says how much GPU time it cost (the trial plus any server restart its flags required).
+``SimTrialRunner`` answers in the simulator's virtual time (seconds per campaign, for dry runs
+and bench/tuning_efficiency.py); ``LiveTrialRunner`` (servetune.tuning.live) starts real servers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from servetune.plan import TuningPlan
+from servetune.result import TrialResult
+from servetune.tuning.state import Flags, TrialSpec
+
+
+@dataclass
+class RunReport:
+    result: TrialResult
+    gpu_seconds: float  # trial time plus the (re)start it needed
+    restarted: bool
+
+
+class TrialRunner(Protocol):
+    """Runs trials one at a time; restarts the server when a trial's flags differ from the running ones."""
+
+    def run(self, spec: TrialSpec, *, experiment_id: str) -> RunReport: ...
+
+    def close(self) -> None: ...
+
+
+def failed_result(spec: TrialSpec, reason: str, *, experiment_id: str, target: dict[str, Any] | None = None) -> TrialResult:
+    """A trial that could not run (server refused to start, unreachable): recorded, never dropped."""
+    return TrialResult(
+        status="failed", failure_reason=reason, stage=spec.stage, experiment_id=experiment_id,
+        target=target or {}, server_config=dict(spec.flags),
+        load={"mode": "concurrency", "concurrency": spec.concurrency, "warmup_requests": spec.warmup,
+              "requests": spec.requests},
+    )
+
+
+def switches_as_true(flags: Flags) -> dict[str, Any]:
+    """Plan flags use null for a bare switch (``enable-metrics: null``); parsers want True."""
+    return {k: (True if v is None else v) for k, v in flags.items()}
+
+
+def virtual_duration_s(result: TrialResult) -> float:
+    """From the first send to the last response end: how long the trial held the GPU."""
+    ends = [r.t_send_s + (r.e2e_ms or 0.0) / 1000.0 for r in result.records]
+    if ends:
+        return max(ends) - min(r.t_send_s for r in result.records)
+    return result.summary.window_s or 0.0
+
+
+class SimTrialRunner:
+    """Trials answered by ``servetune.sim.simulate`` in virtual time; restarts cost ``budget.restart_cost_s``."""
+
+    def __init__(self, plan: TuningPlan, *, extra_flags: Flags | None = None, restart_cost_s: float | None = None):
+        self.plan = plan
+        self.extra_flags = dict(extra_flags or {})
+        self.restart_cost_s = plan.budget.restart_cost_s if restart_cost_s is None else restart_cost_s
+        self._running: Flags | None = None
+        self._requests: dict[int, list[Any]] = {}
+
+    def _workload(self, n: int) -> list[Any]:
+        if n not in self._requests:
+            from servetune.workload import build_requests
+
+            self._requests[n] = build_requests(self.plan.workload, n).requests
+        return self._requests[n]
+
+    def run(self, spec: TrialSpec, *, experiment_id: str) -> RunReport:
+        from servetune.loadgen import LoadConfig
+        from servetune.sim import server_args_from_flags, simulate
+
+        restarted = spec.flags != self._running
+        restart = self.restart_cost_s if restarted else 0.0
+        try:
+            args = server_args_from_flags(switches_as_true({**self.extra_flags, **spec.flags}))
+        except ValueError as exc:  # SimArgsError: what SGLang would refuse at start-up
+            self._running = None
+            result = failed_result(spec, f"server failed to start: {exc}", experiment_id=experiment_id)
+            return RunReport(result=result, gpu_seconds=restart, restarted=True)
+        self._running = dict(spec.flags)
+        load = LoadConfig(mode="concurrency", concurrency=spec.concurrency, warmup_requests=spec.warmup,
+                          seed=self.plan.seed)
+        requests = self._workload(spec.warmup + spec.requests)
+        result = simulate(args, requests, load, sla=self.plan.sla, seed=self.plan.seed)
+        result.stage, result.experiment_id = spec.stage, experiment_id
+        result.server_config = dict(spec.flags)
+        return RunReport(result=result, gpu_seconds=virtual_duration_s(result) + restart, restarted=restarted)
+
+    def close(self) -> None:
+        self._running = None
