@@ -18,6 +18,11 @@ class _Dist(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _check_bounds(lo: int, hi: int | None) -> None:
+    if hi is not None and lo > hi:
+        raise ValueError(f"min ({lo}) > max ({hi})")
+
+
 class Fixed(_Dist):
     kind: Literal["fixed"] = "fixed"
     value: int = Field(ge=1)
@@ -44,6 +49,11 @@ class Normal(_Dist):
     min: int = Field(default=1, ge=1)
     max: int | None = Field(default=None, ge=1)
 
+    @model_validator(mode="after")
+    def _ordered(self) -> Normal:
+        _check_bounds(self.min, self.max)
+        return self
+
 
 class LogNormal(_Dist):
     """Log-normal given by its median and sigma (of the log), with hard bounds."""
@@ -53,6 +63,11 @@ class LogNormal(_Dist):
     sigma: float = Field(ge=0)
     min: int = Field(default=1, ge=1)
     max: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LogNormal:
+        _check_bounds(self.min, self.max)
+        return self
 
 
 class Empirical(_Dist):
@@ -64,6 +79,11 @@ class Empirical(_Dist):
     scale: float = Field(default=1.0, gt=0)
     min: int = Field(default=1, ge=1)
     max: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Empirical:
+        _check_bounds(self.min, self.max)
+        return self
 
 
 LengthDist = Annotated[Fixed | Uniform | Normal | LogNormal | Empirical, Field(discriminator="kind")]
@@ -100,6 +120,11 @@ class MultiTurn(BaseModel):
 
     turns: int = Field(default=2, ge=1)
     turn_input: LengthDist = Field(default_factory=lambda: Fixed(value=64), description="new user tokens per turn")
+    interleave: int = Field(
+        default=1,
+        ge=1,
+        description="conversations whose turns are sent round-robin (1: each conversation's turns back to back)",
+    )
 
 
 class WorkloadSpec(BaseModel):
@@ -108,7 +133,7 @@ class WorkloadSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "default"
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     input: LengthDist = Field(default_factory=lambda: LogNormal(median=1024, sigma=0.6, min=64, max=4096))
     output: LengthDist = Field(default_factory=lambda: LogNormal(median=192, sigma=0.5, min=16, max=1024))
     shared_prefix: SharedPrefix | None = None

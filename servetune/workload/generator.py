@@ -1,0 +1,266 @@
+"""Turning a ``WorkloadSpec`` into concrete requests, deterministically.
+
+Request ``i`` depends only on the spec and ``i`` (each request and conversation has its own
+seeded stream), so ``build_requests(spec, n, start_index=k)`` continues a workload exactly and
+successive trials on one server can use fresh indices instead of re-sending cached prompts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servetune.workload.images import image_data_url
+from servetune.workload.lengths import LengthSampler
+from servetune.workload.request import WorkloadRequest
+from servetune.workload.spec import WorkloadSpec
+from servetune.workload.text import LengthMiss, TextBuilder
+from servetune.workload.tokenizer import Tokenizer, load_tokenizer
+
+GENERATOR_VERSION = 1  # bump when the same spec would yield different text
+LENGTH_TOLERANCE = 0.02  # with a tokenizer, prompts measure within 2% of the requested length
+
+# independent random streams, so adding a feature never shifts another feature's draws
+_S_REQUEST, _S_REQUEST_TEXT, _S_REQUEST_IMAGES, _S_CONV, _S_CONV_TEXT, _S_PREFIX, _S_IMAGE = range(7)
+_USER, _ASSISTANT = 0, 1
+
+
+@dataclass
+class WorkloadBatch:
+    spec: WorkloadSpec
+    requests: list[WorkloadRequest]
+    lengths_exact: bool  # prompts were measured with the model's tokenizer
+    tokenizer_name: str | None
+    fingerprint: str  # spec (incl. trace contents) + tokenizer + generator version
+    start_index: int = 0
+
+    def describe(self) -> dict[str, Any]:
+        """The ``workload`` part of a trial result."""
+        return {
+            "name": self.spec.name,
+            "spec": self.spec.model_dump(mode="json"),
+            "fingerprint": self.fingerprint,
+            "lengths_exact": self.lengths_exact,
+            "tokenizer": self.tokenizer_name,
+            "requests": len(self.requests),
+            "start_index": self.start_index,
+            "generator_version": GENERATOR_VERSION,
+        }
+
+
+def batch_fingerprint(spec: WorkloadSpec, tokenizer: Tokenizer | None) -> str:
+    h = hashlib.sha256(f"servetune.workload/{GENERATOR_VERSION}|{spec.fingerprint()}|".encode())
+    if tokenizer is not None:
+        h.update(tokenizer.sha256.encode())
+    return h.hexdigest()[:16]
+
+
+def build_requests(
+    spec: WorkloadSpec,
+    n: int,
+    tokenizer: Tokenizer | str | Path | None = None,
+    *,
+    start_index: int = 0,
+) -> WorkloadBatch:
+    """Requests ``start_index .. start_index+n-1`` of the workload ``spec``.
+
+    ``tokenizer`` (or ``spec.tokenizer``) makes lengths exact in the model's tokens; without
+    one, every requested token is one whitespace-separated word (the simulator's convention).
+    """
+    if n < 0 or start_index < 0:
+        raise ValueError(f"n ({n}) and start_index ({start_index}) must be >= 0")
+    if tokenizer is None and spec.tokenizer:
+        tokenizer = spec.tokenizer
+    if isinstance(tokenizer, str | Path):
+        tokenizer = load_tokenizer(tokenizer)
+    gen = _Generator(spec, tokenizer)
+    requests = [gen.request(i) for i in range(start_index, start_index + n)]
+    return WorkloadBatch(
+        spec=spec,
+        requests=requests,
+        lengths_exact=tokenizer is not None,
+        tokenizer_name=tokenizer.name if tokenizer is not None else None,
+        fingerprint=gen.fingerprint,
+        start_index=start_index,
+    )
+
+
+def _rng(*keys: int) -> np.random.Generator:
+    return np.random.default_rng(list(keys))
+
+
+@dataclass
+class _Conversation:
+    system: str | None
+    group: int
+    first_input: int  # requested length of turn 0, system prompt included
+    outputs: list[int]
+    turn_inputs: list[int]  # new user tokens for turns 1..T-1
+    messages: list[dict[str, str]] = field(default_factory=list)  # built lazily: u0, a0, u1, a1, ...
+    prompt_tokens: list[int] = field(default_factory=list)  # measured whole prompt of each turn
+
+
+class _Generator:
+    def __init__(self, spec: WorkloadSpec, tokenizer: Tokenizer | None):
+        self.spec = spec
+        self.seed = spec.seed
+        self.tok = tokenizer
+        self.text = TextBuilder(tokenizer)
+        self.inputs = LengthSampler(spec.input, what="input")
+        self.outputs = LengthSampler(spec.output, what="output")
+        mt = spec.multi_turn
+        self.turn_inputs = LengthSampler(mt.turn_input, what="multi_turn.turn_input") if mt else None
+        self.fingerprint = batch_fingerprint(spec, tokenizer)
+        sp = spec.shared_prefix
+        if sp is not None:
+            weights = 1.0 / np.arange(1, sp.num_prefixes + 1, dtype=float) ** sp.zipf_s
+            self.prefix_p = weights / weights.sum()
+        self._prefixes: dict[int, str] = {}
+        self._convs: dict[int, _Conversation] = {}
+
+    # --- pieces shared by single- and multi-turn requests
+    def nonce(self, index: int) -> str:
+        """One whitespace word, unique per request and spec, opening with hashed characters so
+        that two requests' user messages share at most a token or two (never words)."""
+        h = hashlib.blake2b(f"{self.fingerprint}/{index}".encode(), digest_size=4).hexdigest()
+        return f"{h}-{index}:"
+
+    def system_prompt(self, group: int) -> str:
+        if group not in self._prefixes:
+            sp = self.spec.shared_prefix
+            assert sp is not None
+            rng = _rng(self.seed, _S_PREFIX, group)
+            self._prefixes[group] = self.text.piece(rng, sp.tokens, lead=f"[system-{group}]")[0]
+        return self._prefixes[group]
+
+    def pick_prefix(self, rng: np.random.Generator) -> int:
+        sp = self.spec.shared_prefix
+        if sp is None or rng.random() >= sp.share_ratio:
+            return -1
+        return int(rng.choice(sp.num_prefixes, p=self.prefix_p))
+
+    def images(self, index: int) -> list[str]:
+        im = self.spec.images
+        if im is None:
+            return []
+        rng = _rng(self.seed, _S_REQUEST_IMAGES, index)
+        if rng.random() >= im.ratio:
+            return []
+        urls = []
+        for j in range(im.count):
+            key = (self.seed, _S_IMAGE, 1, int(rng.integers(im.distinct))) if im.distinct else (
+                self.seed, _S_IMAGE, 0, index, j)
+            urls.append(image_data_url(key, im.width, im.height, im.format))
+        return urls
+
+    def _user_piece(self, rng: np.random.Generator, target_total: int, context: str, index: int) -> tuple[str, int]:
+        """A user message starting with the nonce so ``context + message`` hits ``target_total``.
+
+        Returns the text and the requested length (raised to the shortest possible prompt
+        when the target is shorter than the context plus the nonce and one word).
+        """
+        base = self.text.count_context(context) if context else 0
+        user, got = self.text.piece(rng, target_total - base, lead=self.nonce(index), context=context)
+        if got > target_total and len(user.split()) <= 2:
+            return user, got  # clamped: the system prompt already fills the requested length
+        if abs(got - target_total) > LENGTH_TOLERANCE * target_total:
+            raise LengthMiss(
+                f"request {index}: prompt measures {got} tokens, requested {target_total} "
+                f"(tokenizer {self.tok.name if self.tok else None})"
+            )
+        return user, target_total
+
+    # --- requests
+    def request(self, index: int) -> WorkloadRequest:
+        if self.spec.multi_turn is not None:
+            return self._turn_request(index)
+        rng = _rng(self.seed, _S_REQUEST, index)
+        group = self.pick_prefix(rng)
+        target = self.inputs.sample(rng)
+        output = self.outputs.sample(rng)
+        system = self.system_prompt(group) if group >= 0 else None
+        context = system + "\n" if system is not None else ""
+        user, input_tokens = self._user_piece(_rng(self.seed, _S_REQUEST_TEXT, index), target, context, index)
+        return WorkloadRequest(
+            index=index,
+            system=system,
+            user=user,
+            input_tokens=input_tokens,
+            output_tokens=output,
+            prefix_group=group,
+            images=self.images(index),
+        )
+
+    def _position(self, index: int) -> tuple[int, int]:
+        """(conversation, turn) of request ``index``: blocks of ``interleave`` conversations, turn-major."""
+        mt = self.spec.multi_turn
+        assert mt is not None
+        w, t = mt.interleave, mt.turns
+        block, r = divmod(index, w * t)
+        turn, slot = divmod(r, w)
+        return block * w + slot, turn
+
+    def _index_of(self, conv: int, turn: int) -> int:
+        mt = self.spec.multi_turn
+        assert mt is not None
+        w, t = mt.interleave, mt.turns
+        block, slot = divmod(conv, w)
+        return block * w * t + turn * w + slot
+
+    def _conversation(self, conv: int) -> _Conversation:
+        if conv not in self._convs:
+            mt = self.spec.multi_turn
+            assert mt is not None and self.turn_inputs is not None
+            rng = _rng(self.seed, _S_CONV, conv)
+            group = self.pick_prefix(rng)
+            first = self.inputs.sample(rng)
+            outputs = [self.outputs.sample(rng) for _ in range(mt.turns)]
+            turn_inputs = [self.turn_inputs.sample(rng) for _ in range(mt.turns - 1)]
+            system = self.system_prompt(group) if group >= 0 else None
+            self._convs[conv] = _Conversation(system, group, first, outputs, turn_inputs)
+        return self._convs[conv]
+
+    def _context(self, c: _Conversation, upto: int) -> str:
+        pieces = ([c.system] if c.system is not None else []) + [m["content"] for m in c.messages[:upto]]
+        return "\n".join(pieces) + "\n" if pieces else ""
+
+    def _ensure_messages(self, conv: int, c: _Conversation, turn: int) -> None:
+        """Build user/assistant messages up to and including turn ``turn``'s user message."""
+        while len(c.messages) < 2 * turn + 1:
+            k, role = divmod(len(c.messages), 2)
+            context = self._context(c, len(c.messages))
+            rng = _rng(self.seed, _S_CONV_TEXT, conv, k, role)
+            if role == _USER and k == 0:
+                text, total = self._user_piece(rng, c.first_input, context, self._index_of(conv, 0))
+                c.prompt_tokens.append(total)
+            elif role == _USER:
+                text, total = self.text.piece(
+                    rng, c.turn_inputs[k - 1], lead=self.nonce(self._index_of(conv, k)), context=context
+                )
+                c.prompt_tokens.append(total)
+            else:  # the assistant's answer of turn k, standing in at its requested length
+                text, _ = self.text.piece(rng, c.outputs[k], context=context)
+            c.messages.append({"role": "user" if role == _USER else "assistant", "content": text})
+
+    def _turn_request(self, index: int) -> WorkloadRequest:
+        conv, turn = self._position(index)
+        c = self._conversation(conv)
+        self._ensure_messages(conv, c, turn)
+        history = [dict(m) for m in c.messages[: 2 * turn]]
+        user = c.messages[2 * turn]["content"]
+        return WorkloadRequest(
+            index=index,
+            system=c.system,
+            user=user,
+            input_tokens=c.prompt_tokens[turn],
+            output_tokens=c.outputs[turn],
+            prefix_group=c.group,
+            images=self.images(index),
+            history=history,
+            conversation=conv,
+            turn=turn,
+        )
