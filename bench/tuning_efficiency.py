@@ -1,0 +1,177 @@
+"""Staged tuning vs the exhaustive grid, in the simulator's virtual time.
+
+For each scenario (GPU x model x workload) the staged campaign (servetune.tuning, the same code
+`servetune tune` runs) and the exhaustive grid (every refinement flag combination x every ramp
+level, max-running unset or = the level, as vLLM's auto_tune or SGLang's tune_server_args would)
+run against ``servetune.sim.simulate``. Both see the same deterministic simulator, so the
+same (config, level) gives the same trial in both.
+
+GPU time = the sum of the simulated trial durations + a restart cost for every server start.
+Printed per scenario: the best goodput of each (requests/s meeting the plan's SLA at a level whose
+p99s, errors and memory pass), staged/grid goodput (target >= 97%), staged/grid GPU time
+(target <= 30%), and trial counts.
+
+    .venv/bin/python bench/tuning_efficiency.py [--requests 200] [--only NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from servetune.plan import TuningPlan, parse_plan
+from servetune.tuning.campaign import dry_run
+from servetune.tuning.ceiling import judge, ramp_levels
+from servetune.tuning.runner import SimTrialRunner
+from servetune.tuning.state import TrialOutcome, TrialSpec
+
+LEVELS = [16, 32, 48, 64, 96, 128, 192, 256]
+GRID = {"chunked-prefill-size": [1024, 2048, 4096, 8192], "schedule-conservativeness": [0.3, 0.7, 1.0, 1.3]}
+RESTART_S = 60.0
+
+CHAT = {"input": {"kind": "lognormal", "median": 1024, "sigma": 0.6, "min": 64, "max": 4096},
+        "output": {"kind": "lognormal", "median": 192, "sigma": 0.5, "min": 16, "max": 1024}}
+
+
+@dataclass
+class Scenario:
+    name: str
+    gpu: str
+    model: str
+    workload: dict[str, Any]
+    sla: dict[str, float]
+    flags: dict[str, Any]
+
+
+SCENARIOS = [
+    Scenario("a100-8b-chat", "A100-80G", "llama-3.1-8b", {"name": "chat", **CHAT},
+             {"p99_ttft_ms": 2000, "p99_tpot_ms": 60}, {}),
+    Scenario("h100-8b-rag-long-prompt", "H100-80G", "llama-3.1-8b",
+             {"name": "rag", "input": {"kind": "lognormal", "median": 3000, "sigma": 0.3, "min": 1024, "max": 6000},
+              "output": {"kind": "lognormal", "median": 128, "sigma": 0.4, "min": 16, "max": 512}},
+             {"p99_ttft_ms": 3000, "p99_tpot_ms": 50}, {}),
+    Scenario("l40s-8b-chat", "L40S", "llama-3.1-8b", {"name": "chat", **CHAT},
+             {"p99_ttft_ms": 3000, "p99_tpot_ms": 80}, {}),
+    Scenario("h200-70b-tp4-chat", "H200", "llama-3.1-70b", {"name": "chat", **CHAT},
+             {"p99_ttft_ms": 3000, "p99_tpot_ms": 80}, {}),
+    Scenario("a100-8b-agent-shared-prefix", "A100-80G", "llama-3.1-8b",
+             {"name": "agent", "input": {"kind": "lognormal", "median": 2048, "sigma": 0.4, "min": 256, "max": 6000},
+              "output": {"kind": "lognormal", "median": 160, "sigma": 0.5, "min": 16, "max": 768},
+              "shared_prefix": {"tokens": 1536, "share_ratio": 0.9, "num_prefixes": 4}},
+             {"p99_ttft_ms": 2000, "p99_tpot_ms": 60}, {}),
+    Scenario("a100-vlm-8b-shared-prefix-images", "A100-80G", "llava-8b",
+             {"name": "vlm", "input": {"kind": "lognormal", "median": 512, "sigma": 0.5, "min": 64, "max": 2048},
+              "output": {"kind": "lognormal", "median": 160, "sigma": 0.4, "min": 16, "max": 512},
+              "shared_prefix": {"tokens": 768, "share_ratio": 0.9, "num_prefixes": 2},
+              "images": {"count": 1, "width": 672, "height": 672, "ratio": 0.6, "distinct": 32}},
+             {"p99_ttft_ms": 3000, "p99_tpot_ms": 70}, {}),
+    Scenario("h100-vlm-8b-shared-prefix-images", "H100-80G", "llava-8b",
+             {"name": "vlm", "input": {"kind": "lognormal", "median": 768, "sigma": 0.5, "min": 64, "max": 3000},
+              "output": {"kind": "lognormal", "median": 128, "sigma": 0.4, "min": 16, "max": 512},
+              "shared_prefix": {"tokens": 1024, "share_ratio": 0.8, "num_prefixes": 3},
+              "images": {"count": 2, "width": 512, "height": 512, "ratio": 0.5, "distinct": 64}},
+             {"p99_ttft_ms": 2500, "p99_tpot_ms": 60}, {}),
+]
+
+
+def make_plan(sc: Scenario, requests: int) -> TuningPlan:
+    prefix_policies = ["lpm"] if "shared_prefix" in sc.workload else []
+    return parse_plan({
+        "name": sc.name, "model": sc.model,
+        "engine": {"kind": "sim", "flags": {"gpu-profile": sc.gpu, "model-profile": sc.model, **sc.flags}},
+        "workload": {"seed": 1, **sc.workload},
+        "sla": {**sc.sla, "max_error_rate": 0.01, "gpu_memory_limit": 0.98},
+        "stages": {
+            "correctness": {"enabled": False},
+            "baseline": {"concurrency": 8, "requests": requests, "warmup": 16},
+            "ramp": {"levels": LEVELS, "requests": requests, "warmup": 16, "bisect": True, "bisect_min_step": 8},
+            "refine": {"grid": GRID, "shared_prefix_policies": prefix_policies, "extend_levels": 2},
+        },
+        "budget": {"max_gpu_minutes": 100000, "restart_cost_s": RESTART_S},
+    }, source=sc.name)
+
+
+def grid_configs(plan: TuningPlan) -> list[dict[str, Any]]:
+    """Every combination the staged search could pick from (max-running handled per level)."""
+    base = dict(plan.engine.flags)
+    policies = [None, *plan.stages.refine.shared_prefix_policies]
+    keys = list(plan.stages.refine.grid)
+    out = []
+    for policy in policies:
+        for values in itertools.product(*plan.stages.refine.grid.values()):
+            flags = {**base, **dict(zip(keys, values, strict=True))}
+            if policy:
+                flags["schedule-policy"] = policy
+            out.append(flags)
+    return out
+
+
+def run_grid(plan: TuningPlan) -> list[TrialOutcome]:
+    """Config-major: start each server once, run every level on it (max-running = level restarts per level)."""
+    runner = SimTrialRunner(plan)
+    outcomes: list[TrialOutcome] = []
+    rp = plan.stages.ramp
+    mr = plan.stages.refine.max_running_flag
+    for flags in grid_configs(plan):
+        variants = [lambda _lvl, f=flags: f, lambda lvl, f=flags: {**f, mr: lvl}]
+        for make in variants:
+            for level in ramp_levels(plan):
+                spec = TrialSpec(stage="refine", concurrency=level, flags=make(level), requests=rp.requests,
+                                 warmup=rp.warmup, reason="grid")
+                rep = runner.run(spec, experiment_id="grid")
+                outcomes.append(TrialOutcome.from_result(spec, rep.result, gpu_seconds=rep.gpu_seconds,
+                                                         restarted=rep.restarted))
+    return outcomes
+
+
+def best_goodput(plan: TuningPlan, outcomes: list[TrialOutcome]) -> float:
+    return max((o.summary.goodput_rps or 0.0 for o in outcomes if judge(o, plan.sla).passed), default=0.0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=200, help="measured requests per trial (default 200)")
+    ap.add_argument("--only", default=None, help="run only scenarios whose name contains this")
+    args = ap.parse_args()
+    rows = []
+    t_start = time.perf_counter()
+    for sc in SCENARIOS:
+        if args.only and args.only not in sc.name:
+            continue
+        plan = make_plan(sc, args.requests)
+        t0 = time.perf_counter()
+        decision, staged, _ = dry_run(plan, SimTrialRunner(plan))
+        grid = run_grid(plan)
+        rec = decision.recommendation
+        g_staged = (rec.goodput_rps or 0.0) if rec else 0.0
+        g_grid = best_goodput(plan, grid)
+        t_staged = sum(o.gpu_seconds for o in staged)
+        t_grid = sum(o.gpu_seconds for o in grid)
+        rows.append((sc.name, len(staged), len(grid), g_staged, g_grid, t_staged, t_grid,
+                     decision.ceiling.level if decision.ceiling else None, rec.concurrency if rec else None,
+                     time.perf_counter() - t0))
+        r = rows[-1]
+        print(f"# {sc.name}: staged {r[1]} trials, grid {r[2]}; ({r[9]:.0f} s wall)", file=sys.stderr, flush=True)
+    header = ("scenario", "staged trials", "grid trials", "staged goodput", "grid best", "goodput ratio",
+              "staged GPU min", "grid GPU min", "GPU-time ratio", "ceiling", "rec. level", "meets target")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    ok_all = True
+    for name, n_s, n_g, g_s, g_g, t_s, t_g, ceil, lvl, _ in rows:
+        gr = g_s / g_g if g_g else float("nan")
+        tr = t_s / t_g if t_g else float("nan")
+        ok = gr >= 0.97 and tr <= 0.30
+        ok_all &= ok
+        print(f"| {name} | {n_s} | {n_g} | {g_s:.2f} | {g_g:.2f} | {gr:.1%} | {t_s / 60:.1f} | {t_g / 60:.1f} |"
+              f" {tr:.1%} | {ceil} | {lvl} | {'yes' if ok else 'NO'} |")
+    print(f"\n{len(rows)} scenarios, {time.perf_counter() - t_start:.0f} s wall; all meet >= 97% goodput at <= 30%"
+          f" GPU time: {'yes' if ok_all else 'NO'}")
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
