@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import heapq
 import itertools
+import os
 import re
 import signal
 import time
@@ -281,6 +282,16 @@ def _prompt_of(body: dict, endpoint: str) -> str:
     return "\n".join(parts)
 
 
+def realtime(priority: int) -> bool:
+    """Best effort SCHED_FIFO for the calling thread, so a shared machine's other tenants
+    cannot delay the sends (the truth we judge clients against); False when not permitted."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
 def dump_log(log: dict[int, SendLog], path: Path) -> None:
     rows = {
         str(rid): {"t_recv_ns": lg.t_recv_ns, "chunk_ns": lg.chunk_ns, "chunk_tokens": lg.chunk_tokens}
@@ -315,7 +326,10 @@ def main() -> None:
     p.add_argument("--shape", choices=SHAPES, default="usage_chunk")
     p.add_argument("--ready-file", required=True, help="the bound URL is written here once listening")
     p.add_argument("--log-file", help="send log (JSON) written here on SIGTERM")
+    p.add_argument("--rt-priority", type=int, default=0, help="SCHED_FIFO priority when permitted (0: normal)")
     args = p.parse_args()
+    if args.rt_priority:
+        realtime(args.rt_priority)
     try:
         import uvloop
 
@@ -328,3 +342,64 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+class ServerProcess:
+    """The server in its own process (uvloop), so a client under test never shares its event loop.
+
+    ``log()`` after ``stop()`` returns the send log the process dumped on SIGTERM.
+    """
+
+    def __init__(
+        self, scenario: Scenario | None = None, workdir: Path | None = None, rt_priority: int = 0
+    ) -> None:
+        import tempfile
+
+        self.scenario = scenario or Scenario()
+        self.rt_priority = rt_priority
+        self._dir = Path(workdir or tempfile.mkdtemp(prefix="sse-server-"))
+        self._proc = None
+        self.url = ""
+
+    def start(self, timeout_s: float = 20.0) -> str:
+        import subprocess
+        import sys
+
+        ready, logf = self._dir / "ready", self._dir / "sendlog.json"
+        ready.unlink(missing_ok=True)
+        sc = self.scenario
+        argv = [
+            sys.executable, str(Path(__file__).resolve()), "--ready-file", str(ready), "--log-file", str(logf),
+            "--ttft-ms", str(sc.ttft_ms), "--gap-ms", str(sc.gap_ms),
+            "--tokens-per-chunk", str(sc.tokens_per_chunk), "--shape", sc.shape,
+            "--rt-priority", str(self.rt_priority),
+        ]  # fmt: skip
+        self._proc = subprocess.Popen(argv)
+        deadline = time.monotonic() + timeout_s
+        while not (ready.exists() and ready.read_text()):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"sse_server did not start (exit code {self._proc.returncode})")
+            time.sleep(0.02)
+        self.url = ready.read_text()
+        return self.url
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(15)
+            except Exception:
+                self._proc.kill()
+                self._proc.wait(5)
+
+    def log(self) -> dict[int, dict]:
+        rows = orjson.loads((self._dir / "sendlog.json").read_bytes())
+        return {int(k): v for k, v in rows.items()}
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -177,9 +177,10 @@ async def run_load(
         if n_warm:
             await closed_loop(list(range(n_warm)), load.concurrency, send)
         measured = list(range(n_warm, len(requests)))
+        offsets = arrival_offsets_s(load, len(measured))
         window_start = clock()
         if load.mode == "rate":
-            await open_loop(measured, arrival_offsets_s(load, len(measured)), load.concurrency, send)
+            await open_loop(measured, offsets, load.concurrency, send, start_ns=window_start)
         else:
             await closed_loop(measured, load.concurrency, send)
         drain_end = clock()

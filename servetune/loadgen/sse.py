@@ -22,10 +22,10 @@ def split_events(reads: list[bytes], times: list[int]) -> tuple[list[SseEvent], 
     carry = b""
     for data, t in zip(reads, times, strict=True):
         buf = carry + data if carry else data
+        held = b""
         if b"\r" in buf:
-            if buf.endswith(b"\r"):  # a CRLF split across reads: wait for its LF
-                carry = buf
-                continue
+            if buf.endswith(b"\r"):  # maybe a CRLF split across reads: hold the CR for its LF
+                buf, held = buf[:-1], b"\r"
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         start = 0
         while (end := buf.find(b"\n\n", start)) >= 0:
@@ -33,7 +33,7 @@ def split_events(reads: list[bytes], times: list[int]) -> tuple[list[SseEvent], 
             if ev is not None:
                 events.append(ev)
             start = end + 2
-        carry = buf[start:]
+        carry = buf[start:] + held if held else buf[start:]
     tail = carry.strip()
     if tail and times:  # a last event the server did not terminate with a blank line
         ev = _parse_block(tail, 0, len(tail), times[-1])

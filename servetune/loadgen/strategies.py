@@ -44,12 +44,14 @@ async def closed_loop(indices: list[int], concurrency: int, send: Send) -> None:
     await asyncio.gather(*(stream() for _ in range(min(concurrency, len(indices)))))
 
 
-async def open_loop(indices: list[int], offsets_s: list[float], cap: int, send: Send) -> None:
-    """Dispatch request j at ``start + offsets_s[j]``, never more than ``cap`` in flight."""
+async def open_loop(
+    indices: list[int], offsets_s: list[float], cap: int, send: Send, *, start_ns: int | None = None
+) -> None:
+    """Dispatch request j at ``start_ns + offsets_s[j]``, never more than ``cap`` in flight."""
     slots = asyncio.Semaphore(cap)
     tasks: set[asyncio.Task[None]] = set()
     clock = time.perf_counter_ns
-    start = clock()
+    start = clock() if start_ns is None else start_ns
 
     async def run(i: int, queue_ns: int) -> None:
         try:
