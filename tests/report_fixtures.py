@@ -18,6 +18,7 @@ import orjson
 from servetune.result import Percentiles, TrialResult, TrialSummary
 from servetune.tuning.recommend import diff_recommendations
 from servetune.tuning.state import Recommendation
+from servetune.validation.checklist import ExpectationOutcome, ValidationReport
 
 GIB = 1024**3
 SLA = {"p99_ttft_ms": 800.0, "p99_tpot_ms": 60.0, "p99_e2e_ms": 20000.0, "max_error_rate": 0.01}
@@ -64,14 +65,18 @@ def make_trial(*, experiment_id: str, stage: str, concurrency: int, created: dat
         gpu_state="ok", gpu_samples=len(samples), gpu_sample_interval_ms=1200, gpu_mem_total_bytes=total,
         gpu_mem_peak_bytes=int(peak), gpu_mem_peak_fraction=peak / total, gpu_clean_at_start=True,
     )
-    validation = {"success": failed_check is None, "results": [
-        {"expectation": "input_len_present", "success": True},
-        {"expectation": failed_check or "ttft_le_e2e", "success": failed_check is None,
-         "column": "ttft_ms" if failed_check else None},
-    ]}
+    report = ValidationReport(
+        success=failed_check is None, suites=["trial_summary", "trial_gpu"], gx_version="1.24.1",
+        results=[
+            ExpectationOutcome(suite="trial_summary", expectation="expect_column_values_to_not_be_null",
+                               column="input_len_p50", checklist="length_distribution", success=True),
+            ExpectationOutcome(suite="trial_gpu", expectation=failed_check or "expect_column_values_to_be_between",
+                               column="t_s", checklist="gpu_memory_curve", success=failed_check is None),
+        ])
+    validation = report.model_dump(mode="json")
     return TrialResult(
         trial_id=uuid.uuid4().hex, created_at=created.isoformat(), status="ok" if failed_check is None else "rejected",
-        failure_reason=None if failed_check is None else f"checklist: {failed_check}", stage=stage,
+        failure_reason=report.failure_reason(), stage=stage,
         experiment_id=experiment_id,
         target={"url": "http://127.0.0.1:30000", "endpoint": "chat", "model": model, "engine": "sglang"},
         # flag spelling as servetune.tuning writes it (the report also reads chunked_prefill_size)
@@ -106,7 +111,7 @@ def write_campaign(root: Path, *, model: str = "llama-3.1-8b", started: datetime
     for c in RAMP:
         trials.append(make_trial(experiment_id=exp_id, stage="ramp", concurrency=c, created=nxt(), speed=speed,
                                  hit_rate=hit_rate, model=model,
-                                 failed_check="gpu_memory_curve_covers_window" if c == 128 else None))
+                                 failed_check="expect_gpu_samples_cover_window" if c == 128 else None))
     ceiling = 64
     for chunk in CHUNKS:
         for cons in CONSERVATIVENESS:

@@ -108,7 +108,8 @@ def test_checklist_and_sla_columns(campaign_dir: Path, tmp_path: Path) -> None:
     rejected = next(t for t in campaign.trials if t.status == "rejected")
     row = html[html.index(f'id="check-{rejected.trial_id}"'):]
     row = row[: row.index("</tr>")]
-    assert "rejected" in row and "gpu_memory_curve_covers_window" in row
+    assert "rejected" in row and "expect_gpu_samples_cover_window (t_s)" in row
+    assert "validation failed: gpu_memory_curve" in row
     c96 = next(t for t in campaign.trials if t.stage == "ramp" and t.load["concurrency"] == 96)
     row96 = html[html.index(f'id="check-{c96.trial_id}"'):]
     assert "missed" in row96[: row96.index("</tr>")]  # validated fine, but over the p99 TTFT bound

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 BAD_INPUT = 2
 
@@ -29,9 +30,10 @@ def register(app: typer.Typer) -> None:
         try:
             entries = fetch_history(model, database_url=database_url, limit=limit)
         except WarehouseConfigError as exc:
-            err.print(f"[red]history:[/red] {exc}")
+            err.print(f"[red]history:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(BAD_INPUT) from None
         except (OperationalError, ProgrammingError) as exc:
-            err.print(f"[red]history:[/red] warehouse not reachable or not migrated: {exc.orig}".splitlines()[0])
+            err.print(escape(f"history: warehouse not reachable or not migrated: {exc.orig}".splitlines()[0]),
+                      style="red", soft_wrap=True)
             raise typer.Exit(BAD_INPUT) from None
         print_history(model, entries, Console())

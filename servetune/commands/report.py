@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 BAD_INPUT = 2
 
@@ -35,14 +36,14 @@ def register(app: typer.Typer) -> None:
         try:
             campaign = load_campaign(source, database_url=database_url)
         except (ReportInputError, WarehouseConfigError) as exc:
-            console.print(f"[red]report:[/red] {exc}")
+            console.print(f"[red]report:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(BAD_INPUT) from None
         if not campaign.trials:
-            console.print(f"[red]report:[/red] {source}: no trials to report on")
+            console.print(f"[red]report:[/red] {escape(source)}: no trials to report on", soft_wrap=True)
             raise typer.Exit(BAD_INPUT)
         rendered = write_report(campaign, out or default_out_dir(source, campaign))
         for fig in rendered.figures:
             if fig.png is None:
-                console.print(f"[yellow]not drawn[/yellow] {fig.title}: {fig.note}")
+                console.print(f"[yellow]not drawn[/yellow] {fig.title}: {escape(fig.note)}", soft_wrap=True)
         console.print(f"{len(campaign.trials)} trials, {len(rendered.png_paths)} figures")
         typer.echo(str(rendered.html_path))

@@ -1,9 +1,11 @@
 """``servetune history``: a model's past experiments in the terminal, newest first, with trend arrows.
 
-Read from the warehouse through ``servetune.warehouse.tables``. The headline numbers come from
-each experiment's accepted recommendation; the hit rate falls back to the mean over its accepted
-trials when a campaign ended without a recommendation, so a regression (the seed article's 60% ->
-20% cache story) still shows.
+Read from the warehouse through ``servetune.warehouse.tables`` and its ``ceiling_history`` view
+(sql/views/30_ceiling_history.sql: the highest concurrency whose accepted trial met the SLA), so the
+terminal and the Grafana dashboard show the same ceiling. The other headline numbers come from the
+experiment's recommendation, falling back to the ceiling trial's figures, then (hit rate only) to
+the mean over accepted trials, so a cache regression (the seed article's 60% -> 20%) still shows
+for a campaign that ended without a recommendation.
 """
 
 from __future__ import annotations
@@ -15,11 +17,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import and_, func, select
+from sqlalchemy import Double, Integer, and_, column, func, select, table
+from sqlalchemy.dialects.postgresql import JSONB
 
 from servetune.report.campaign import flag_value
 from servetune.warehouse import db
 from servetune.warehouse.tables import experiments, trials
+
+# the view, referenced by name and the columns read here (it is defined and migrated by the warehouse)
+ceiling_history = table(
+    "ceiling_history", column("experiment_id"), column("ceiling_concurrency", Integer),
+    column("goodput_rps", Double), column("output_tokens_per_s", Double), column("ttft_p99_ms", Double),
+    column("prefix_hit_rate", Double), column("server_config", JSONB),
+)
 
 # (field, higher is better): the arrows are green when the figure moved the good way
 TRENDS = {"ceiling": True, "goodput_rps": True, "output_tokens_per_s": True, "prefix_hit_rate": True,
@@ -43,24 +53,39 @@ class HistoryEntry:
     output_tokens_per_s: float | None
     p99_ttft_ms: float | None
     prefix_hit_rate: float | None
-    hit_rate_source: str  # "recommendation" | "trials mean" | "-"
+    hit_rate_source: str  # "recommendation" | "ceiling trial" | "trials mean" | "-"
 
 
 def fetch_history(model: str, *, database_url: str | None = None, limit: int = 20) -> list[HistoryEntry]:
     """The model's experiments, newest first, with their trial counts and mean accepted hit rate."""
     ok = trials.c.status == "ok"
+    counts = (
+        select(
+            trials.c.experiment_id,
+            func.count().label("trials_total"),
+            func.count().filter(ok).label("trials_ok"),
+            func.avg(trials.c.prefix_hit_rate).filter(and_(ok, trials.c.stage.is_distinct_from("correctness")))
+            .label("hit_rate_mean"),
+        )
+        .group_by(trials.c.experiment_id)
+        .subquery()
+    )
+    ch = ceiling_history
     query = (
         select(
             experiments.c.experiment_id, experiments.c.started_at, experiments.c.status, experiments.c.trigger,
             experiments.c.recommendation,
-            func.count(trials.c.trial_id).label("trials_total"),
-            func.count(trials.c.trial_id).filter(ok).label("trials_ok"),
-            func.avg(trials.c.prefix_hit_rate).filter(and_(ok, trials.c.stage != "correctness"))
-            .label("hit_rate_mean"),
+            func.coalesce(counts.c.trials_total, 0).label("trials_total"),
+            func.coalesce(counts.c.trials_ok, 0).label("trials_ok"),
+            counts.c.hit_rate_mean,
+            ch.c.ceiling_concurrency, ch.c.goodput_rps, ch.c.output_tokens_per_s, ch.c.ttft_p99_ms,
+            ch.c.prefix_hit_rate, ch.c.server_config,
         )
-        .select_from(experiments.outerjoin(trials, trials.c.experiment_id == experiments.c.experiment_id))
+        .select_from(
+            experiments.outerjoin(counts, counts.c.experiment_id == experiments.c.experiment_id)
+            .outerjoin(ch, ch.c.experiment_id == experiments.c.experiment_id)
+        )
         .where(experiments.c.model == model)
-        .group_by(experiments.c.experiment_id)
         .order_by(experiments.c.started_at.desc().nulls_last(), experiments.c.loaded_at.desc())
         .limit(limit)
     )
@@ -73,20 +98,30 @@ def fetch_history(model: str, *, database_url: str | None = None, limit: int = 2
     out = []
     for r in rows:
         rec = r["recommendation"] or {}
-        hit, source = rec.get("prefix_hit_rate"), "recommendation"
-        if hit is None and r["hit_rate_mean"] is not None:
-            hit, source = float(r["hit_rate_mean"]), "trials mean"
-        ceiling = rec.get("ceiling") if isinstance(rec.get("ceiling"), int) else rec.get("concurrency")
         p99s = rec.get("p99s") or {}
+        hit, source = _first((rec.get("prefix_hit_rate"), "recommendation"),
+                             (r["prefix_hit_rate"], "ceiling trial"), (r["hit_rate_mean"], "trials mean"))
+        ceiling = r["ceiling_concurrency"]
+        if ceiling is None and isinstance(rec.get("concurrency"), int):
+            ceiling = rec["concurrency"]
         out.append(HistoryEntry(
             experiment_id=r["experiment_id"], started_at=r["started_at"], status=r["status"], trigger=r["trigger"],
             trials_ok=r["trials_ok"], trials_total=r["trials_total"], ceiling=ceiling,
-            config=rec.get("config") or {}, goodput_rps=rec.get("goodput_rps"),
-            output_tokens_per_s=rec.get("output_tokens_per_s"),
-            p99_ttft_ms=rec.get("p99_ttft_ms", p99s.get("ttft_ms")),
-            prefix_hit_rate=hit, hit_rate_source=source if hit is not None else "-",
+            config=rec.get("config") or r["server_config"] or {},
+            goodput_rps=_first((rec.get("goodput_rps"), ""), (r["goodput_rps"], ""))[0],
+            output_tokens_per_s=_first((rec.get("output_tokens_per_s"), ""), (r["output_tokens_per_s"], ""))[0],
+            p99_ttft_ms=_first((rec.get("p99_ttft_ms"), ""), (p99s.get("ttft_ms"), ""), (r["ttft_p99_ms"], ""))[0],
+            prefix_hit_rate=hit, hit_rate_source=source,
         ))
     return out
+
+
+def _first(*candidates: tuple[Any, str]) -> tuple[float | None, str]:
+    """The first value that is set, with its label; (None, "-") when none is."""
+    for value, label in candidates:
+        if value is not None:
+            return float(value), label
+    return None, "-"
 
 
 def trend(current: float | None, previous: float | None, higher_is_better: bool) -> Text:

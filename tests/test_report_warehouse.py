@@ -1,0 +1,51 @@
+"""The report read back from the warehouse (real Postgres, loaded with the warehouse's own loader)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from report_fixtures import write_campaign
+from typer.testing import CliRunner
+
+from servetune.cli import app
+from servetune.report.campaign import load_campaign
+from servetune.report.html import key_cards
+from servetune.warehouse import migrate
+from servetune.warehouse.loader import load_result
+
+runner = CliRunner()
+
+
+def test_report_from_experiment_id_matches_the_files(fresh_database_url: str, tmp_path: Path) -> None:
+    migrate.upgrade(fresh_database_url)
+    directory = write_campaign(tmp_path / "results")
+    loaded = load_result(fresh_database_url, directory, validate=False)
+    assert loaded.ok, loaded.errors
+    exp_id = loaded.experiment_id
+
+    from_files = load_campaign(str(directory))
+    from_db = load_campaign(exp_id, database_url=fresh_database_url)
+    assert from_db.source == f"warehouse:{exp_id}"
+    assert [t.trial_id for t in from_db.trials] == [t.trial_id for t in from_files.trials]
+    assert key_cards(from_db) == key_cards(from_files)
+    for a, b in zip(from_db.trials, from_files.trials, strict=True):
+        assert a.summary == b.summary, a.trial_id  # the flattened columns rebuild the same summary
+        assert len(a.gpu["samples"]) == len(b.gpu["samples"]) == 50
+        assert a.validation["success"] == b.validation["success"]
+
+    out = tmp_path / "db-report"
+    result = runner.invoke(app, ["report", exp_id, "--database-url", fresh_database_url, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    html = (out / "report.html").read_text()
+    assert len(re.findall(r'<img src="data:image/png;base64,', html)) == 5
+    rejected = next(t for t in from_db.trials if t.status == "rejected")
+    row = html[html.index(f'id="check-{rejected.trial_id}"'):]
+    assert "expect_gpu_samples_cover_window (t_s)" in row[: row.index("</tr>")]
+
+
+def test_unknown_experiment_id(fresh_database_url: str) -> None:
+    migrate.upgrade(fresh_database_url)
+    result = runner.invoke(app, ["report", "no-such-experiment", "--database-url", fresh_database_url])
+    assert result.exit_code == 2
+    assert "no-such-experiment" in result.output and "no such experiment in the warehouse" in result.output
