@@ -1,0 +1,138 @@
+"""What a simulated trial's telemetry would have shown: server metrics and the GPU memory curve.
+
+Server metrics come from the same ``SimMetrics`` exposition the HTTP server serves, parsed the
+way the Prometheus scraper parses a live server (before/after snapshots, periodic samples of the
+scheduler gauges). The GPU curve is synthesized at the sampler's interval: SGLang preallocates
+weights, the KV pool and CUDA graphs at start, so memory is flat apart from prefill activations;
+utilisation is the busy share of each interval and power follows it linearly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .args import SimArgs
+from .metrics import SimMetrics
+from .scheduler import Iteration, Scheduler, SimRequest
+
+CUDA_CONTEXT_BYTES = 512 << 20  # CUDA context + NCCL/cuBLAS workspaces, per GPU
+ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN = 2 * 12  # bf16 x (qkv, attention out, MLP up/gate/down, ...)
+
+
+def parse_exposition(text: str) -> dict[str, Any]:
+    """Exposition text -> the live scraper's snapshot shape (its own parser)."""
+    from servetune.telemetry.prometheus import parse_metrics
+
+    return parse_metrics(text)
+
+
+class SimTelemetry:
+    def __init__(self, args: SimArgs, sched: Scheduler, scrape_interval_s: float = 1.0):
+        self.args = args
+        self.sched = sched
+        self.metrics = SimMetrics(args, sched)
+        self.interval = scrape_interval_s
+        self.next_sample = 0.0
+        self.samples: list[dict[str, Any]] = []
+        self.before = parse_exposition(self.metrics.exposition().decode())
+        self.max_extend: list[tuple[float, float, int]] = []
+
+    def on_request_sent(self, r: SimRequest) -> None:  # noqa: ARG002 - hook kept for symmetry with the server
+        return None
+
+    def on_request_finished(self, r: SimRequest, t_recv: float, streaming: bool) -> None:
+        self.metrics.on_request_finished(r, t_recv, streaming)
+
+    def on_iteration(self, it: Iteration) -> None:
+        if it.new_tokens:
+            self.max_extend.append((it.start, it.end, it.new_tokens))
+
+    def gauges(self) -> dict[str, float]:
+        """The scheduler gauges the live scraper samples periodically, as of the last commit."""
+        sc = self.sched
+        return {
+            "sglang:cache_hit_rate": sc.stats.last_cache_hit_rate,
+            "sglang:gen_throughput": sc.last_decode_rate,
+            "sglang:num_queue_reqs": float(sc.num_queue()),
+            "sglang:num_retracted_reqs": float(sc.stats.last_retracted),
+            "sglang:num_running_reqs": float(len(sc.running)),
+            "sglang:num_used_tokens": float(sc.used_tokens()),
+            "sglang:token_usage": sc.used_tokens() / self.args.max_total_num_tokens,
+        }
+
+    def advance(self, t: float) -> None:
+        """Take the periodic samples due up to virtual time ``t`` (scraper shape: one row per gauge)."""
+        if self.next_sample > t:
+            return
+        labels = self.metrics.sched_labels
+        while self.next_sample <= t:
+            ts = self.next_sample
+            self.samples.extend(
+                {"t_s": ts, "name": name, "labels": labels, "value": v} for name, v in self.gauges().items()
+            )
+            self.next_sample += self.interval
+
+    def server_telemetry(self, end: float) -> dict[str, Any]:
+        self.advance(end)
+        after = parse_exposition(self.metrics.exposition().decode())
+        return {
+            "metrics_url": None,
+            "metrics_state": "ok",
+            "metrics_reason": "simulated: the sim engine's own exposition, sampled in virtual time",
+            "interval_ms": self.interval * 1000.0,
+            "metrics_before": self.before,
+            "metrics_after": after,
+            "samples": self.samples,
+            "scrape_errors": 0,
+            "server_info": {
+                "version": "0.5.23-sim",
+                "max_total_num_tokens": self.args.max_total_num_tokens,
+                **self.args.server_args(),
+            },
+        }
+
+    def gpu_curve(self, iterations: list[Iteration], end: float, interval_ms: float) -> dict[str, Any]:
+        """Samples every ``interval_ms`` per TP rank: memory (preallocated + activations), util, power."""
+        a, g, m = self.args, self.args.gpu, self.args.model
+        total = a.gpu_memory_bytes
+        static = a.weight_bytes_per_rank + a.kv_pool_bytes_per_rank + CUDA_CONTEXT_BYTES + a.cuda_graph_max_bs * (2 << 20)
+        step = interval_ms / 1000.0
+        grid = np.arange(0.0, end + step, step)
+        if iterations:
+            starts = np.fromiter((it.start for it in iterations), float, len(iterations))
+            durs = np.fromiter((it.end - it.start for it in iterations), float, len(iterations))
+            cum = np.concatenate(([0.0], np.cumsum(durs)))
+
+            def busy_until(x: np.ndarray) -> np.ndarray:
+                idx = np.searchsorted(starts, x, side="right") - 1
+                inside = np.where(idx >= 0, np.minimum(x - starts[np.maximum(idx, 0)], durs[np.maximum(idx, 0)]), 0.0)
+                return np.where(idx >= 0, cum[np.maximum(idx, 0)] + np.maximum(inside, 0.0), 0.0)
+
+            b = busy_until(grid)
+            util = np.clip(np.diff(b, prepend=0.0) / step, 0.0, 1.0)
+        else:
+            util = np.zeros_like(grid)
+        act = np.zeros_like(grid)
+        per_token = m.hidden_size * ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN / max(a.tp_size, 1)
+        for s, e, n in self.max_extend:
+            lo = int(np.searchsorted(grid, s, side="left"))
+            hi = int(np.searchsorted(grid, e, side="left"))
+            for k in range(lo, min(hi + 1, len(grid))):
+                act[k] = max(act[k], n * per_token)
+        samples = []
+        for k, t in enumerate(grid.tolist()):
+            used = int(static + act[k])
+            u = float(util[k])
+            for rank in range(a.tp_size):
+                samples.append({"t_s": t, "gpu": rank, "mem_used": used, "mem_total": total,
+                                "util": round(u * 100.0, 1), "power_w": round(g.idle_w + (g.tdp_w - g.idle_w) * u, 1)})
+        return {
+            "state": "simulated",
+            "interval_ms": interval_ms,
+            "devices": [{"index": r, "name": f"{g.name} (simulated)", "uuid": f"SIM-{g.name}-{r}",
+                         "mem_total": total} for r in range(a.tp_size)],
+            "processes_at_start": [],
+            "samples": samples,
+        }

@@ -1,0 +1,290 @@
+"""Virtual time: run a whole workload through the scheduler model without waiting for it.
+
+``simulate`` follows the load generator's semantics (servetune.loadgen): warm-up requests first
+in a closed loop at the configured concurrency until all are done, then the measured requests
+either in a closed loop (each stream sends its next request the moment its previous one ends)
+or open loop (arrival offsets from ``loadgen.strategies.arrival_offsets_s``, capped in flight;
+lateness becomes ``queue_ms``). It returns a TrialResult of the same shape as a measured trial,
+with ``target.engine = "sim"``: records, a synthesized GPU memory curve, server metrics in the
+scraper's shape, and the summary from ``servetune.metrics.summarize``. Deterministic: the same
+inputs give the same result (``seed`` only feeds the open-loop arrivals via ``load.seed`` when
+``load.seed`` is left at 0).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from servetune.loadgen.config import LoadConfig
+from servetune.loadgen.strategies import arrival_offsets_s
+from servetune.records import ErrorClass, RequestRecord, TokenCountSource
+from servetune.result import TrialResult
+from servetune.sla import SLA
+from servetune.workload.request import WorkloadRequest
+
+from . import tokens as tk
+from .args import SimArgs, server_args_from_flags
+from .scheduler import Iteration, RequestRejected, Scheduler, SimRequest
+from .telemetry import SimTelemetry
+
+ENDPOINTS = ("chat", "completions", "generate")
+
+
+def build_prompt(req: WorkloadRequest, endpoint: str, args: SimArgs) -> tk.Prompt:
+    """Token ids for a workload request as the HTTP server would count them for ``endpoint``."""
+    if endpoint == "chat":
+        return tk.chat_prompt(req.chat_messages(), args.model)
+    return tk.text_prompt(req.prompt_text(), req.images if endpoint == "generate" else (), args.model)
+
+
+def _record(req: WorkloadRequest, warmup: bool) -> RequestRecord:
+    return RequestRecord(
+        request_id=req.index,
+        requested_input_tokens=req.input_tokens,
+        requested_output_tokens=req.output_tokens,
+        prefix_group=req.prefix_group,
+        n_images=len(req.images),
+        turn=req.turn,
+        warmup=warmup,
+    )
+
+
+def simulate(
+    args: SimArgs | Mapping[str, Any],
+    requests: Sequence[WorkloadRequest],
+    load: LoadConfig,
+    *,
+    sla: SLA | None = None,
+    seed: int = 0,
+    endpoint: str = "chat",
+    gpu_interval_ms: float = 100.0,
+    scrape_interval_s: float = 1.0,
+) -> TrialResult:
+    """Run ``requests`` under ``load`` against the modelled server in virtual time."""
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint must be one of {ENDPOINTS}, got {endpoint!r}")
+    if not requests:
+        raise ValueError("requests: nothing to simulate")
+    if load.warmup_requests >= len(requests):
+        raise ValueError(
+            f"warmup_requests ({load.warmup_requests}) must be fewer than the requests ({len(requests)})"
+        )
+    sim_args = server_args_from_flags(args)
+    wall0 = time.perf_counter()
+    run = _Run(sim_args, list(requests), load, endpoint, seed, scrape_interval_s)
+    run.execute()
+    return run.result(sla, gpu_interval_ms, time.perf_counter() - wall0)
+
+
+class _Run:
+    """One virtual-time trial: the client side (loop semantics) around a Scheduler."""
+
+    def __init__(
+        self,
+        args: SimArgs,
+        requests: list[WorkloadRequest],
+        load: LoadConfig,
+        endpoint: str,
+        seed: int,
+        scrape_interval_s: float,
+    ):
+        self.args = args
+        self.requests = requests
+        self.load = load
+        self.endpoint = endpoint
+        self.seed = seed
+        self.sched = Scheduler(args)
+        self.tel = SimTelemetry(args, self.sched, scrape_interval_s)
+        n_warm = load.warmup_requests
+        self.records = [_record(r, i < n_warm) for i, r in enumerate(requests)]
+        self.sent_at: dict[int, float] = {}
+        self.window_start = 0.0
+        self.drain_end = 0.0
+        self.iterations: list[Iteration] = []
+
+    # the client: pending sends as a heap of (due time, order, request index, queue seconds)
+    def execute(self) -> None:
+        n_warm = self.load.warmup_requests
+        c = self.load.concurrency
+        t = 0.0
+        if n_warm:
+            t = self._phase(list(range(n_warm)), t, closed=True, conc=c)
+        self.window_start = t
+        measured = list(range(n_warm, len(self.requests)))
+        if self.load.mode == "rate":
+            load = self.load if self.load.seed or not self.seed else self.load.model_copy(update={"seed": self.seed})
+            offsets = arrival_offsets_s(load, len(measured))
+            t = self._phase(measured, t, closed=False, conc=c, offsets=offsets)
+        else:
+            t = self._phase(measured, t, closed=True, conc=c)
+        self.drain_end = t
+
+    def _phase(
+        self, indices: list[int], t0: float, *, closed: bool, conc: int, offsets: list[float] | None = None
+    ) -> float:
+        sched, tel = self.sched, self.tel
+        pending: list[tuple[float, int, int, float]] = []  # (send time, seq, index, scheduled time)
+        seq = 0
+        in_flight = 0
+        nxt = 0  # next index position not yet scheduled
+        backlog: list[tuple[float, int]] = []  # open loop: due but over the cap (scheduled time, index)
+        if closed:
+            for _ in range(min(conc, len(indices))):
+                heapq.heappush(pending, (t0, seq, indices[nxt], t0))
+                seq += 1
+                nxt += 1
+        else:
+            assert offsets is not None
+            for pos, i in enumerate(indices):
+                due = t0 + offsets[pos]
+                heapq.heappush(pending, (due, seq, i, due))
+                seq += 1
+            nxt = len(indices)
+        remaining = len(indices)
+        t = t0
+        current: Iteration | None = None
+
+        def complete(i: int, at: float) -> None:
+            nonlocal in_flight, remaining, seq, nxt
+            in_flight -= 1
+            remaining -= 1
+            if closed and nxt < len(indices):
+                heapq.heappush(pending, (at, seq, indices[nxt], at))
+                seq += 1
+                nxt += 1
+            elif not closed and backlog:
+                sched_t, j = backlog.pop(0)
+                self._send(j, at, at - sched_t)
+                in_flight += 1
+
+        def send_next() -> None:
+            nonlocal in_flight
+            _, _, i, sched_t = heapq.heappop(pending)
+            if not closed and in_flight >= conc:
+                backlog.append((sched_t, i))
+                return
+            in_flight += 1
+            if not self._send(i, t, t - sched_t):
+                complete(i, t)
+
+        inf = float("inf")
+        while remaining > 0:
+            next_send = pending[0][0] if pending else inf
+            if current is None:
+                if next_send <= t:
+                    send_next()
+                    continue
+                if not sched.idle:
+                    current = sched.next_iteration(t)
+                    if current is not None:
+                        self._track(current)
+                        continue
+                if next_send == inf:
+                    break  # nothing can run and nothing will arrive
+                t = next_send
+                tel.advance(t)
+                send_next()
+            elif next_send < current.end:
+                t = next_send
+                tel.advance(t)
+                send_next()
+            else:
+                t = current.end
+                tel.advance(t)
+                finished = current.finished
+                current = None
+                for r in finished:
+                    self._finished(r)
+                    complete(r.rid, t)
+        return t
+
+    def _track(self, it: Iteration) -> None:
+        self.iterations.append(it)
+        self.tel.on_iteration(it)
+
+    def _send(self, i: int, t: float, queue_s: float) -> bool:
+        """Hand request i to the server at t; False when the server refused it."""
+        rec = self.records[i]
+        rec.t_send_s = t
+        rec.queue_ms = max(queue_s, 0.0) * 1000.0
+        req = self.requests[i]
+        try:
+            prompt = build_prompt(req, self.endpoint, self.args)
+            sreq = SimRequest(rid=i, tokens=prompt.ids, max_new=req.output_tokens, images=prompt.images)
+            self.sched.add(sreq, t)
+        except (RequestRejected, ValueError) as exc:
+            rec.http_status = 400
+            rec.error_class = ErrorClass.HTTP_4XX.value
+            rec.error_message = f"HTTP 400: {exc}"[:300]
+            rec.e2e_ms = 0.0
+            return False
+        self.sent_at[i] = t
+        self.tel.on_request_sent(sreq)
+        return True
+
+    def _finished(self, r: SimRequest) -> None:
+        rec = self.records[r.rid]
+        t_send = self.sent_at[r.rid]
+        rec.http_status = 200
+        rec.ttft_ms = (r.token_times[0] - t_send) * 1000.0
+        rec.e2e_ms = (r.finished_at - t_send) * 1000.0  # type: ignore[operator]
+        rec.chunk_offsets_ms = [(x - t_send) * 1000.0 for x in r.token_times]
+        rec.chunk_tokens = [1] * len(r.token_times)
+        rec.token_count_source = (
+            TokenCountSource.META_INFO.value if self.endpoint == "generate" else TokenCountSource.APPORTIONED.value
+        )
+        rec.prompt_tokens = r.prompt_len
+        rec.completion_tokens = r.output_len
+        if self.endpoint == "generate" or self.args.enable_cache_report:
+            rec.cached_tokens = r.cached_tokens or 0
+        self.tel.on_request_finished(r, t_send, streaming=True)
+
+    def result(self, sla: SLA | None, gpu_interval_ms: float, wall_s: float) -> TrialResult:
+        from servetune.metrics import summarize
+
+        args, load = self.args, self.load
+        measured = [r for r in self.records if not r.warmup]
+        window_end = max((r.t_send_s for r in measured), default=self.window_start)
+        gpu = self.tel.gpu_curve(self.iterations, self.drain_end, gpu_interval_ms)
+        server = self.tel.server_telemetry(self.drain_end)
+        summary = summarize(
+            self.records,
+            window=(self.window_start, window_end),
+            sla=sla,
+            gpu=gpu,
+            server=server,
+            lengths_exact=True,
+        )
+        load_d = load.model_dump(mode="json")
+        load_d.update(requests=len(self.requests), seed_sim=self.seed)
+        return TrialResult(
+            target={
+                "engine": "sim",
+                "url": None,
+                "endpoint": self.endpoint,
+                "model": args.served_model_name,
+                "model_profile": args.model_profile,
+                "gpu_profile": args.gpu_profile,
+                "clock": "virtual",
+            },
+            server_config=args.server_args(),
+            load=load_d,
+            sla=sla.model_dump(mode="json") if sla is not None else {},
+            t0_unix=datetime.now(UTC).timestamp(),
+            records=self.records,
+            gpu=gpu,
+            server=server,
+            environment={
+                "engine": "sim",
+                "simulated": True,
+                "sglang_version_modelled": "0.5.23",
+                "virtual_duration_s": self.drain_end,
+                "wall_s": wall_s,
+                "speedup": self.drain_end / wall_s if wall_s > 0 else None,
+            },
+            summary=summary,
+        )
