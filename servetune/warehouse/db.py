@@ -98,5 +98,11 @@ def resolve_url(explicit: str | None = None) -> str:
 
 def engine(url: str | None = None, **kwargs) -> Engine:
     """A SQLAlchemy engine on psycopg 3 (the password stays out of ``repr`` and logs)."""
+    kwargs.setdefault("json_serializer", _json_dumps)
     return create_engine(resolve_url(url), pool_pre_ping=True, **kwargs)
+
+
+def _json_dumps(value: object) -> str:
+    """JSONB values: numpy numbers allowed, NaN/inf become null (Postgres JSON has neither)."""
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
 

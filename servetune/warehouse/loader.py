@@ -1,0 +1,473 @@
+"""Load trial results into the warehouse: one transaction per trial, idempotent on the trial id.
+
+A trial already stored with the same content is left alone (its ``content_sha256`` matches); one
+stored with different content is a conflict unless ``replace=True``, which swaps it atomically.
+Bulk rows (request records, GPU and server samples) go through psycopg's binary COPY inside the
+trial's transaction, so a load that fails half-way leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from dataclasses import replace as dc_replace
+from functools import lru_cache
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from psycopg.types.json import Jsonb
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from sqlalchemy import Connection, Engine, delete, select, tuple_, update
+from sqlalchemy.dialects.postgresql import insert
+
+from servetune.result import TrialResult
+from servetune.warehouse import db
+from servetune.warehouse.tables import (
+    REQUEST_COLUMNS,
+    TRIGGERS,
+    experiments,
+    flatten_summary,
+    gpu_samples,
+    request_records,
+    server_samples,
+    trials,
+    validations,
+)
+
+log = logging.getLogger(__name__)
+
+_REQUEST_TYPES = [  # the table's types; on the wire the arrays go pre-encoded (see _binary_array)
+    "text", "int4", "bool", "float8", "float8", "float8", "float8", "float8", "int4", "int4", "int4", "int4",
+    "int4", "int4", "text", "int4", "int4", "int4", "int4", "text", "text", "float8[]", "int4[]",
+]
+assert len(_REQUEST_TYPES) == len(REQUEST_COLUMNS)
+_REQUEST_WIRE_TYPES = [*_REQUEST_TYPES[:-2], "bytea", "bytea"]
+_GPU_COLUMNS = ("trial_id", "sample_no", "t_s", "gpu", "mem_used", "mem_total", "util", "power_w")
+_GPU_TYPES = ["text", "int4", "float8", "int4", "int8", "int8", "float8", "float8"]
+_SERVER_COLUMNS = ("trial_id", "sample_no", "t_s", "name", "labels", "value")
+_SERVER_TYPES = ["text", "int4", "float8", "text", "jsonb", "float8"]
+_HASH_BATCH = 20_000
+
+
+class LoadError(ValueError):
+    """A result that cannot be loaded; the message names the file or trial and the cause."""
+
+
+class TrialConflict(LoadError):
+    """The trial id is already stored with different content (load with replace=True to swap it)."""
+
+
+class ExperimentInfo(BaseModel):
+    """``DIR/experiment.json`` as written by the tuning CLI."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    experiment_id: str
+    model: str
+    engine: str | None = None
+    model_fingerprint: str | None = None
+    prompt_template_fingerprint: str | None = None
+    trigger: str = "manual"
+    dag_run_id: str | None = None
+    plan: dict[str, Any] | None = None
+    status: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    recommendation: dict[str, Any] | None = None
+
+    @field_validator("trigger")
+    @classmethod
+    def _known_trigger(cls, v: str) -> str:
+        if v not in TRIGGERS:
+            raise ValueError(f"trigger must be one of {', '.join(TRIGGERS)}, got {v!r}")
+        return v
+
+    @classmethod
+    def for_lone_trial(cls, result: TrialResult) -> ExperimentInfo:
+        """A ``servetune bench`` result becomes a one-trial experiment whose id derives from the trial."""
+        return cls(
+            experiment_id=result.experiment_id or f"bench-{result.trial_id}",
+            model=str(result.target.get("model") or "unknown"),
+            engine=result.target.get("engine"),
+            trigger="bench" if result.experiment_id is None else "manual",
+            status=result.status,
+            started_at=_ts(result.t0_unix) or _iso(result.created_at),
+        )
+
+
+@dataclass
+class TrialLoad:
+    trial_id: str
+    action: str  # inserted | replaced | unchanged
+    status: str  # as stored: ok | failed | rejected
+    rows: dict[str, int] = field(default_factory=dict)
+    failure_reason: str | None = None
+
+
+@dataclass
+class LoadReport:
+    experiment_id: str | None = None
+    trials: list[TrialLoad] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # "<file or trial>: <cause>", one per trial not loaded
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def _ts(unix: float | None) -> datetime | None:
+    return datetime.fromtimestamp(unix, UTC) if unix else None
+
+
+def _iso(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def request_rows(result: TrialResult) -> Iterator[tuple]:
+    """request_records rows in ``REQUEST_COLUMNS`` order (shared with bench/warehouse_load.py)."""
+    tid = result.trial_id
+    for r in result.records:
+        yield (
+            tid, r.request_id, r.warmup, r.t_send_s, r.queue_ms, r.ttft_ms, r.e2e_ms, r.tpot_ms(),
+            r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.client_completion_tokens,
+            r.requested_input_tokens, r.requested_output_tokens, r.token_count_source, r.prefix_group,
+            r.n_images, r.turn, r.http_status, r.error_class, r.error_message,
+            r.chunk_offsets_ms, r.chunk_tokens,
+        )
+
+
+@lru_cache(maxsize=4096)
+def _array_struct(code: str, n: int) -> struct.Struct:
+    return struct.Struct(">iiiii" + ("i" + code) * n)
+
+
+def _binary_array(values: list, code: str, size: int, oid: int) -> bytes:
+    """A one-dimensional array in Postgres' binary wire format (array_recv), without NULLs.
+
+    psycopg's generic list dumper runs in Python per element; packing the whole array with one
+    ``struct`` call is what keeps the loader near raw COPY speed.
+    """
+    n = len(values)
+    if n == 0:
+        return struct.pack(">iii", 0, 0, oid)
+    args = [size] * (2 * n)
+    args[1::2] = values
+    return _array_struct(code, n).pack(1, 0, oid, n, 1, *args)
+
+
+def _copy_request_rows(conn: Connection, result: TrialResult, hasher: Any) -> int:
+    """COPY the records (binary), hashing the rows batch by batch as they go out."""
+    cur = conn.connection.driver_connection.cursor()  # the psycopg connection of this transaction
+    n = 0
+    with cur.copy(f"COPY request_records ({', '.join(REQUEST_COLUMNS)}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(_REQUEST_WIRE_TYPES)
+        for batch in _batched(request_rows(result), _HASH_BATCH):
+            hasher.update(orjson.dumps(batch, option=orjson.OPT_SERIALIZE_NUMPY))
+            for row in batch:
+                try:
+                    offsets = _binary_array(row[-2], "d", 8, 701)
+                    tokens = _binary_array(row[-1], "i", 4, 23)
+                except struct.error as e:
+                    raise LoadError(f"trial {result.trial_id}: request {row[1]}: chunk arrays must hold "
+                                    f"numbers only ({e})") from None
+                copy.write_row((*row[:-2], offsets, tokens))
+            n += len(batch)
+    return n
+
+
+def _batched(rows: Iterator[tuple], size: int) -> Iterator[list[tuple]]:
+    batch: list[tuple] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _gpu_rows(result: TrialResult) -> list[tuple]:
+    out = []
+    for i, s in enumerate(result.gpu.get("samples") or []):
+        try:
+            out.append((result.trial_id, i, float(s["t_s"]), int(s.get("gpu", 0)), s.get("mem_used"),
+                        s.get("mem_total"), s.get("util"), s.get("power_w")))
+        except (KeyError, TypeError, ValueError) as e:
+            raise LoadError(f"trial {result.trial_id}: gpu.samples[{i}] is malformed ({e!r})") from None
+    return out
+
+
+def _server_rows(result: TrialResult) -> list[tuple]:
+    out = []
+    for i, s in enumerate(result.server.get("samples") or []):
+        try:
+            value = s.get("value")
+            out.append((result.trial_id, i, float(s["t_s"]), str(s["name"]), Jsonb(s.get("labels") or {}),
+                        None if value is None else float(value)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise LoadError(f"trial {result.trial_id}: server.samples[{i}] is malformed ({e!r})") from None
+    return out
+
+
+def _header(result: TrialResult) -> dict[str, Any]:
+    """``to_dict`` without the (possibly million) records, which are hashed as rows instead."""
+    return dc_replace(result, records=[]).to_dict()
+
+
+def _header_hasher(result: TrialResult) -> Any:
+    return hashlib.sha256(orjson.dumps(_header(result), option=orjson.OPT_SORT_KEYS
+                                       | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS))
+
+
+def content_sha256(result: TrialResult) -> str:
+    """Hash of everything the trial holds: header (sorted keys), then the request rows in batches.
+
+    The loader computes the same digest while it COPYs, so a first load pays nothing extra.
+    """
+    h = _header_hasher(result)
+    for batch in _batched(request_rows(result), _HASH_BATCH):
+        h.update(orjson.dumps(batch, option=orjson.OPT_SERIALIZE_NUMPY))
+    return h.hexdigest()
+
+
+def _copy(conn: Connection, table: str, columns: Iterable[str], types: list[str], rows: Iterable[tuple]) -> int:
+    cur = conn.connection.driver_connection.cursor()  # the psycopg connection of this transaction
+    n = 0
+    with cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(types)
+        for row in rows:
+            copy.write_row(row)
+            n += 1
+    return n
+
+
+def _upsert_experiment(conn: Connection, exp: ExperimentInfo, *, lone: bool) -> None:
+    values = exp.model_dump()
+    stmt = insert(experiments).values(**values)
+    if lone:  # a bench result never overwrites an experiment a campaign wrote
+        conn.execute(stmt.on_conflict_do_nothing(index_elements=["experiment_id"]))
+        return
+    mutable = [c for c in values if c != "experiment_id"]
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=["experiment_id"],
+        set_={c: stmt.excluded[c] for c in mutable},
+        # only when something changed, so reloading the same campaign rewrites nothing
+        where=tuple_(*[experiments.c[c] for c in mutable]).is_distinct_from(
+            tuple_(*[stmt.excluded[c] for c in mutable])),
+    ))
+
+
+def _validation_report(result: TrialResult, validate: bool, validate_kwargs: dict[str, Any]):
+    from servetune.validation import ValidationReport
+
+    if validate:
+        from servetune.validation import validate as run_checklist
+
+        return run_checklist(result, **validate_kwargs)
+    if result.validation:
+        try:
+            return ValidationReport.model_validate(result.validation)
+        except ValidationError:
+            log.warning("trial %s: stored validation is not a ValidationReport; ignoring it", result.trial_id)
+    return None
+
+
+def _trial_row(result: TrialResult, exp: ExperimentInfo, sha: str, report) -> dict[str, Any]:
+    status, reason = result.status, result.failure_reason
+    if report is not None and not report.success and status == "ok":
+        status, reason = "rejected", report.failure_reason()
+    load = result.load or {}
+    concurrency = load.get("concurrency")
+    rate = load.get("rate")
+    gpu_info = {k: v for k, v in (result.gpu or {}).items() if k != "samples"}
+    server_info = {k: v for k, v in (result.server or {}).items() if k != "samples"}
+    return {
+        "trial_id": result.trial_id,
+        "experiment_id": exp.experiment_id,
+        "created_at": _iso(result.created_at),
+        "started_at": _ts(result.t0_unix),
+        "stage": result.stage,
+        "status": status,
+        "failure_reason": reason,
+        "measured_status": result.status,
+        "model": result.target.get("model") or exp.model,
+        "engine": result.target.get("engine") or exp.engine,
+        "endpoint": result.target.get("endpoint"),
+        "target": result.target,
+        "server_config": result.server_config,
+        "load": load,
+        "load_mode": load.get("mode"),
+        "concurrency": int(concurrency) if isinstance(concurrency, (int, float)) else None,
+        "request_rate": float(rate) if isinstance(rate, (int, float)) else None,
+        "sla": result.sla,
+        "workload": result.workload,
+        "workload_fingerprint": (result.workload or {}).get("fingerprint"),
+        "environment": result.environment,
+        "gpu_info": gpu_info,
+        "server_info": server_info,
+        "t0_unix": result.t0_unix,
+        "validation_success": None if report is None else report.success,
+        "content_sha256": sha,
+        **flatten_summary(result.summary),
+    }
+
+
+def _validation_rows(trial_id: str, report) -> list[dict[str, Any]]:
+    if report is None:
+        return []
+    return [
+        {"trial_id": trial_id, "seq": i, "suite": o.suite, "expectation": o.expectation, "checklist": o.checklist,
+         "column_name": o.column, "success": o.success, "observed_value": o.observed_value,
+         "details": o.details, "gx_version": report.gx_version}
+        for i, o in enumerate(report.results)
+    ]
+
+
+def _stored_sha(eng: Engine, trial_id: str) -> str | None:
+    with eng.connect() as conn:
+        return conn.execute(select(trials.c.content_sha256).where(trials.c.trial_id == trial_id)).scalar()
+
+
+def load_trial(eng: Engine, result: TrialResult, exp: ExperimentInfo, *, lone: bool = False,
+               validate: bool = True, replace: bool = False, **validate_kwargs: Any) -> TrialLoad:
+    """Load one trial in one transaction; see the module docstring for the idempotency rules."""
+    if result.experiment_id is not None and result.experiment_id != exp.experiment_id:
+        raise LoadError(f"trial {result.trial_id} belongs to experiment {result.experiment_id!r}, "
+                        f"not {exp.experiment_id!r}")
+    stored = _stored_sha(eng, result.trial_id)
+    if stored is not None:
+        sha = content_sha256(result)
+        if stored == sha:
+            with eng.begin() as conn:  # the experiment may have moved on (status, recommendation)
+                _upsert_experiment(conn, exp, lone=lone)
+            return TrialLoad(result.trial_id, "unchanged", _stored_status(eng, result.trial_id))
+        if not replace:
+            raise TrialConflict(f"trial {result.trial_id} is already stored with different content "
+                                "(load with --replace to swap it)")
+    report = _validation_report(result, validate, validate_kwargs)
+    row = _trial_row(result, exp, "pending", report)
+    checks = _validation_rows(result.trial_id, report)
+    gpu, server = _gpu_rows(result), _server_rows(result)
+    with eng.begin() as conn:
+        _upsert_experiment(conn, exp, lone=lone)
+        if replace:
+            conn.execute(delete(trials).where(trials.c.trial_id == result.trial_id))  # children cascade
+        inserted = conn.execute(
+            insert(trials).values(**row).on_conflict_do_nothing(index_elements=["trial_id"])
+            .returning(trials.c.trial_id)
+        ).scalar()
+        if inserted is None:  # another loader stored it between our check and now
+            conn.rollback()
+            if _stored_sha(eng, result.trial_id) == content_sha256(result):
+                return TrialLoad(result.trial_id, "unchanged", _stored_status(eng, result.trial_id))
+            raise TrialConflict(f"trial {result.trial_id} was stored concurrently with different content")
+        hasher = _header_hasher(result)
+        counts = {
+            "request_records": _copy_request_rows(conn, result, hasher),
+            "gpu_samples": _copy(conn, "gpu_samples", _GPU_COLUMNS, _GPU_TYPES, gpu),
+            "server_samples": _copy(conn, "server_samples", _SERVER_COLUMNS, _SERVER_TYPES, server),
+        }
+        if checks:
+            conn.execute(insert(validations), checks)
+        counts["validations"] = len(checks)
+        conn.execute(update(trials).where(trials.c.trial_id == result.trial_id)
+                     .values(content_sha256=hasher.hexdigest()))
+    action = "replaced" if stored is not None else "inserted"
+    log.info("trial %s: %s as %s (%d request rows)", result.trial_id, action, row["status"],
+             counts["request_records"])
+    return TrialLoad(result.trial_id, action, row["status"], counts, row["failure_reason"])
+
+
+def _stored_status(eng: Engine, trial_id: str) -> str:
+    with eng.connect() as conn:
+        return conn.execute(select(trials.c.status).where(trials.c.trial_id == trial_id)).scalar_one()
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return orjson.loads(path.read_bytes())
+    except OSError as e:
+        raise LoadError(f"{path}: cannot read ({e.strerror})") from None
+    except orjson.JSONDecodeError as e:
+        raise LoadError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _read_trial(path: Path) -> TrialResult:
+    data = _read_json(path)
+    if not isinstance(data, dict):
+        raise LoadError(f"{path}: a trial result must be a JSON object")
+    try:
+        return TrialResult.from_dict(data)
+    except (ValueError, KeyError, TypeError) as e:
+        raise LoadError(f"{path}: {e}") from None
+
+
+def _read_experiment(path: Path) -> ExperimentInfo:
+    try:
+        return ExperimentInfo.model_validate(_read_json(path))
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise LoadError(f"{path}: field {where!r}: {first['msg']}") from None
+
+
+def load_result(engine_or_url: Engine | str | None, source: str | Path | TrialResult, *, validate: bool = True,
+                replace: bool = False, **validate_kwargs: Any) -> LoadReport:
+    """Load a campaign directory, a trial JSON file or an in-memory ``TrialResult``.
+
+    Each trial is its own transaction: a bad trial is reported in ``LoadReport.errors`` and the
+    others still load. ``validate_kwargs`` go to ``servetune.validation.validate``.
+    """
+    eng = engine_or_url if isinstance(engine_or_url, Engine) else db.engine(engine_or_url)
+    try:
+        return _load(eng, source, validate=validate, replace=replace, **validate_kwargs)
+    finally:
+        if eng is not engine_or_url:
+            eng.dispose()
+
+
+def _load(eng: Engine, source: str | Path | TrialResult, **kw: Any) -> LoadReport:
+    report = LoadReport()
+    if isinstance(source, TrialResult):
+        exp = ExperimentInfo.for_lone_trial(source)
+        report.experiment_id = exp.experiment_id
+        report.trials.append(load_trial(eng, source, exp, lone=True, **kw))
+        return report
+    path = Path(source)
+    if path.is_file() and path.name == "experiment.json":
+        path = path.parent
+    if path.is_dir():
+        exp_file = path / "experiment.json"
+        if not exp_file.is_file():
+            raise LoadError(f"{path}: a campaign directory needs experiment.json")
+        exp = _read_experiment(exp_file)
+        report.experiment_id = exp.experiment_id
+        files = sorted((path / "trials").glob("*.json"))
+        if not files:
+            with eng.begin() as conn:
+                _upsert_experiment(conn, exp, lone=False)
+        for f in files:
+            try:
+                report.trials.append(load_trial(eng, _read_trial(f), exp, **kw))
+            except LoadError as e:
+                report.errors.append(str(e) if str(f) in str(e) else f"{f}: {e}")
+            except Exception as e:  # a database error: this trial rolled back, the rest still load
+                report.errors.append(f"{f}: {type(e).__name__}: {str(e).splitlines()[0]}")
+        return report
+    if not path.exists():
+        raise LoadError(f"{path}: no such file or directory")
+    result = _read_trial(path)
+    exp = ExperimentInfo.for_lone_trial(result)
+    report.experiment_id = exp.experiment_id
+    report.trials.append(load_trial(eng, result, exp, lone=True, **kw))
+    return report
