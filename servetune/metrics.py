@@ -260,9 +260,7 @@ def _gpu(s: TrialSummary, gpu: dict[str, Any] | None) -> None:
     s.gpu_state = str(gpu.get("state") or "unknown")
     interval = gpu.get("interval_ms")
     s.gpu_sample_interval_ms = float(interval) if interval is not None else None
-    procs = gpu.get("processes_at_start")
-    if procs is not None:
-        s.gpu_clean_at_start = not any(_is_foreign(p) for p in procs)
+    s.gpu_clean_at_start = clean_at_start(gpu)
     sweeps = gpu_sweeps(gpu.get("samples") or [])
     s.gpu_samples = len(sweeps)
     if not sweeps:
@@ -290,8 +288,17 @@ def _gpu(s: TrialSummary, gpu: dict[str, Any] | None) -> None:
         s.gpu_power_mean_w = float(np.mean(power))
 
 
-def _is_foreign(proc: Any) -> bool:
-    """A process listed at start is foreign unless the sampler marked it as the server under test."""
-    if isinstance(proc, dict):
-        return bool(proc.get("foreign", True))
-    return True
+def clean_at_start(gpu: dict[str, Any]) -> bool | None:
+    """No foreign process held a sampled GPU at the start; None when that cannot be told.
+
+    The sampler marks each process ``foreign`` when it knows the server's PIDs; an entry without
+    the mark (PIDs unknown) or a sampler that did not reach the GPUs leaves the answer unknown.
+    """
+    if gpu.get("state") != "ok" or gpu.get("processes_at_start") is None:
+        return None
+    procs = gpu["processes_at_start"]
+    if any(isinstance(p, dict) and p.get("foreign") is True for p in procs):
+        return False
+    if all(isinstance(p, dict) and p.get("foreign") is False for p in procs):
+        return True
+    return None

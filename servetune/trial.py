@@ -25,6 +25,11 @@ from servetune.loadgen.client import preflight as check_reachable
 from servetune.metrics import summarize
 from servetune.result import TrialResult
 from servetune.sla import SLA
+from servetune.telemetry.environment import fingerprint
+from servetune.telemetry.nvml import GpuSampler
+from servetune.telemetry.prometheus import MetricsScraper
+from servetune.telemetry.server_info import fetch_server_info
+from servetune.workload import build_requests, load_tokenizer
 from servetune.workload.spec import WorkloadSpec
 
 log = logging.getLogger(__name__)
@@ -53,6 +58,9 @@ class TrialRequest(BaseModel):
     tokenizer: str | None = Field(default=None, description="tokenizer.json or model dir; else workload.tokenizer")
     model_path: str | None = Field(default=None, description="for the environment fingerprint")
     prompt_template: str | None = Field(default=None, description="for the environment fingerprint")
+    server_pids: list[int] | None = Field(
+        default=None, description="PIDs of the server under test: GPU processes outside them are foreign"
+    )
 
     @model_validator(mode="after")
     def _paths_exist(self) -> TrialRequest:
@@ -86,8 +94,6 @@ async def run_trial_async(
     req: TrialRequest, *, preflight: Callable[[], None] | None = None, progress: Progress | None = None
 ) -> TrialResult:
     """Run one trial. Raises ``ValueError``/``TargetUnreachable`` before any request; else returns."""
-    from servetune.workload import build_requests, load_tokenizer
-
     tok_path = req.tokenizer or req.workload.tokenizer
     tokenizer = load_tokenizer(tok_path) if tok_path else None
     batch = build_requests(req.workload, req.total_requests, tokenizer=tokenizer)
@@ -110,7 +116,7 @@ async def run_trial_async(
         except Exception as exc:  # noqa: BLE001 - the environment check's verdict, recorded
             return _failed(result, f"preflight failed: {exc}", req, batch.lengths_exact)
 
-    server: dict[str, Any] = {"server_info": await _server_info(req.target.url)}
+    server: dict[str, Any] = {"server_info": await fetch_server_info(req.target.url, req.target.api_key())}
     if req.flush_cache:
         server["flush_cache"] = await _flush_cache(req.target)
 
@@ -197,26 +203,17 @@ async def _flush_cache(target: Target) -> dict[str, Any]:
     return status
 
 
-async def _server_info(url: str) -> dict[str, Any] | None:
-    from servetune.telemetry.server_info import fetch_server_info
-
-    info = fetch_server_info(url)
-    return await info if asyncio.iscoroutine(info) else info
+def _gpu_sampler(req: TrialRequest) -> GpuSampler:
+    return GpuSampler(req.gpu_interval_ms / 1000.0, req.gpu_indices, own_pids=req.server_pids)
 
 
-def _gpu_sampler(req: TrialRequest) -> Any:
-    from servetune.telemetry.nvml import GpuSampler
-
-    return GpuSampler(indices=req.gpu_indices, interval_ms=req.gpu_interval_ms)
-
-
-def _scraper(req: TrialRequest) -> Any:
-    from servetune.telemetry.prometheus import MetricsScraper
-
-    return MetricsScraper(req.target.url, interval_s=req.scrape_interval_s)
+def _scraper(req: TrialRequest) -> MetricsScraper:
+    key = req.target.api_key()
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    return MetricsScraper(req.target.url, interval_s=req.scrape_interval_s, headers=headers)
 
 
-async def _stop_scraper(scraper: Any) -> dict[str, Any]:
+async def _stop_scraper(scraper: MetricsScraper) -> dict[str, Any]:
     try:
         return dict(await scraper.stop() or {})
     except Exception as exc:  # noqa: BLE001 - missing server telemetry is stated, not fatal
@@ -225,8 +222,6 @@ async def _stop_scraper(scraper: Any) -> dict[str, Any]:
 
 
 def _environment(req: TrialRequest, server: dict[str, Any], gpu: dict[str, Any]) -> dict[str, Any]:
-    from servetune.telemetry.environment import fingerprint
-
     return fingerprint(
         server_info=server.get("server_info"),
         gpu=gpu,

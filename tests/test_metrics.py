@@ -178,17 +178,21 @@ def test_gpu_sweeps_split_on_repeated_index_even_with_distinct_timestamps():
     assert [sorted(sw) for sw in gpu_sweeps(samples)] == [[0, 1], [0, 1], [0]]
 
 
-def test_gpu_foreign_process_and_no_gpu():
-    dirty = _gpu_dict() | {"processes_at_start": [{"pid": 4242, "name": "python", "used_memory": 10}]}
-    assert summarize([], window=None, sla=None, gpu=dirty, server=None,
-                     lengths_exact=False).gpu_clean_at_start is False
-    server_only = _gpu_dict() | {"processes_at_start": [{"pid": 1, "foreign": False}]}
-    assert summarize([], window=None, sla=None, gpu=server_only, server=None,
-                     lengths_exact=False).gpu_clean_at_start is True
+def test_gpu_clean_at_start_needs_the_samplers_verdict():
+    def with_procs(procs):
+        gpu = _gpu_dict() | {"processes_at_start": procs}
+        return summarize([], window=None, sla=None, gpu=gpu, server=None, lengths_exact=False).gpu_clean_at_start
 
-    s = summarize([], window=None, sla=None, gpu={"state": "no_gpu", "samples": []}, server=None,
-                  lengths_exact=False)
-    assert s.gpu_state == "no_gpu" and s.gpu_samples == 0
+    assert with_procs([]) is True
+    assert with_procs([{"pid": 1, "foreign": False}]) is True  # the server under test
+    assert with_procs([{"pid": 1, "foreign": False}, {"pid": 4242, "foreign": True}]) is False
+    assert with_procs([{"pid": 4242, "name": "python"}]) is None  # server PIDs unknown: cannot tell
+
+
+def test_no_gpu_is_passed_through():
+    s = summarize([], window=None, sla=None, gpu={"state": "no_gpu", "samples": [], "processes_at_start": []},
+                  server=None, lengths_exact=False)
+    assert s.gpu_state == "no_gpu" and s.gpu_samples == 0 and s.gpu_clean_at_start is None
     assert s.gpu_mem_peak_bytes is None and s.gpu_mem_peak_fraction is None
 
 

@@ -96,37 +96,38 @@ def _num(v: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def summary_table(result: TrialResult) -> Table:
+def summary_tables(result: TrialResult) -> list[Table]:
+    """Latency percentiles, then throughput, goodput, cache and GPU figures."""
     s = result.summary
-    t = Table(title=f"trial {result.trial_id[:8]}  status={result.status}", show_header=True)
-    t.add_column("metric")
-    t.add_column("p50", justify="right")
-    t.add_column("p90", justify="right")
-    t.add_column("p99", justify="right")
-    t.add_column("mean", justify="right")
-    for name, p in (("TTFT ms", s.ttft_ms), ("ITL ms", s.itl_ms), ("TPOT ms", s.tpot_ms), ("E2E ms", s.e2e_ms)):
-        t.add_row(name, _ms(p, "p50"), _ms(p, "p90"), _ms(p, "p99"), _ms(p, "mean"))
-    t.add_section()
-    window = f"{_num(s.window_s, '{:.2f}')} s ({s.window_source or '-'})"
+    lat = Table(title=f"trial {result.trial_id[:8]}  status={result.status}")
+    lat.add_column("latency (ms)")
+    for col in ("p50", "p90", "p99", "mean", "max"):
+        lat.add_column(col, justify="right")
+    for name, p in (("TTFT", s.ttft_ms), ("ITL", s.itl_ms), ("TPOT", s.tpot_ms), ("E2E", s.e2e_ms)):
+        lat.add_row(name, *(_ms(p, f) for f in ("p50", "p90", "p99", "mean", "max")))
+
+    figs = Table(show_header=True)
+    figs.add_column("figure")
+    figs.add_column("value", justify="right")
+    good = f" ({s.goodput_fraction:.1%} good)" if s.goodput_fraction is not None else ""
+    gpu = (f"{s.gpu_mem_peak_bytes / 2**30:.2f} GiB" if s.gpu_mem_peak_bytes is not None else f"- ({s.gpu_state})")
     rows = [
         ("requests ok / measured", f"{s.requests_ok} / {s.requests_measured} (errors {s.error_rate:.1%})"),
-        ("window", window),
+        ("window", f"{_num(s.window_s, '{:.2f}')} s ({s.window_source or '-'})"),
         ("requests/s", _num(s.request_throughput, "{:.2f}")),
         ("output tokens/s", _num(s.output_tokens_per_s)),
         ("decode tokens/s", _num(s.decode_tokens_per_s)),
         ("input tokens/s", _num(s.input_tokens_per_s)),
-        ("goodput req/s", _num(s.goodput_rps, "{:.2f}") + (f" ({s.goodput_fraction:.1%} good)"
-                                                           if s.goodput_fraction is not None else "")),
+        ("goodput req/s", _num(s.goodput_rps, "{:.2f}") + good),
         ("prefix hit rate (usage)", _num(s.prefix_hit_rate, "{:.1%}")),
         ("prefix hit rate (server)", _num(s.prefix_hit_rate_server, "{:.1%}")),
-        ("GPU memory peak", f"{s.gpu_mem_peak_bytes / 2**30:.2f} GiB" if s.gpu_mem_peak_bytes is not None
-         else f"- ({s.gpu_state})"),
+        ("GPU memory peak", gpu),
     ]
-    for name, value in rows:
-        t.add_row(name, value, "", "", "")
     if s.errors_by_class:
-        t.add_row("errors", ", ".join(f"{k}={v}" for k, v in sorted(s.errors_by_class.items())), "", "", "")
-    return t
+        rows.append(("errors", ", ".join(f"{k}={v}" for k, v in sorted(s.errors_by_class.items()))))
+    for name, value in rows:
+        figs.add_row(name, value)
+    return [lat, figs]
 
 
 def bench(
@@ -195,7 +196,8 @@ def bench(
         raise typer.Exit(BAD_INPUT) from None
 
     path = result.save(out)
-    Console().print(summary_table(result))
+    for table in summary_tables(result):
+        Console().print(table)
     console.print(f"result written to {path}")
     if result.status != "ok":
         console.print("[red]trial failed:[/red]", escape(result.failure_reason or "?"), highlight=False,
