@@ -121,9 +121,7 @@ def resolve_window(
     ends = [e for r in measured if (e := _end_s(r)) is not None]
     if not sends or not ends or max(ends) <= min(sends):
         return None
-    log.warning(
-        "measurement window %s is missing or empty; falling back to first send .. last end", window
-    )
+    log.warning("measurement window %s is missing or empty; falling back to first send .. last end", window)
     return min(sends), max(ends), "fallback"
 
 

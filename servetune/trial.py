@@ -51,11 +51,15 @@ class TrialRequest(BaseModel):
     gpu_indices: list[int] | None = Field(default=None, description="GPUs to sample (None: all visible)")
     gpu_interval_ms: float = Field(default=100.0, gt=0)
     scrape_interval_s: float = Field(default=1.0, gt=0)
-    flush_cache: bool = Field(default=True, description="POST /flush_cache before the warm-up, if the server has it")
+    flush_cache: bool = Field(
+        default=True, description="POST /flush_cache before the warm-up, if the server has it"
+    )
     stage: str | None = None
     server_config: dict[str, Any] = Field(default_factory=dict)
     experiment_id: str | None = None
-    tokenizer: str | None = Field(default=None, description="tokenizer.json or model dir; else workload.tokenizer")
+    tokenizer: str | None = Field(
+        default=None, description="tokenizer.json or model dir; else workload.tokenizer"
+    )
     model_path: str | None = Field(default=None, description="for the environment fingerprint")
     prompt_template: str | None = Field(default=None, description="for the environment fingerprint")
     server_pids: list[int] | None = Field(
@@ -165,7 +169,9 @@ async def run_trial_async(
 
 def _failed(result: TrialResult, reason: str, req: TrialRequest, lengths_exact: bool) -> TrialResult:
     result.status, result.failure_reason = "failed", reason
-    result.summary = summarize([], window=None, sla=req.sla, gpu=None, server=None, lengths_exact=lengths_exact)
+    result.summary = summarize(
+        [], window=None, sla=req.sla, gpu=None, server=None, lengths_exact=lengths_exact
+    )
     return result
 
 
@@ -188,9 +194,10 @@ async def _flush_cache(target: Target) -> dict[str, Any]:
     """POST /flush_cache so the warm-up, not a previous trial, fills the prefix cache."""
     url = target.url + "/flush_cache"
     try:
-        async with aiohttp.ClientSession() as session, session.post(
-            url, timeout=aiohttp.ClientTimeout(total=FLUSH_TIMEOUT_S)
-        ) as resp:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, timeout=aiohttp.ClientTimeout(total=FLUSH_TIMEOUT_S)) as resp,
+        ):
             text = (await resp.text())[:200]
             status = {"status": resp.status, "flushed": resp.status < 300, "body": text}
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import orjson
 import pytest
+from sse_server import Scenario
+from test_trial import _serve
 from typer.testing import CliRunner
 
 from servetune.cli import app
-
-from sse_server import Scenario
-from test_trial import _serve
 
 TINY = "name: tiny\nseed: 3\ninput: {kind: fixed, value: 32}\noutput: {kind: fixed, value: 8}\n"
 
@@ -42,9 +41,26 @@ async def test_bench_writes_a_complete_result(server, tmp_path):
     srv, seen = server
     out = tmp_path / "res" / "result.json"
     r = await _bench(
-        "--url", srv.url, "--concurrency", "4", "--requests", "12", "--warmup", "2", "--out", str(out),
-        "--workload", _tiny(tmp_path), "--model", "sse-test", "--sla", "ttft_ms=5000", "--sla", "tpot_ms=1000",
-        "--gpu-interval-ms", "20",
+        "--url",
+        srv.url,
+        "--concurrency",
+        "4",
+        "--requests",
+        "12",
+        "--warmup",
+        "2",
+        "--out",
+        str(out),
+        "--workload",
+        _tiny(tmp_path),
+        "--model",
+        "sse-test",
+        "--sla",
+        "ttft_ms=5000",
+        "--sla",
+        "tpot_ms=1000",
+        "--gpu-interval-ms",
+        "20",
     )
     assert r.exit_code == 0, r.output
     assert "TTFT" in r.output and "output tokens/s" in r.output and "result written to" in r.output
@@ -66,8 +82,22 @@ async def test_default_workload_and_rate_mode(server, tmp_path):
     srv, seen = server
     out = tmp_path / "r.json"
     r = await _bench(
-        "--url", srv.url, "--concurrency", "2", "--requests", "3", "--warmup", "0", "--out", str(out),
-        "--rate", "50", "--arrival", "constant", "--endpoint", "completions",
+        "--url",
+        srv.url,
+        "--concurrency",
+        "2",
+        "--requests",
+        "3",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+        "--rate",
+        "50",
+        "--arrival",
+        "constant",
+        "--endpoint",
+        "completions",
     )
     assert r.exit_code == 0, r.output
     d = orjson.loads(out.read_bytes())
@@ -96,8 +126,18 @@ async def test_bad_workload_files_name_the_cause_and_send_nothing(server, tmp_pa
     text, expect = BAD_WORKLOADS[case]
     wl = tmp_path / "w.yaml"
     wl.write_text(text)
-    r = await _bench("--url", srv.url, "--concurrency", "2", "--requests", "2", "--out", str(tmp_path / "o.json"),
-                     "--workload", str(wl))
+    r = await _bench(
+        "--url",
+        srv.url,
+        "--concurrency",
+        "2",
+        "--requests",
+        "2",
+        "--out",
+        str(tmp_path / "o.json"),
+        "--workload",
+        str(wl),
+    )
     assert r.exit_code == 2, r.output
     assert "error:" in r.output and expect in r.output and str(wl) in r.output
     assert seen.calls == [] and not (tmp_path / "o.json").exists()
@@ -133,13 +173,25 @@ async def test_bad_options_name_the_option_and_send_nothing(server, tmp_path, ar
 
 
 async def test_unreachable_url_is_a_one_line_error(tmp_path):
-    r = await _bench("--url", f"http://127.0.0.1:{_closed_port()}", "--concurrency", "2", "--requests", "2",
-                     "--out", str(tmp_path / "o.json"), "--workload", _tiny(tmp_path))
+    r = await _bench(
+        "--url",
+        f"http://127.0.0.1:{_closed_port()}",
+        "--concurrency",
+        "2",
+        "--requests",
+        "2",
+        "--out",
+        str(tmp_path / "o.json"),
+        "--workload",
+        _tiny(tmp_path),
+    )
     assert r.exit_code == 2
     assert "unreachable" in r.output and "no request was sent" in r.output
     assert not (tmp_path / "o.json").exists()
 
 
 async def test_bad_url_scheme(tmp_path):
-    r = await _bench("--url", "ftp://x", "--concurrency", "2", "--requests", "2", "--out", str(tmp_path / "o.json"))
+    r = await _bench(
+        "--url", "ftp://x", "--concurrency", "2", "--requests", "2", "--out", str(tmp_path / "o.json")
+    )
     assert r.exit_code == 2 and "--url" in r.output

@@ -14,21 +14,49 @@ approx = pytest.approx
 
 def _records() -> list[RequestRecord]:
     a = RequestRecord(  # measured, ok: 3 chunks carrying 1, 2, 3 tokens
-        request_id=1, t_send_s=1.0, queue_ms=5.0, ttft_ms=100.0, e2e_ms=400.0,
-        chunk_offsets_ms=[100.0, 200.0, 400.0], chunk_tokens=[1, 2, 3], token_count_source="meta_info",
-        prompt_tokens=100, completion_tokens=6, cached_tokens=50,
+        request_id=1,
+        t_send_s=1.0,
+        queue_ms=5.0,
+        ttft_ms=100.0,
+        e2e_ms=400.0,
+        chunk_offsets_ms=[100.0, 200.0, 400.0],
+        chunk_tokens=[1, 2, 3],
+        token_count_source="meta_info",
+        prompt_tokens=100,
+        completion_tokens=6,
+        cached_tokens=50,
     )
     b = RequestRecord(  # measured, ok; its last chunk arrives after the window closes
-        request_id=2, t_send_s=1.5, queue_ms=15.0, ttft_ms=200.0, e2e_ms=600.0,
-        chunk_offsets_ms=[200.0, 600.0], chunk_tokens=[1, 1], token_count_source="apportioned",
-        prompt_tokens=200, completion_tokens=2, cached_tokens=0,
+        request_id=2,
+        t_send_s=1.5,
+        queue_ms=15.0,
+        ttft_ms=200.0,
+        e2e_ms=600.0,
+        chunk_offsets_ms=[200.0, 600.0],
+        chunk_tokens=[1, 1],
+        token_count_source="apportioned",
+        prompt_tokens=200,
+        completion_tokens=2,
+        cached_tokens=0,
     )
     warm = RequestRecord(
-        request_id=0, t_send_s=0.0, ttft_ms=50.0, e2e_ms=100.0, chunk_offsets_ms=[50.0, 100.0],
-        chunk_tokens=[1, 1], prompt_tokens=1000, completion_tokens=2, cached_tokens=1000, warmup=True,
+        request_id=0,
+        t_send_s=0.0,
+        ttft_ms=50.0,
+        e2e_ms=100.0,
+        chunk_offsets_ms=[50.0, 100.0],
+        chunk_tokens=[1, 1],
+        prompt_tokens=1000,
+        completion_tokens=2,
+        cached_tokens=1000,
+        warmup=True,
     )
     failed = RequestRecord(
-        request_id=3, t_send_s=2.0, e2e_ms=300.0, error_class="timeout", error_message="read timeout",
+        request_id=3,
+        t_send_s=2.0,
+        e2e_ms=300.0,
+        error_class="timeout",
+        error_message="read timeout",
     )
     return [warm, a, b, failed]
 
@@ -98,8 +126,9 @@ def test_degenerate_window_falls_back_to_send_and_end_times():
 
 
 def test_chunks_without_counts_carry_one_token():
-    r = RequestRecord(request_id=1, t_send_s=0.0, ttft_ms=10.0, e2e_ms=30.0,
-                      chunk_offsets_ms=[10.0, 20.0, 30.0])
+    r = RequestRecord(
+        request_id=1, t_send_s=0.0, ttft_ms=10.0, e2e_ms=30.0, chunk_offsets_ms=[10.0, 20.0, 30.0]
+    )
     s = summarize([r], window=(0.0, 1.0), sla=None, gpu=None, server=None, lengths_exact=False)
     assert s.output_tokens_per_s == approx(3.0)
     assert s.decode_tokens_per_s == approx(2.0)
@@ -114,13 +143,20 @@ def test_goodput_counts_requests_meeting_every_bound():
     assert s.goodput_fraction == approx(1 / 3)  # only a; the failed request counts in the denominator
     assert s.goodput_rps == approx(1.0)
 
-    both = summarize(recs, window=(1.0, 2.5), sla=SLA(ttft_ms=1000, tpot_ms=100), gpu=None, server=None,
-                     lengths_exact=False)
+    both = summarize(
+        recs,
+        window=(1.0, 2.5),
+        sla=SLA(ttft_ms=1000, tpot_ms=100),
+        gpu=None,
+        server=None,
+        lengths_exact=False,
+    )
     assert both.goodput_fraction == approx(1 / 3)  # b's TPOT is 400 ms
     assert both.goodput_rps == approx(1 / 1.5)
 
-    loose = summarize(recs, window=(1.0, 2.5), sla=SLA(p99_e2e_ms=10_000), gpu=None, server=None,
-                      lengths_exact=False)
+    loose = summarize(
+        recs, window=(1.0, 2.5), sla=SLA(p99_e2e_ms=10_000), gpu=None, server=None, lengths_exact=False
+    )
     assert loose.sla == {"e2e_ms": 10_000.0}  # the p99 bound stands in for the per-request one
     assert loose.goodput_fraction == approx(2 / 3)
     assert loose.goodput_rps == approx(2 / 1.5)
@@ -136,12 +172,19 @@ def test_prefix_hit_rate_is_none_when_unknown_and_zero_when_zero():
     assert s.prefix_hit_rate == approx(50 / 300)  # the warm-up request's 100% hit is not counted
 
     unknown = [RequestRecord(request_id=i, ttft_ms=1, e2e_ms=2, prompt_tokens=10) for i in range(3)]
-    assert summarize(unknown, window=(0, 1), sla=None, gpu=None, server=None,
-                     lengths_exact=False).prefix_hit_rate is None
-    zero = [RequestRecord(request_id=i, ttft_ms=1, e2e_ms=2, prompt_tokens=10, cached_tokens=0)
-            for i in range(3)]
-    assert summarize(zero, window=(0, 1), sla=None, gpu=None, server=None,
-                     lengths_exact=False).prefix_hit_rate == 0.0
+    assert (
+        summarize(
+            unknown, window=(0, 1), sla=None, gpu=None, server=None, lengths_exact=False
+        ).prefix_hit_rate
+        is None
+    )
+    zero = [
+        RequestRecord(request_id=i, ttft_ms=1, e2e_ms=2, prompt_tokens=10, cached_tokens=0) for i in range(3)
+    ]
+    assert (
+        summarize(zero, window=(0, 1), sla=None, gpu=None, server=None, lengths_exact=False).prefix_hit_rate
+        == 0.0
+    )
 
 
 def _gpu_dict() -> dict:
@@ -153,9 +196,12 @@ def _gpu_dict() -> dict:
         "interval_ms": 100.0,
         "processes_at_start": [],
         "samples": [
-            sample(0.0, 0, 10, 0, 50.0), sample(0.0, 1, 20, 10, 60.0),
-            sample(0.1, 0, 40, 50, 100.0), sample(0.1, 1, 50, 70, 120.0),
-            sample(0.2, 0, 30, 20, 80.0), sample(0.2, 1, 30, 30, 90.0),
+            sample(0.0, 0, 10, 0, 50.0),
+            sample(0.0, 1, 20, 10, 60.0),
+            sample(0.1, 0, 40, 50, 100.0),
+            sample(0.1, 1, 50, 70, 120.0),
+            sample(0.2, 0, 30, 20, 80.0),
+            sample(0.2, 1, 30, 30, 90.0),
         ],
     }
 
@@ -181,7 +227,9 @@ def test_gpu_sweeps_split_on_repeated_index_even_with_distinct_timestamps():
 def test_gpu_clean_at_start_needs_the_samplers_verdict():
     def with_procs(procs):
         gpu = _gpu_dict() | {"processes_at_start": procs}
-        return summarize([], window=None, sla=None, gpu=gpu, server=None, lengths_exact=False).gpu_clean_at_start
+        return summarize(
+            [], window=None, sla=None, gpu=gpu, server=None, lengths_exact=False
+        ).gpu_clean_at_start
 
     assert with_procs([]) is True
     assert with_procs([{"pid": 1, "foreign": False}]) is True  # the server under test
@@ -190,15 +238,22 @@ def test_gpu_clean_at_start_needs_the_samplers_verdict():
 
 
 def test_no_gpu_is_passed_through():
-    s = summarize([], window=None, sla=None, gpu={"state": "no_gpu", "samples": [], "processes_at_start": []},
-                  server=None, lengths_exact=False)
+    s = summarize(
+        [],
+        window=None,
+        sla=None,
+        gpu={"state": "no_gpu", "samples": [], "processes_at_start": []},
+        server=None,
+        lengths_exact=False,
+    )
     assert s.gpu_state == "no_gpu" and s.gpu_samples == 0 and s.gpu_clean_at_start is None
     assert s.gpu_mem_peak_bytes is None and s.gpu_mem_peak_fraction is None
 
 
 def test_all_failed():
-    recs = [RequestRecord(request_id=i, t_send_s=0.1 * i, e2e_ms=5.0, error_class="connection")
-            for i in range(4)]
+    recs = [
+        RequestRecord(request_id=i, t_send_s=0.1 * i, e2e_ms=5.0, error_class="connection") for i in range(4)
+    ]
     s = summarize(recs, window=(0.0, 1.0), sla=SLA(ttft_ms=100), gpu=None, server=None, lengths_exact=False)
     assert (s.requests_measured, s.requests_ok, s.requests_failed, s.error_rate) == (4, 0, 4, 1.0)
     assert s.errors_by_class == {"connection": 4}
@@ -218,8 +273,9 @@ def test_no_records():
 
 
 def test_summary_survives_the_result_json_round_trip(tmp_path):
-    s = summarize(_records(), window=(1.0, 2.0), sla=SLA(ttft_ms=150), gpu=_gpu_dict(), server=None,
-                  lengths_exact=True)
+    s = summarize(
+        _records(), window=(1.0, 2.0), sla=SLA(ttft_ms=150), gpu=_gpu_dict(), server=None, lengths_exact=True
+    )
     path = TrialResult(records=_records(), summary=s, load={"concurrency": 2}).save(tmp_path / "r.json")
     back = TrialResult.load(path)
     assert back.summary == s
@@ -227,8 +283,12 @@ def test_summary_survives_the_result_json_round_trip(tmp_path):
 
 def test_window_in_which_nothing_ended_falls_back():
     # all requests sent at once (requests <= concurrency): the loadgen's window is just the dispatch burst
-    recs = [RequestRecord(request_id=i, t_send_s=1.0, ttft_ms=50.0, e2e_ms=500.0, chunk_offsets_ms=[50.0],
-                          chunk_tokens=[1]) for i in range(4)]
+    recs = [
+        RequestRecord(
+            request_id=i, t_send_s=1.0, ttft_ms=50.0, e2e_ms=500.0, chunk_offsets_ms=[50.0], chunk_tokens=[1]
+        )
+        for i in range(4)
+    ]
     s = summarize(recs, window=(1.0, 1.0001), sla=None, gpu=None, server=None, lengths_exact=False)
     assert (s.window_start_s, s.window_end_s, s.window_source) == (1.0, 1.5, "fallback")
     assert s.request_throughput == approx(8.0)

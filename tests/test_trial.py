@@ -15,14 +15,13 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 from pydantic import ValidationError
+from sse_server import Scenario, SseServer
 
 from servetune.loadgen import LoadConfig, Target, TargetUnreachable
 from servetune.result import TrialResult
 from servetune.sla import SLA
 from servetune.trial import TrialRequest, run_trial
 from servetune.workload.spec import Fixed, WorkloadSpec
-
-from sse_server import Scenario, SseServer
 
 SECRET = "sk-trial-test-0123456789"
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/generate")
@@ -63,7 +62,9 @@ def _metrics_text(srv: SseServer) -> str:
     )
 
 
-async def _serve(scenario: Scenario, *, flush: bool = True, metrics: bool = True) -> tuple[SseServer, Observed]:
+async def _serve(
+    scenario: Scenario, *, flush: bool = True, metrics: bool = True
+) -> tuple[SseServer, Observed]:
     srv = SseServer(scenario)
     seen = Observed()
 
@@ -74,11 +75,13 @@ async def _serve(scenario: Scenario, *, flush: bool = True, metrics: bool = True
 
     srv.app.middlewares.append(record)
     if flush:
+
         async def flush_cache(request: web.Request) -> web.Response:
             return web.Response(text="Cache flushed.")
 
         srv.app.router.add_post("/flush_cache", flush_cache)
     if metrics:
+
         async def metrics_route(request: web.Request) -> web.Response:
             return web.Response(text=_metrics_text(srv), content_type="text/plain")
 
@@ -115,7 +118,9 @@ def _closed_port() -> int:
 async def test_a_trial_measures_every_request_and_states_its_inputs(server, tmp_path, monkeypatch):
     srv, seen = server
     monkeypatch.setenv("SERVETUNE_API_KEY", SECRET)
-    req = _request(srv.url, sla=SLA(ttft_ms=10_000, tpot_ms=10_000), server_config={"chunked-prefill-size": 4096})
+    req = _request(
+        srv.url, sla=SLA(ttft_ms=10_000, tpot_ms=10_000), server_config={"chunked-prefill-size": 4096}
+    )
     result = await asyncio.to_thread(run_trial, req)
 
     assert result.status == "ok", result.failure_reason
@@ -136,7 +141,9 @@ async def test_a_trial_measures_every_request_and_states_its_inputs(server, tmp_
     assert s.window_s > 0 and s.window_source in ("stated", "fallback")
     assert s.goodput_fraction == 1.0 and s.sla == {"ttft_ms": 10_000.0, "tpot_ms": 10_000.0}
     # the SSE server reports 3 cached tokens per request
-    assert s.prefix_hit_rate == pytest.approx(3 * 12 / sum(r.prompt_tokens for r in result.records if not r.warmup))
+    assert s.prefix_hit_rate == pytest.approx(
+        3 * 12 / sum(r.prompt_tokens for r in result.records if not r.warmup)
+    )
     # no GPU on this machine: stated, not invented
     assert s.gpu_state == "no_gpu" and s.gpu_mem_peak_bytes is None
 
@@ -146,7 +153,10 @@ async def test_a_trial_measures_every_request_and_states_its_inputs(server, tmp_
     assert result.server["flush_cache"]["flushed"] is True
 
     # inputs travel with the result; the JSON round-trips
-    assert result.workload["fingerprint"] and result.workload["spec"]["input"] == {"kind": "fixed", "value": 32}
+    assert result.workload["fingerprint"] and result.workload["spec"]["input"] == {
+        "kind": "fixed",
+        "value": 32,
+    }
     assert result.load["concurrency"] == 3 and result.load["requests"] == 12
     assert result.server_config == {"chunked-prefill-size": 4096}
     assert result.target["url"] == srv.url and result.environment
@@ -214,7 +224,9 @@ async def test_a_target_that_dies_during_the_trial_fails_it(server):
         if done == total:  # the last response is in: take the server away before the post-load check
             asyncio.run_coroutine_threadsafe(srv.stop(), loop).result(timeout=10)
 
-    result = await asyncio.to_thread(lambda: run_trial(_request(srv.url, num_requests=6), progress=kill_when_done))
+    result = await asyncio.to_thread(
+        lambda: run_trial(_request(srv.url, num_requests=6), progress=kill_when_done)
+    )
     assert result.status == "failed"
     assert "stopped answering" in result.failure_reason
     assert result.summary.requests_ok == 6  # what was measured is kept

@@ -1,4 +1,4 @@
-"""``servetune bench``: one trial against a running endpoint, with a progress bar, a summary table and a JSON result.
+"""``servetune bench``: one trial against a running endpoint: progress bar, summary tables, JSON result.
 
 Everything is checked before the first request: a bad option, workload file or SLA, or an
 unreachable URL ends with one line naming the cause and exit code 2, and nothing is sent.
@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from servetune.loadgen import LoadConfig, Target, TargetUnreachable
+from servetune.loadgen import TargetUnreachable
 from servetune.result import Percentiles, TrialResult
 from servetune.sla import SLA
 from servetune.workload.spec import WorkloadSpec
@@ -110,7 +110,11 @@ def summary_tables(result: TrialResult) -> list[Table]:
     figs.add_column("figure")
     figs.add_column("value", justify="right")
     good = f" ({s.goodput_fraction:.1%} good)" if s.goodput_fraction is not None else ""
-    gpu = (f"{s.gpu_mem_peak_bytes / 2**30:.2f} GiB" if s.gpu_mem_peak_bytes is not None else f"- ({s.gpu_state})")
+    gpu = (
+        f"{s.gpu_mem_peak_bytes / 2**30:.2f} GiB"
+        if s.gpu_mem_peak_bytes is not None
+        else f"- ({s.gpu_state})"
+    )
     rows = [
         ("requests ok / measured", f"{s.requests_ok} / {s.requests_measured} (errors {s.error_rate:.1%})"),
         ("window", f"{_num(s.window_s, '{:.2f}')} s ({s.window_source or '-'})"),
@@ -141,10 +145,16 @@ def bench(
     burstiness: Annotated[float, typer.Option(help="gamma shape: <1 burstier, >1 smoother")] = 1.0,
     endpoint: Annotated[str, typer.Option(help="chat | completions | generate")] = "chat",
     model: Annotated[str | None, typer.Option(help="model name sent in the request body")] = None,
-    sla: Annotated[list[str] | None, typer.Option(help="per-request bound, e.g. ttft_ms=500 (repeat)")] = None,
+    sla: Annotated[
+        list[str] | None, typer.Option(help="per-request bound, e.g. ttft_ms=500 (repeat)")
+    ] = None,
     warmup: Annotated[int, typer.Option(help="warm-up requests before the measured ones")] = 1,
-    tokenizer: Annotated[str | None, typer.Option(help="tokenizer.json or model dir: exact prompt lengths")] = None,
-    api_key_env: Annotated[str, typer.Option(help="NAME of the env var holding the API key")] = "SERVETUNE_API_KEY",
+    tokenizer: Annotated[
+        str | None, typer.Option(help="tokenizer.json or model dir: exact prompt lengths")
+    ] = None,
+    api_key_env: Annotated[
+        str, typer.Option(help="NAME of the env var holding the API key")
+    ] = "SERVETUNE_API_KEY",
     gpu_interval_ms: Annotated[float, typer.Option(help="NVML sampling interval")] = 100.0,
     gpus: Annotated[str | None, typer.Option(help="GPU indices to sample, e.g. 0,1 (default: all)")] = None,
     flush_cache: Annotated[bool, typer.Option(help="POST /flush_cache before the warm-up")] = True,
@@ -167,8 +177,13 @@ def bench(
         try:
             req = TrialRequest.model_validate(
                 {
-                    "target": {"url": url, "endpoint": endpoint, "model": model, "api_key_env": api_key_env,
-                               "timeout_s": timeout_s},
+                    "target": {
+                        "url": url,
+                        "endpoint": endpoint,
+                        "model": model,
+                        "api_key_env": api_key_env,
+                        "timeout_s": timeout_s,
+                    },
                     "load": {
                         "mode": "rate" if rate is not None else "concurrency",
                         "concurrency": concurrency,
@@ -200,8 +215,9 @@ def bench(
         Console().print(table)
     console.print(f"result written to {path}")
     if result.status != "ok":
-        console.print("[red]trial failed:[/red]", escape(result.failure_reason or "?"), highlight=False,
-                      soft_wrap=True)
+        console.print(
+            "[red]trial failed:[/red]", escape(result.failure_reason or "?"), highlight=False, soft_wrap=True
+        )
         raise typer.Exit(1)
 
 
@@ -250,4 +266,3 @@ def _run_with_progress(run_trial, req) -> TrialResult:  # noqa: ANN001 - keeps t
 
 def register(app: typer.Typer) -> None:
     app.command("bench")(bench)
-
