@@ -19,6 +19,7 @@ import aiohttp
 from servetune.records import ErrorClass, RequestRecord
 from servetune.workload.request import WorkloadRequest
 
+from .capture import capture, release
 from .config import LoadConfig, Target
 from .endpoints import decode_stream, request_body, token_counter
 from .sse import split_events
@@ -103,7 +104,7 @@ async def run_load(
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Accept-Encoding": "identity"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    timeout = aiohttp.ClientTimeout(total=target.timeout_s)
+    timeout_s = target.timeout_s
     counters = [0, 0, 0]  # done, errors, output tokens
     clock = time.perf_counter_ns
 
@@ -115,15 +116,22 @@ async def run_load(
         t_send = clock()
         t_end = t_send
         try:
-            async with session.post(url, data=bodies[i], timeout=timeout) as resp:
+            async with asyncio.timeout(timeout_s), session.post(url, data=bodies[i]) as resp:
                 rec.http_status = resp.status
+                content = resp.content
                 if resp.status >= 400:
-                    body = await resp.content.read(ERROR_BODY_BYTES)
+                    body = await content.read(ERROR_BODY_BYTES)
                     t_end = clock()
                     rec.error_class = _classify_status(resp.status).value
                     rec.error_message = f"HTTP {resp.status}: {body.decode('utf-8', 'replace')[:300]}"
-                else:
-                    readany = resp.content.readany
+                elif capture(content, times, reads):
+                    try:
+                        await content.wait_eof()
+                    finally:
+                        release(content)
+                    t_end = clock()
+                else:  # an aiohttp we do not know: the public, slower path
+                    readany = content.readany
                     while data := await readany():
                         times.append(clock())
                         reads.append(data)
