@@ -47,6 +47,9 @@ class SimRequest:
     cached_tokens: int | None = None  # prefix hit at first admission
     admitted: bool = False
     retractions: int = 0
+    out_base: int = 0  # output_len when it joined the running batch
+    step_base: int = 0  # decode step counter when it joined
+    finish_step: int = -1  # decode step whose token completes it
     token_times: list[float] = field(default_factory=list)  # modelled time of each output token
     first_scheduled: float | None = None
     finished_at: float | None = None
@@ -109,7 +112,16 @@ class Scheduler:
         self.stats = Stats()
         self.clock_end = 0.0  # end of the last iteration
         self.last_decode_rate = 0.0  # tokens/s of the last decode step (gen_throughput)
-        self._own = 0  # sum of SimRequest.own over requests holding slots (kept incrementally)
+        self._own = 0  # slots held outside the tree by all requests (kept incrementally)
+        # decode bookkeeping is O(1) per step: a running request gets a token at every decode step,
+        # so its output count and token times follow from the step counter and ``decode_ends``
+        self.steps = 0
+        self.decode_ends: list[float] = []  # end time of decode step ``_ends_offset + i``
+        self._ends_offset = 0
+        self.sum_ctx = 0  # sum over running of prompt + output tokens
+        self.finish_at: dict[int, list[SimRequest]] = {}
+        self._rem_sum = 0  # sum over running of max_new - out_base + step_base
+        self._clipped = 0  # running requests whose remaining tokens exceed CLIP_MAX_NEW_TOKENS
 
     # --- accounting -----------------------------------------------------------------------
 
@@ -161,6 +173,21 @@ class Scheduler:
         req.fill = list(req.tokens)
         self.waiting.append(req)
 
+    def abort(self, r: SimRequest) -> None:
+        """A client went away: drop the request wherever it is (SGLang aborts it too)."""
+        if r.finished_at is not None:
+            return
+        if r in self.waiting:
+            self.waiting.remove(r)
+            return
+        if r.finish_step >= 0 and r in self.running:
+            self.running.remove(r)
+            self.finish_at[r.finish_step].remove(r)
+            self._leave(r)
+            self._finish(r, self.clock_end)
+            self.stats.requests_finished -= 1
+        # a request in the middle of a chunked prefill finishes that prefill first, then is dropped
+
     def flush_cache(self) -> bool:
         """``/flush_cache``: only when idle, as SGLang (it refuses while requests are in flight)."""
         if not self.idle:
@@ -174,6 +201,8 @@ class Scheduler:
         """Form, price and commit the next batch starting at ``now``; None when there is nothing to run."""
         if self.idle:
             self.new_token_ratio = self.args.init_new_token_ratio  # SGLang resets it when idle
+            self._ends_offset = self.steps  # no running request refers to older steps
+            self.decode_ends.clear()
             return None
         it = self._prefill(now)
         if it is None:
@@ -198,9 +227,7 @@ class Scheduler:
         a = self.args
         if self.chunked is None and (not self.waiting or len(self.running) >= a.max_running_requests):
             return None
-        reserved = self.new_token_ratio * sum(
-            min(r.max_new - r.output_len, CLIP_MAX_NEW_TOKENS) for r in self.running
-        )
+        reserved = self.new_token_ratio * self._remaining_new()
         rem_total = self.free + self.tree.evictable_size - reserved
         rem_input = a.max_prefill_tokens
         rem_chunk = a.chunked_prefill_size if a.chunking else None
@@ -311,8 +338,45 @@ class Scheduler:
                 self._finish(r, end)
                 finished.append(r)
             else:
-                self.running.append(r)
+                self._join(r)
         return Iteration(now, end, "prefill", emitted, finished, [], len(items), new_tokens, cached)
+
+    def output_len(self, r: SimRequest) -> int:
+        """Tokens generated so far (exact for running requests, whose count is implicit)."""
+        if r.finish_step >= 0:
+            return r.out_base + self.steps - r.step_base
+        return r.output_len
+
+    def _remaining_new(self) -> int:
+        """Sum over running of min(max_new - generated, 4096), kept in O(1) unless a request is clipped."""
+        steps = self.steps
+        if self._clipped:
+            return sum(
+                min(r.max_new - r.out_base - steps + r.step_base, CLIP_MAX_NEW_TOKENS) for r in self.running
+            )
+        return self._rem_sum - len(self.running) * steps
+
+    def _join(self, r: SimRequest) -> None:
+        self._rem_sum += r.max_new - r.output_len + self.steps
+        self._clipped += r.max_new - r.output_len > CLIP_MAX_NEW_TOKENS
+        r.out_base = r.output_len
+        r.step_base = self.steps
+        r.finish_step = self.steps + r.max_new - r.output_len - 1
+        self.finish_at.setdefault(r.finish_step, []).append(r)
+        self.sum_ctx += r.plen + r.output_len
+        self.running.append(r)
+
+    def _leave(self, r: SimRequest) -> None:
+        """Materialise what the step counter implied: output count, decode slots, token times."""
+        n = self.steps - r.step_base
+        self._rem_sum -= r.max_new - r.out_base + r.step_base
+        self._clipped -= r.max_new - r.out_base > CLIP_MAX_NEW_TOKENS
+        r.output_len = r.out_base + n
+        r.own += n  # its decode slots (already counted in _own step by step)
+        off = self._ends_offset
+        r.token_times.extend(self.decode_ends[r.step_base - off : self.steps - off])
+        self.sum_ctx -= r.plen + r.output_len
+        r.finish_step = -1
 
     def _cache_progress(self, r: SimRequest, upto: int) -> None:
         """SGLang's cache_unfinished_req: the computed tokens go into the tree; lock moves down."""
@@ -339,7 +403,7 @@ class Scheduler:
 
     def _retract(self, need: int) -> list[SimRequest]:
         """SGLang's retract_decode: free requests until the pool can run ~20 more decode steps."""
-        order = sorted(self.running, key=lambda r: (r.output_len, -r.prompt_len), reverse=True)
+        order = sorted(self.running, key=lambda r: (self.output_len(r), -r.plen), reverse=True)
         out: list[SimRequest] = []
         first = True
         while first or self.free < len(order) * RETRACT_DECODE_STEPS:
@@ -348,6 +412,8 @@ class Scheduler:
                 break
             r = order.pop()
             self.running.remove(r)
+            self.finish_at[r.finish_step].remove(r)
+            self._leave(r)
             self.stats.retracted_requests += 1
             self.stats.retracted_input_tokens += r.prompt_len
             self.stats.retracted_output_tokens += r.output_len
@@ -362,7 +428,7 @@ class Scheduler:
             out.append(r)
             self.stats.evicted_tokens += self.tree.evict(len(order) * RETRACT_DECODE_STEPS - self.free)
         self.waiting.extend(out)
-        decoded = sum(r.output_len for r in order)
+        decoded = sum(self.output_len(r) for r in order)
         max_new = sum(r.max_new for r in order)
         self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(order)) / (max_new + 1))
         self.stats.last_retracted = len(out)
@@ -380,27 +446,22 @@ class Scheduler:
                 self.new_token_ratio - self.args.new_token_ratio_decay, self.args.min_new_token_ratio
             )
         batch = self.running
-        sum_ctx = 0
-        for r in batch:
-            sum_ctx += r.plen + r.output_len
-        dur = self.cost.decode_s(len(batch), sum_ctx)
-        end = now + dur
-        finished: list[SimRequest] = []
-        emitted = list(batch)
-        self._own += len(batch)
-        for r in batch:
-            r.own += 1
-            n = r.output_len = r.output_len + 1
-            r.token_times.append(end)
-            if n >= r.max_new:
-                finished.append(r)
         n = len(batch)
+        dur = self.cost.decode_s(n, self.sum_ctx)
+        end = now + dur
+        k = self.steps
+        self.decode_ends.append(end)
+        self.steps = k + 1
+        self.sum_ctx += n
+        self._own += n
         self.stats.generation_tokens += n
         self.stats.decode_tokens += n
         self.last_decode_rate = n / dur
+        finished = self.finish_at.pop(k, [])
         if finished:
             done = set(map(id, finished))
             self.running = [r for r in batch if id(r) not in done]
             for r in finished:
+                self._leave(r)
                 self._finish(r, end)
-        return Iteration(now, end, "decode", emitted, finished, retracted, n, 0, 0)
+        return Iteration(now, end, "decode", batch, finished, retracted, n, 0, 0)

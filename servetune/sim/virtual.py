@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+
 from servetune.loadgen.config import LoadConfig
 from servetune.loadgen.strategies import arrival_offsets_s
 from servetune.records import ErrorClass, RequestRecord, TokenCountSource
@@ -232,7 +234,7 @@ class _Run:
         rec.http_status = 200
         rec.ttft_ms = (r.token_times[0] - t_send) * 1000.0
         rec.e2e_ms = (r.finished_at - t_send) * 1000.0  # type: ignore[operator]
-        rec.chunk_offsets_ms = [(x - t_send) * 1000.0 for x in r.token_times]
+        rec.chunk_offsets_ms = ((np.asarray(r.token_times) - t_send) * 1000.0).tolist()
         rec.chunk_tokens = [1] * len(r.token_times)
         rec.token_count_source = (
             TokenCountSource.META_INFO.value if self.endpoint == "generate" else TokenCountSource.APPORTIONED.value

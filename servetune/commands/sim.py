@@ -1,0 +1,72 @@
+"""``servetune sim``: the simulated SGLang server (a model of SGLang, never a measurement).
+
+``serve`` hands its raw argv to the SGLang-compatible argparse parser (servetune.sim.args), so
+flags, defaults and the rejection of unknown flags (exit code 2, "unrecognized arguments") are
+exactly SGLang's ``launch_server`` behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+sim_app = typer.Typer(
+    name="sim",
+    help="Simulated SGLang server: same flags, endpoints and /metrics, modelled timings (docs/sim.md).",
+    no_args_is_help=True,
+)
+console = Console(stderr=True)
+
+
+@sim_app.command(
+    "serve",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def serve(ctx: typer.Context) -> None:
+    """Start the simulated server: SGLang's flags plus --model-profile/--gpu-profile (try --help)."""
+    from servetune.sim.args import SimArgsError, parse_argv
+    from servetune.sim.profiles import ProfileError
+    from servetune.sim.server import run
+
+    try:
+        args = parse_argv(ctx.args)  # argparse: bad flags exit 2 like SGLang
+    except (SimArgsError, ProfileError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    level = getattr(logging, args.log_level.upper(), logging.INFO)
+    logging.basicConfig(level=level, format="[%(asctime)s] %(message)s", stream=sys.stderr, force=True)
+    run(args)
+
+
+@sim_app.command("profiles")
+def profiles() -> None:
+    """List the GPU and model profiles (built in, and from $SERVETUNE_SIM_PROFILES)."""
+    from servetune.sim.profiles import available, load_gpu_profile, load_model_profile
+
+    gt = Table(title="GPU profiles")
+    for col in ("name", "memory GiB", "bf16 TFLOP/s", "HBM GB/s", "efficiency (compute/memory)"):
+        gt.add_column(col)
+    for name in available("gpu"):
+        g = load_gpu_profile(name)
+        gt.add_row(name, f"{g.memory_mib / 1024:.1f}", f"{g.peak_bf16_tflops:g}", f"{g.hbm_bandwidth_gbps:g}",
+                   f"{g.compute_efficiency:g} / {g.memory_efficiency:g}")
+    mt = Table(title="Model profiles")
+    for col in ("name", "params (B)", "layers", "KV heads x dim", "context", "default TP", "vision"):
+        mt.add_column(col)
+    for name in available("model"):
+        m = load_model_profile(name)
+        vision = f"{m.vision.min_tokens}-{m.vision.max_tokens} tokens/image" if m.vision else "-"
+        mt.add_row(name, f"{m.params_billion:g}", str(m.num_layers), f"{m.num_kv_heads} x {m.head_dim}",
+                   str(m.context_length), str(m.tp_size), vision)
+    out = Console()
+    out.print(gt)
+    out.print(mt)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(sim_app, name="sim")
