@@ -39,6 +39,11 @@ def _register() -> None:
         "report",
         "history",
         "tune",
+        "db",
+        "load",
+        "validate",
+        "query",
+        "sim",
         # --- end command modules ---
     ):
         import_module(f"servetune.commands.{name}").register(app)
