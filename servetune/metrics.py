@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -24,9 +25,12 @@ log = logging.getLogger(__name__)
 PERCENTILE_METHOD = "linear"  # numpy's default: interpolate between the two nearest ranks
 
 
-def percentiles(values: Iterable[float]) -> Percentiles:
+def percentiles(values: Iterable[float] | np.ndarray) -> Percentiles:
     """p50/p90/p95/p99/max/mean/min with numpy's linear interpolation; empty -> count 0, all None."""
-    arr = np.fromiter((float(v) for v in values), dtype=np.float64)
+    if isinstance(values, np.ndarray):
+        arr = values.astype(np.float64, copy=False)
+    else:
+        arr = np.fromiter((float(v) for v in values), dtype=np.float64)
     if arr.size == 0:
         return Percentiles()
     p50, p90, p95, p99 = np.percentile(arr, [50, 90, 95, 99], method=PERCENTILE_METHOD)
@@ -70,7 +74,8 @@ def summarize(
 
     # latency distributions over successful measured requests
     s.ttft_ms = percentiles(r.ttft_ms for r in ok if r.ttft_ms is not None)
-    s.itl_ms = percentiles(g for r in ok for g in r.itl_gaps_ms())
+    chunks = Chunks.of(ok)
+    s.itl_ms = percentiles(chunks.itl_gaps_ms())
     s.tpot_ms = percentiles(t for r in ok if (t := r.tpot_ms()) is not None)
     s.e2e_ms = percentiles(r.e2e_ms for r in ok if r.e2e_ms is not None)
     s.queue_ms = percentiles(r.queue_ms for r in ok)
@@ -79,7 +84,7 @@ def summarize(
     s.output_len = percentiles(r.completion_tokens for r in ok if r.completion_tokens is not None)
     s.cached_len = percentiles(r.cached_tokens for r in ok if r.cached_tokens is not None)
 
-    _throughput(s, measured, ok, window)
+    _throughput(s, measured, ok, chunks, window)
     _goodput(s, measured, ok, sla)
     s.prefix_hit_rate = prefix_hit_rate(measured)
     _server_signals(s, server)
@@ -98,10 +103,53 @@ def _first_token_s(r: RequestRecord) -> float | None:
     return None if r.ttft_ms is None else r.t_send_s + r.ttft_ms / 1000.0
 
 
+class Chunks:
+    """Every content chunk of a set of records as flat arrays: one pass in Python, the rest numpy.
+
+    A trial can hold a million records of hundreds of chunks; per-chunk Python loops would make
+    the summary the slowest step of a trial.
+    """
+
+    def __init__(self, t_s: np.ndarray, offsets_ms: np.ndarray, tokens: np.ndarray, first: np.ndarray):
+        self.t_s = t_s  # arrival, seconds after t0
+        self.offsets_ms = offsets_ms  # arrival, ms after the request's own t_send
+        self.tokens = tokens  # tokens carried (a chunk without a count carries one)
+        self.first = first  # the request's first content chunk
+
+    @classmethod
+    def of(cls, records: Sequence[RequestRecord]) -> Chunks:
+        lens = np.fromiter((len(r.chunk_offsets_ms) for r in records), dtype=np.int64, count=len(records))
+        total = int(lens.sum())
+        offsets = np.fromiter(
+            chain.from_iterable(r.chunk_offsets_ms for r in records), dtype=np.float64, count=total
+        )
+        tokens = np.fromiter(chain.from_iterable(map(_chunk_tokens, records)), dtype=np.int64, count=total)
+        sends = np.fromiter((r.t_send_s for r in records), dtype=np.float64, count=len(records))
+        first = np.zeros(total, dtype=bool)
+        first[(np.cumsum(lens) - lens)[lens > 0]] = True
+        return cls(np.repeat(sends, lens) + offsets / 1000.0, offsets, tokens, first)
+
+    def itl_gaps_ms(self) -> np.ndarray:
+        """Per-token gaps, as ``RequestRecord.itl_gaps_ms`` pooled over the records."""
+        later = ~self.first[1:]  # a gap belongs to every chunk but a request's first
+        gaps = np.diff(self.offsets_ms)[later]
+        k = np.maximum(self.tokens[1:][later], 1)
+        return np.repeat(gaps / k, k)
+
+    def in_window(self, start: float, end: float) -> tuple[int, int]:
+        """(output tokens, decode tokens) of the chunks arriving in [start, end]."""
+        inside = (self.t_s >= start) & (self.t_s <= end)
+        tokens = np.maximum(self.tokens[inside], 0)
+        out = int(tokens.sum())
+        return out, max(out - int(self.first[inside].sum()), 0)
+
+
 def _chunk_tokens(r: RequestRecord) -> list[int]:
-    """Tokens per content chunk; a chunk without a count carries one (as in ``itl_gaps_ms``)."""
-    toks = r.chunk_tokens
-    return [max(toks[i], 0) if i < len(toks) else 1 for i in range(len(r.chunk_offsets_ms))]
+    """Tokens per content chunk, aligned with the offsets; a chunk without a count carries one."""
+    toks, n = r.chunk_tokens, len(r.chunk_offsets_ms)
+    if len(toks) == n:
+        return toks
+    return [toks[i] if i < len(toks) else 1 for i in range(n)]
 
 
 def resolve_window(
@@ -129,6 +177,7 @@ def _throughput(
     s: TrialSummary,
     measured: Sequence[RequestRecord],
     ok: Sequence[RequestRecord],
+    chunks: Chunks,
     window: tuple[float, float] | None,
 ) -> None:
     resolved = resolve_window(window, measured)
@@ -143,24 +192,13 @@ def _throughput(
         return t is not None and ws <= t <= we
 
     completed = sum(1 for r in ok if inside(_end_s(r)))
-    out_tokens = 0
-    decode_tokens = 0
-    in_tokens = 0
-    any_prompt = False
-    for r in ok:
-        for i, (off, k) in enumerate(zip(r.chunk_offsets_ms, _chunk_tokens(r), strict=True)):
-            if inside(r.t_send_s + off / 1000.0):
-                out_tokens += k
-                decode_tokens += k - 1 if i == 0 else k  # the first token belongs to prefill
-        if r.prompt_tokens is not None:
-            any_prompt = True
-            if inside(_first_token_s(r)):
-                in_tokens += r.prompt_tokens
-
+    out_tokens, decode_tokens = chunks.in_window(ws, we)
+    with_usage = [r for r in ok if r.prompt_tokens is not None]
     s.request_throughput = completed / span
     s.output_tokens_per_s = out_tokens / span
-    s.decode_tokens_per_s = max(decode_tokens, 0) / span
-    if any_prompt:
+    s.decode_tokens_per_s = decode_tokens / span  # the first token of each request belongs to prefill
+    if with_usage:
+        in_tokens = sum(r.prompt_tokens for r in with_usage if inside(_first_token_s(r)))
         s.input_tokens_per_s = in_tokens / span
         s.total_tokens_per_s = s.input_tokens_per_s + s.output_tokens_per_s
 

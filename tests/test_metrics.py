@@ -292,3 +292,30 @@ def test_window_in_which_nothing_ended_falls_back():
     s = summarize(recs, window=(1.0, 1.0001), sla=None, gpu=None, server=None, lengths_exact=False)
     assert (s.window_start_s, s.window_end_s, s.window_source) == (1.0, 1.5, "fallback")
     assert s.request_throughput == approx(8.0)
+
+
+def test_flat_chunk_arrays_agree_with_the_per_record_definition():
+    import random
+
+    from servetune.metrics import Chunks
+
+    rng = random.Random(5)
+    recs = []
+    for i in range(200):
+        n = rng.randint(0, 12)
+        offs = sorted(rng.uniform(1, 500) for _ in range(n))
+        toks = [rng.randint(0, 4) for _ in range(rng.choice([n, max(n - 2, 0)]))]  # zeros, missing counts
+        recs.append(
+            RequestRecord(request_id=i, t_send_s=rng.uniform(0, 5), chunk_offsets_ms=offs, chunk_tokens=toks)
+        )
+    pooled = [g for r in recs for g in r.itl_gaps_ms()]
+    assert Chunks.of(recs).itl_gaps_ms().tolist() == approx(pooled)
+
+    out = dec = 0
+    for r in recs:
+        for j, off in enumerate(r.chunk_offsets_ms):
+            if 1.0 <= r.t_send_s + off / 1000 <= 4.0:
+                k = max(r.chunk_tokens[j], 0) if j < len(r.chunk_tokens) else 1
+                out += k
+                dec += k - 1 if j == 0 else k
+    assert Chunks.of(recs).in_window(1.0, 4.0) == (out, max(dec, 0))
