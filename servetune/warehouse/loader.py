@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from psycopg.copy import QueuedLibpqWriter
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from sqlalchemy import Connection, Engine, delete, select, tuple_, update
@@ -134,16 +135,49 @@ def _iso(value: str | None) -> datetime | None:
 
 
 def request_rows(result: TrialResult) -> Iterator[tuple]:
-    """request_records rows in ``REQUEST_COLUMNS`` order (shared with bench/warehouse_load.py)."""
+    """request_records rows in ``REQUEST_COLUMNS`` order, arrays as lists (readable form)."""
+    for scalars, offsets, tokens in _request_parts(result):
+        yield (*scalars, offsets, tokens)
+
+
+def _request_parts(result: TrialResult) -> Iterator[tuple[tuple, list, list]]:
     tid = result.trial_id
     for r in result.records:
+        out = r.completion_tokens if r.completion_tokens is not None else (
+            sum(r.chunk_tokens) if r.chunk_tokens else None)
+        tpot = None  # RequestRecord.tpot_ms, inlined: this loop runs a million times
+        if r.ttft_ms is not None and r.e2e_ms is not None and out is not None and out >= 2:
+            tpot = (r.e2e_ms - r.ttft_ms) / (out - 1)
         yield (
-            tid, r.request_id, r.warmup, r.t_send_s, r.queue_ms, r.ttft_ms, r.e2e_ms, r.tpot_ms(),
-            r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.client_completion_tokens,
-            r.requested_input_tokens, r.requested_output_tokens, r.token_count_source, r.prefix_group,
-            r.n_images, r.turn, r.http_status, r.error_class, r.error_message,
+            (tid, r.request_id, r.warmup, r.t_send_s, r.queue_ms, r.ttft_ms, r.e2e_ms, tpot,
+             r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.client_completion_tokens,
+             r.requested_input_tokens, r.requested_output_tokens, r.token_count_source, r.prefix_group,
+             r.n_images, r.turn, r.http_status, r.error_class, r.error_message),
             r.chunk_offsets_ms, r.chunk_tokens,
         )
+
+
+def _encoded_batches(result: TrialResult) -> Iterator[tuple[list[tuple], bytes]]:
+    """Batches of wire-ready rows (arrays pre-encoded) and the bytes that stand for them in the hash."""
+    batch: list[tuple] = []
+    scalars_only: list[tuple] = []
+    blobs: list[bytes] = []
+    for scalars, offsets, tokens in _request_parts(result):
+        try:
+            enc_offsets = _binary_array(offsets, "d", 8, 701)
+            enc_tokens = _binary_array(tokens, "i", 4, 23)
+        except struct.error as e:
+            raise LoadError(f"trial {result.trial_id}: request {scalars[1]}: chunk arrays must hold "
+                            f"numbers only ({e})") from None
+        batch.append((*scalars, enc_offsets, enc_tokens))
+        scalars_only.append(scalars)
+        blobs.append(enc_offsets)
+        blobs.append(enc_tokens)
+        if len(batch) == _HASH_BATCH:
+            yield batch, orjson.dumps(scalars_only, option=orjson.OPT_SERIALIZE_NUMPY) + b"".join(blobs)
+            batch, scalars_only, blobs = [], [], []
+    if batch:
+        yield batch, orjson.dumps(scalars_only, option=orjson.OPT_SERIALIZE_NUMPY) + b"".join(blobs)
 
 
 @lru_cache(maxsize=4096)
@@ -166,34 +200,19 @@ def _binary_array(values: list, code: str, size: int, oid: int) -> bytes:
 
 
 def _copy_request_rows(conn: Connection, result: TrialResult, hasher: Any) -> int:
-    """COPY the records (binary), hashing the rows batch by batch as they go out."""
+    """COPY the records (binary), hashing them batch by batch as they go out."""
     cur = conn.connection.driver_connection.cursor()  # the psycopg connection of this transaction
     n = 0
-    with cur.copy(f"COPY request_records ({', '.join(REQUEST_COLUMNS)}) FROM STDIN (FORMAT BINARY)") as copy:
+    # a queued writer sends from a worker thread while this one formats the next rows
+    with cur.copy(f"COPY request_records ({', '.join(REQUEST_COLUMNS)}) FROM STDIN (FORMAT BINARY)",
+                  writer=QueuedLibpqWriter(cur)) as copy:
         copy.set_types(_REQUEST_WIRE_TYPES)
-        for batch in _batched(request_rows(result), _HASH_BATCH):
-            hasher.update(orjson.dumps(batch, option=orjson.OPT_SERIALIZE_NUMPY))
+        for batch, digest_bytes in _encoded_batches(result):
+            hasher.update(digest_bytes)
             for row in batch:
-                try:
-                    offsets = _binary_array(row[-2], "d", 8, 701)
-                    tokens = _binary_array(row[-1], "i", 4, 23)
-                except struct.error as e:
-                    raise LoadError(f"trial {result.trial_id}: request {row[1]}: chunk arrays must hold "
-                                    f"numbers only ({e})") from None
-                copy.write_row((*row[:-2], offsets, tokens))
+                copy.write_row(row)
             n += len(batch)
     return n
-
-
-def _batched(rows: Iterator[tuple], size: int) -> Iterator[list[tuple]]:
-    batch: list[tuple] = []
-    for row in rows:
-        batch.append(row)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 def _gpu_rows(result: TrialResult) -> list[tuple]:
@@ -235,8 +254,8 @@ def content_sha256(result: TrialResult) -> str:
     The loader computes the same digest while it COPYs, so a first load pays nothing extra.
     """
     h = _header_hasher(result)
-    for batch in _batched(request_rows(result), _HASH_BATCH):
-        h.update(orjson.dumps(batch, option=orjson.OPT_SERIALIZE_NUMPY))
+    for _batch, digest_bytes in _encoded_batches(result):
+        h.update(digest_bytes)
     return h.hexdigest()
 
 

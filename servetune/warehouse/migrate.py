@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from alembic import command
@@ -12,6 +13,7 @@ from alembic.script import ScriptDirectory
 from servetune.warehouse import db
 
 MIGRATIONS = Path(__file__).with_name("migrations")
+logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one INFO line per plugin: noise
 
 
 def alembic_config(url: str | None = None) -> Config:

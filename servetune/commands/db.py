@@ -1,0 +1,90 @@
+"""``servetune db upgrade|downgrade|current``: the warehouse schema, through the packaged Alembic migrations.
+
+Also the pieces the other warehouse commands share: the ``--database-url`` option and the way a
+configuration or connection error becomes a one-line message (never a password) and exit code 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+BAD_INPUT = 2
+
+DatabaseUrl = Annotated[str | None, typer.Option(
+    "--database-url",
+    help="warehouse URL (default: SERVETUNE_DATABASE_URL, else the Airflow connection "
+         "AIRFLOW_CONN_SERVETUNE_WAREHOUSE in URI or JSON form)")]
+
+
+@contextmanager
+def warehouse_errors(command: str) -> Iterator[None]:
+    """Known failures -> one red line on stderr and exit 2; the URL is shown redacted only."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    from servetune.warehouse.db import WarehouseConfigError
+    from servetune.warehouse.loader import LoadError
+    from servetune.warehouse.queries import QueryError
+
+    err = Console(stderr=True)
+    try:
+        yield
+    except (WarehouseConfigError, LoadError, QueryError) as exc:
+        err.print(f"[red]{command}:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(BAD_INPUT) from None
+    except (OperationalError, ProgrammingError) as exc:
+        first = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc).splitlines()[0]
+        err.print(f"[red]{command}:[/red] warehouse not reachable or not migrated "
+                  f"(run `servetune db upgrade`): {escape(first)}", soft_wrap=True)
+        raise typer.Exit(BAD_INPUT) from None
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="The warehouse schema (Alembic migrations shipped with servetune).",
+                        no_args_is_help=True)
+
+    @group.command("upgrade")
+    def upgrade(
+        revision: Annotated[str, typer.Argument(help="target revision")] = "head",
+        database_url: DatabaseUrl = None,
+    ) -> None:
+        """Create or migrate the warehouse tables and views up to REVISION."""
+        from servetune.warehouse import db, migrate
+
+        with warehouse_errors("db upgrade"):
+            migrate.upgrade(database_url, revision)
+            typer.echo(f"{db.redact(db.resolve_url(database_url))}: at revision {migrate.current(database_url)}")
+
+    @group.command("downgrade")
+    def downgrade(
+        revision: Annotated[str, typer.Argument(help="target revision: -1, a revision id, or base")] = "-1",
+        database_url: DatabaseUrl = None,
+        yes: Annotated[bool, typer.Option("--yes", help="confirm dropping tables (downgrade to base)")] = False,
+    ) -> None:
+        """Migrate the warehouse down to REVISION (``base`` drops everything and needs --yes)."""
+        from servetune.warehouse import db, migrate
+
+        if revision == "base" and not yes:
+            Console(stderr=True).print("[red]db downgrade:[/red] downgrading to base drops every table "
+                                       "and its data; add --yes to confirm")
+            raise typer.Exit(BAD_INPUT)
+        with warehouse_errors("db downgrade"):
+            migrate.downgrade(database_url, revision)
+            typer.echo(f"{db.redact(db.resolve_url(database_url))}: at revision "
+                       f"{migrate.current(database_url) or 'base'}")
+
+    @group.command("current")
+    def current(database_url: DatabaseUrl = None) -> None:
+        """Print the warehouse's revision and the newest one servetune ships."""
+        from servetune.warehouse import db, migrate
+
+        with warehouse_errors("db current"):
+            typer.echo(f"{db.redact(db.resolve_url(database_url))}: at {migrate.current(database_url) or 'base'}"
+                       f" (head {migrate.head()})")
+
+    app.add_typer(group, name="db")

@@ -1,0 +1,48 @@
+"""``servetune load RESULT``: a campaign directory or a trial JSON into the warehouse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from servetune.commands.db import DatabaseUrl, warehouse_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("load")
+    def load(
+        result: Annotated[Path, typer.Argument(help="a campaign directory (experiment.json + trials/) or "
+                                               "a trial JSON (e.g. from `servetune bench`)")],
+        database_url: DatabaseUrl = None,
+        validate: Annotated[bool, typer.Option("--validate/--no-validate",
+                                               help="run the report checklist before storing")] = True,
+        replace: Annotated[bool, typer.Option("--replace", help="swap a stored trial whose content differs")] = False,
+        min_measured: Annotated[int, typer.Option("--min-measured", min=1,
+                                                  help="fewest measured requests a trial needs")] = 200,
+        waive: Annotated[list[str] | None, typer.Option(
+            "--waive", help="checklist item to waive (gpu_memory_curve, clean_gpu), e.g. for a CPU engine")] = None,
+    ) -> None:
+        """Store every trial of RESULT: one transaction each; reloading the same trial changes nothing."""
+        from servetune.warehouse.loader import load_result
+
+        with warehouse_errors("load"):
+            report = load_result(database_url, result, validate=validate, replace=replace,
+                                 min_measured=min_measured, waive=tuple(waive or ()))
+        table = Table(title=f"experiment {report.experiment_id}")
+        for col in ("trial", "action", "status", "request rows", "reason"):
+            table.add_column(col)
+        for t in report.trials:
+            style = {"ok": "green", "rejected": "yellow", "failed": "red"}.get(t.status, "")
+            table.add_row(t.trial_id, t.action, f"[{style}]{t.status}[/{style}]" if style else t.status,
+                          str(t.rows.get("request_records", "-")), escape(t.failure_reason or ""))
+        Console().print(table)
+        err = Console(stderr=True)
+        for e in report.errors:
+            err.print(f"[red]load:[/red] {escape(e)}", soft_wrap=True)
+        if report.errors:
+            raise typer.Exit(1)

@@ -1,0 +1,57 @@
+"""``servetune validate RESULT``: the report checklist alone (exit 1 when the trial is rejected)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from servetune.commands.db import BAD_INPUT
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("validate")
+    def validate(
+        result: Annotated[Path, typer.Argument(help="a trial result JSON")],
+        min_measured: Annotated[int, typer.Option("--min-measured", min=1,
+                                                  help="fewest measured requests a trial needs")] = 200,
+        interval_ms: Annotated[float | None, typer.Option(
+            "--interval-ms", help="expected GPU sampling interval (default: the one the trial recorded)")] = None,
+        waive: Annotated[list[str] | None, typer.Option(
+            "--waive", help="checklist item to waive (gpu_memory_curve, clean_gpu)")] = None,
+        data_docs: Annotated[Path | None, typer.Option("--data-docs", help="build GX Data Docs into this folder")] = None,
+        report_json: Annotated[Path | None, typer.Option("--json", help="write the ValidationReport here")] = None,
+        show_all: Annotated[bool, typer.Option("--all", help="list passing expectations too")] = False,
+    ) -> None:
+        """Check RESULT against the report checklist (Great Expectations suites in expectations/)."""
+        from servetune.result import TrialResult
+        from servetune.validation import validate as run_checklist
+
+        err = Console(stderr=True)
+        try:
+            trial = TrialResult.load(result)
+            report = run_checklist(trial, min_measured=min_measured, expected_interval_ms=interval_ms,
+                                   waive=tuple(waive or ()), data_docs_dir=data_docs)
+        except (OSError, ValueError, KeyError) as exc:
+            err.print(f"[red]validate:[/red] {escape(f'{result}: {exc}')}", soft_wrap=True)
+            raise typer.Exit(BAD_INPUT) from None
+        table = Table(title=f"trial {trial.trial_id}: {'ACCEPTED' if report.success else 'REJECTED'} "
+                            f"(GX {report.gx_version})")
+        for col in ("", "checklist", "expectation", "column", "observed"):
+            table.add_column(col)
+        for o in report.results:
+            if o.success and not show_all:
+                continue
+            table.add_row("[green]ok[/green]" if o.success else "[red]FAIL[/red]", o.checklist or o.suite,
+                          o.expectation, o.column or "", escape(str(o.observed_value))[:80])
+        Console().print(table)
+        if report_json:
+            report_json.write_text(report.model_dump_json(indent=2))
+        if report.data_docs:
+            typer.echo(f"Data Docs: {report.data_docs}")
+        if not report.success:
+            raise typer.Exit(1)
