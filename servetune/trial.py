@@ -196,7 +196,9 @@ async def _flush_cache(target: Target) -> dict[str, Any]:
     try:
         async with (
             aiohttp.ClientSession() as session,
-            session.post(url, timeout=aiohttp.ClientTimeout(total=FLUSH_TIMEOUT_S)) as resp,
+            session.post(
+                url, headers=_auth(target), timeout=aiohttp.ClientTimeout(total=FLUSH_TIMEOUT_S)
+            ) as resp,
         ):
             text = (await resp.text())[:200]
             status = {"status": resp.status, "flushed": resp.status < 300, "body": text}
@@ -214,10 +216,13 @@ def _gpu_sampler(req: TrialRequest) -> GpuSampler:
     return GpuSampler(req.gpu_interval_ms / 1000.0, req.gpu_indices, own_pids=req.server_pids)
 
 
+def _auth(target: Target) -> dict[str, str]:
+    key = target.api_key()
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _scraper(req: TrialRequest) -> MetricsScraper:
-    key = req.target.api_key()
-    headers = {"Authorization": f"Bearer {key}"} if key else None
-    return MetricsScraper(req.target.url, interval_s=req.scrape_interval_s, headers=headers)
+    return MetricsScraper(req.target.url, interval_s=req.scrape_interval_s, headers=_auth(req.target))
 
 
 async def _stop_scraper(scraper: MetricsScraper) -> dict[str, Any]:

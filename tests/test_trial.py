@@ -29,16 +29,19 @@ GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/generate")
 
 @dataclass
 class Observed:
-    """Every HTTP request the server saw, in arrival order: (path, method, perf_counter_ns)."""
+    """Every HTTP request the server saw, in arrival order: (path, method, perf_counter_ns, Authorization)."""
 
-    calls: list[tuple[str, str, int]] = field(default_factory=list)
+    calls: list[tuple[str, str, int, str | None]] = field(default_factory=list)
 
     def times(self, path: str) -> list[int]:
-        return [t for p, _, t in self.calls if p == path]
+        return [t for p, _, t, _ in self.calls if p == path]
+
+    def auth(self, path: str) -> set[str | None]:
+        return {a for p, _, _, a in self.calls if p == path}
 
     @property
     def generations(self) -> list[int]:
-        return [t for p, _, t in self.calls if p in GENERATION_PATHS]
+        return [t for p, _, t, _ in self.calls if p in GENERATION_PATHS]
 
 
 def _metrics_text(srv: SseServer) -> str:
@@ -70,7 +73,9 @@ async def _serve(
 
     @web.middleware
     async def record(request: web.Request, handler):  # noqa: ANN001, ANN202
-        seen.calls.append((request.path, request.method, time.perf_counter_ns()))
+        seen.calls.append(
+            (request.path, request.method, time.perf_counter_ns(), request.headers.get("Authorization"))
+        )
         return await handler(request)
 
     srv.app.middlewares.append(record)
@@ -165,6 +170,7 @@ async def test_a_trial_measures_every_request_and_states_its_inputs(server, tmp_
     assert back.summary == result.summary and len(back.records) == 14
     # the API key was sent, and is nowhere in the result
     assert all(lg.authorization == f"Bearer {SECRET}" for lg in srv.log.values())
+    assert seen.auth("/flush_cache") == seen.auth("/metrics") == {f"Bearer {SECRET}"}
     assert SECRET.encode() not in path.read_bytes()
 
 
