@@ -371,3 +371,12 @@ def test_spec_tokenizer_field_is_used(tokenizer_path):  # noqa: F811
     spec = WorkloadSpec(input=Fixed(value=300), tokenizer=str(tokenizer_path.parent))
     batch = build_requests(spec, 3)
     assert batch.lengths_exact and batch.tokenizer_name == "stdlib-bpe"
+
+
+def test_batched_measurement_gives_the_same_requests_as_one_by_one(tok):
+    from servetune.workload.generator import _Generator
+
+    spec = get_preset("chat-default")
+    batched = build_requests(spec, 30, tok, start_index=7).requests
+    gen = _Generator(spec, tok)
+    assert batched == [gen.request(i) for i in range(7, 37)]

@@ -18,7 +18,7 @@ from servetune.workload.images import image_data_url
 from servetune.workload.lengths import LengthSampler
 from servetune.workload.request import WorkloadRequest
 from servetune.workload.spec import WorkloadSpec
-from servetune.workload.text import LengthMiss, TextBuilder
+from servetune.workload.text import Draft, LengthMiss, TextBuilder
 from servetune.workload.tokenizer import Tokenizer, load_tokenizer
 
 GENERATOR_VERSION = 1  # bump when the same spec would yield different text
@@ -27,6 +27,7 @@ LENGTH_TOLERANCE = 0.02  # with a tokenizer, prompts measure within 2% of the re
 # independent random streams, so adding a feature never shifts another feature's draws
 _S_REQUEST, _S_REQUEST_TEXT, _S_REQUEST_IMAGES, _S_CONV, _S_CONV_TEXT, _S_PREFIX, _S_IMAGE = range(7)
 _USER, _ASSISTANT = 0, 1
+_BATCH = 256  # single-turn prompts measured per encode_batch call
 
 
 @dataclass
@@ -78,7 +79,11 @@ def build_requests(
     if isinstance(tokenizer, str | Path):
         tokenizer = load_tokenizer(tokenizer)
     gen = _Generator(spec, tokenizer)
-    requests = [gen.request(i) for i in range(start_index, start_index + n)]
+    indices = range(start_index, start_index + n)
+    if spec.multi_turn is None and tokenizer is not None:
+        requests = [r for k in range(0, n, _BATCH) for r in gen.single_turn_batch(indices[k : k + _BATCH])]
+    else:
+        requests = [gen.request(i) for i in indices]
     return WorkloadBatch(
         spec=spec,
         requests=requests,
@@ -158,15 +163,19 @@ class _Generator:
         return urls
 
     def _user_piece(self, rng: np.random.Generator, target_total: int, context: str, index: int) -> tuple[str, int]:
-        """A user message starting with the nonce so ``context + message`` hits ``target_total``.
+        """A user message starting with the nonce so ``context + message`` hits ``target_total``."""
+        draft = self._user_draft(rng, target_total, context, index)
+        return self._checked(index, target_total, *self.text.finish(rng, draft))
 
-        Returns the text and the requested length (raised to the shortest possible prompt
-        when the target is shorter than the context plus the nonce and one word).
-        """
+    def _user_draft(self, rng: np.random.Generator, target_total: int, context: str, index: int) -> Draft:
         base = self.text.count_context(context) if context else 0
-        user, got = self.text.piece(rng, target_total - base, lead=self.nonce(index), context=context)
+        return self.text.draft(rng, target_total - base, lead=self.nonce(index), context=context)
+
+    def _checked(self, index: int, target_total: int, user: str, got: int) -> tuple[str, int]:
+        """(text, requested length): raised to the shortest possible prompt when the target is
+        shorter than the context plus the nonce and one word; a miss beyond 2% is an error."""
         if got > target_total and len(user.split()) <= 2:
-            return user, got  # clamped: the system prompt already fills the requested length
+            return user, got
         if abs(got - target_total) > LENGTH_TOLERANCE * target_total:
             raise LengthMiss(
                 f"request {index}: prompt measures {got} tokens, requested {target_total} "
@@ -175,16 +184,19 @@ class _Generator:
         return user, target_total
 
     # --- requests
-    def request(self, index: int) -> WorkloadRequest:
-        if self.spec.multi_turn is not None:
-            return self._turn_request(index)
+    def _single_turn_plan(self, index: int) -> tuple[int, str | None, int, int, np.random.Generator, Draft]:
         rng = _rng(self.seed, _S_REQUEST, index)
         group = self.pick_prefix(rng)
         target = self.inputs.sample(rng)
         output = self.outputs.sample(rng)
         system = self.system_prompt(group) if group >= 0 else None
         context = system + "\n" if system is not None else ""
-        user, input_tokens = self._user_piece(_rng(self.seed, _S_REQUEST_TEXT, index), target, context, index)
+        text_rng = _rng(self.seed, _S_REQUEST_TEXT, index)
+        return group, system, target, output, text_rng, self._user_draft(text_rng, target, context, index)
+
+    def _single_turn_request(self, index: int, measured: int | None = None, plan: tuple | None = None) -> WorkloadRequest:
+        group, system, target, output, text_rng, draft = plan or self._single_turn_plan(index)
+        user, input_tokens = self._checked(index, target, *self.text.finish(text_rng, draft, measured))
         return WorkloadRequest(
             index=index,
             system=system,
@@ -194,6 +206,19 @@ class _Generator:
             prefix_group=group,
             images=self.images(index),
         )
+
+    def single_turn_batch(self, indices: range) -> list[WorkloadRequest]:
+        """The same requests as ``request(i)`` each, with the first measurement of every prompt
+        done in one ``encode_batch`` (the tokenizer's threads use every core)."""
+        assert self.tok is not None
+        plans = [self._single_turn_plan(i) for i in indices]
+        counts = self.tok.count_batch([p[-1].full() for p in plans])
+        return [self._single_turn_request(i, c, p) for i, c, p in zip(indices, counts, plans, strict=True)]
+
+    def request(self, index: int) -> WorkloadRequest:
+        if self.spec.multi_turn is not None:
+            return self._turn_request(index)
+        return self._single_turn_request(index)
 
     def _position(self, index: int) -> tuple[int, int]:
         """(conversation, turn) of request ``index``: blocks of ``interleave`` conversations, turn-major."""

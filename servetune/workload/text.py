@@ -58,20 +58,21 @@ class TextBuilder:
         prompt text before this piece (separator included). A piece is never shorter than
         ``lead`` plus one word, so a too-small ``tokens`` yields a longer measured length.
         """
+        return self.finish(rng, self.draft(rng, tokens, lead=lead, context=context))
+
+    def draft(self, rng: np.random.Generator, tokens: int, *, lead: str = "", context: str = "") -> Draft:
+        """First guess from the per-word cost table; ``finish`` measures and corrects it.
+
+        Split in two so many drafts can be measured in one ``encode_batch`` (all cores).
+        """
         base = self.count_context(context) if context else 0
         if self.tokenizer is None:
-            lead_words = lead.split()
-            words = lead_words + self.words(rng, max(tokens - len(lead_words), 1))
-            return " ".join(words), base + len(words)
-        return self._fit(rng, context, lead, base, base + tokens)
-
-    def _fit(self, rng: np.random.Generator, context: str, lead: str, base: int, target: int) -> tuple[str, int]:
-        tok = self.tokenizer
-        assert tok is not None
-        need = target - base - (tok.count(lead) if lead else 0)
+            n = max(tokens - len(lead.split()), 1)
+            return Draft(context, lead, [int(i) for i in rng.integers(0, len(WORDS), size=n)], base + tokens, base)
+        need = tokens - (self.tokenizer.count(lead) if lead else 0)
         idx: list[int] = []
         acc = 0
-        # estimate from the cost table: draw words while they fit, finish with the cheapest ones
+        # draw words while they fit, then finish with the cheapest ones
         while True:
             batch = rng.integers(0, len(WORDS), size=max(need // 2, 8))
             stop = False
@@ -87,31 +88,51 @@ class TextBuilder:
         while acc < need or not idx:
             idx.append(int(self._cheapest[rng.integers(0, self._cheapest.size)]))
             acc += int(self._cost[idx[-1]])
+        return Draft(context, lead, idx, base + tokens, base)
 
-        def render(ix: list[int]) -> str:
-            body = " ".join(WORDS[i] for i in ix)
-            return f"{lead} {body}" if lead else body
-
-        # measure and correct: drop words while over, add cheapest words while under
+    def finish(self, rng: np.random.Generator, d: Draft, measured: int | None = None) -> tuple[str, int]:
+        """Measure ``d`` (or take ``measured``, the count of ``d.full()``) and correct it:
+        drop words while over, add cheapest words while under. Returns (text, measured length)."""
+        if self.tokenizer is None:
+            text = d.text()
+            return text, d.base + len(text.split())
+        tok = self.tokenizer
         best: tuple[str, int] | None = None
         for _ in range(_ADJUST_ROUNDS):
-            text = render(idx)
-            got = tok.count(context + text)
-            err = got - target
-            if best is None or abs(err) < abs(best[1] - target):
+            text = d.text()
+            got = measured if measured is not None else tok.count(d.context + text)
+            measured = None
+            err = got - d.target
+            if best is None or abs(err) < abs(best[1] - d.target):
                 best = (text, got)
             if err == 0:
                 break
-            if err > 0 and len(idx) > 1:
+            if err > 0 and len(d.idx) > 1:
                 # drop enough words to land at or under target, one word at least
                 drop, freed = 0, 0
-                while freed < err and drop < len(idx) - 1:
+                while freed < err and drop < len(d.idx) - 1:
                     drop += 1
-                    freed += int(self._cost[idx[-drop]])
-                del idx[len(idx) - drop :]
+                    freed += int(self._cost[d.idx[-drop]])
+                del d.idx[len(d.idx) - drop :]
             elif err < 0:
-                idx.extend(int(self._cheapest[j]) for j in rng.integers(0, self._cheapest.size, size=-err))
+                d.idx.extend(int(self._cheapest[j]) for j in rng.integers(0, self._cheapest.size, size=-err))
             else:
                 break
         assert best is not None
         return best
+
+
+class Draft:
+    """A piece of text being fitted: its context, lead, word indices and target length."""
+
+    __slots__ = ("base", "context", "idx", "lead", "target")
+
+    def __init__(self, context: str, lead: str, idx: list[int], target: int, base: int):
+        self.context, self.lead, self.idx, self.target, self.base = context, lead, idx, target, base
+
+    def text(self) -> str:
+        body = " ".join(WORDS[i] for i in self.idx)
+        return f"{self.lead} {body}" if self.lead else body
+
+    def full(self) -> str:
+        return self.context + self.text()
