@@ -195,3 +195,61 @@ async def test_bad_url_scheme(tmp_path):
         "--url", "ftp://x", "--concurrency", "2", "--requests", "2", "--out", str(tmp_path / "o.json")
     )
     assert r.exit_code == 2 and "--url" in r.output
+
+
+@pytest.fixture
+def sim_url():
+    """`servetune sim serve` in its own process: simulated SGLang (/server_info, /flush_cache, /metrics)."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    port = _closed_port()
+    argv = [sys.executable, "-m", "servetune", "sim", "serve", "--port", str(port), "--load-seconds", "0",
+            "--enable-metrics", "--enable-cache-report"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sim server did not start: {proc.stderr.read().decode()[-2000:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def test_bench_against_the_simulated_sglang_server(sim_url, tmp_path):
+    wl = tmp_path / "sp.yaml"
+    wl.write_text(
+        "name: sp\ninput: {kind: uniform, min: 300, max: 600}\noutput: {kind: fixed, value: 16}\n"
+        "shared_prefix: {tokens: 256}\n"
+    )
+    out = tmp_path / "sim.json"
+    r = await _bench(
+        "--url", sim_url, "--concurrency", "8", "--requests", "32", "--warmup", "4", "--out", str(out),
+        "--workload", str(wl), "--endpoint", "generate",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    d = orjson.loads(out.read_bytes())
+    s = d["summary"]
+    assert d["server"]["flush_cache"]["flushed"] is True
+    assert d["environment"]["engine"] == "sglang" and d["environment"]["server_args"]
+    assert s["token_count_sources"] == {"meta_info": 32}
+    assert s["output_len"]["min"] == s["output_len"]["max"] == 16
+    # client-side (usage) and server-side (counter deltas, warm-up included) hit rates agree
+    assert 0.2 < s["prefix_hit_rate"] < 1 and abs(s["prefix_hit_rate"] - s["prefix_hit_rate_server"]) < 0.1
+    assert s["server_samples"] >= 2 and s["server_running_reqs_mean"] is not None
