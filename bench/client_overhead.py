@@ -135,22 +135,22 @@ class Poller(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.proc, self.samples, self.stopped = url, psutil.Process(proc.pid), [], False
 
-    def cpu(self) -> float:
-        total = 0.0
+    def cpu(self) -> tuple[float, float]:
+        user = system = 0.0
         for p in [self.proc, *self.proc.children(recursive=True)]:
             try:
                 t = p.cpu_times()
-                total += t.user + t.system
+                user, system = user + t.user, system + t.system
             except psutil.Error:
                 pass
-        return total
+        return user + system, system
 
     def run(self) -> None:
         while not self.stopped:
             try:
                 with urllib.request.urlopen(self.url + "/stats", timeout=2) as r:
                     chunks = json.loads(r.read())["chunks"]
-                self.samples.append((time.perf_counter(), chunks, self.cpu()))
+                self.samples.append((time.perf_counter(), chunks, *self.cpu()))
             except (OSError, psutil.Error):
                 pass
             time.sleep(0.02)
@@ -187,6 +187,7 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
     lo, hi = np.searchsorted(s[:, 1], 0.1 * total), np.searchsorted(s[:, 1], 0.9 * total)
     cpu_per_1k = (s[hi, 2] - s[lo, 2]) / (s[hi, 1] - s[lo, 1]) * 1000
     chunk_rate = (s[hi, 1] - s[lo, 1]) / (s[hi, 0] - s[lo, 0])
+    sys_share = (s[hi, 3] - s[lo, 3]) / max(1e-9, s[hi, 2] - s[lo, 2])
 
     err, ttft_c, ttft_t, gap_c, gap_t = [], [], [], [], []
     for rid, (start, recv) in chunks.items():
@@ -206,6 +207,7 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
         "matched_requests": len(err),
         "chunks_per_s": chunk_rate,
         "cpu_s_per_1k_chunks": cpu_per_1k,
+        "cpu_sys_share": sys_share,
         "loop_lag_p99_ms": float(np.percentile(lag, 99)) if lag else None,
         "ts_err_p50_ms": float(np.percentile(e, 50)),
         "ts_err_p99_ms": float(np.percentile(e, 99)),
@@ -242,13 +244,13 @@ def main() -> None:
         f"\n# {datetime.date.today()} {platform.node()} {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f};"
         f" server TTFT {TTFT_MS} ms, gap {GAP_MS} ms, {TOKENS} tokens, client_rt={args.client_rt}"
     )
-    hdr = "| client | streams | chunks/s | CPU-s/1k chunks | loop lag p99 ms | ts err p50/p99 ms | TTFT p50 (true) ms | gap p50 (true) ms |"
+    hdr = "| client | streams | chunks/s | CPU-s/1k chunks (sys %) | loop lag p99 ms | ts err p50/p99 ms | TTFT p50 (true) ms | gap p50 (true) ms |"
     print(hdr)
     print("|---|---|---|---|---|---|---|---|")
     f = lambda v, d=3: "n/a" if v is None else f"{v:.{d}f}"  # noqa: E731
     for r in rows:
         print(
-            f"| {r['client']} | {r['streams']} | {r['chunks_per_s']:.0f} | {f(r['cpu_s_per_1k_chunks'])} |"
+            f"| {r['client']} | {r['streams']} | {r['chunks_per_s']:.0f} | {f(r['cpu_s_per_1k_chunks'])} ({100 * r['cpu_sys_share']:.0f}%) |"
             f" {f(r['loop_lag_p99_ms'], 2)} | {f(r['ts_err_p50_ms'], 2)} / {f(r['ts_err_p99_ms'], 2)} |"
             f" {f(r['ttft_p50_ms'], 2)} ({f(r['true_ttft_p50_ms'], 2)}) | {f(r['gap_p50_ms'], 2)} ({f(r['true_gap_p50_ms'], 2)}) |"
         )

@@ -124,3 +124,29 @@ def test_constant_poisson_gamma_schedules() -> None:
     assert 4000 / bursty[-1] == pytest.approx(50, rel=0.1)
     assert cv(a) == pytest.approx(1.0, abs=0.1) and cv(bursty) > 1.7  # gamma shape k: cv = 1/sqrt(k) = 2
     assert arrival_offsets_s(LoadConfig(concurrency=4), 3) == [0.0, 0.0, 0.0]
+
+
+def test_split_events_fast_path_stamps_the_completing_read() -> None:
+    reads = [b'data: {"a":', b" 1}\n\ndata: x\n", b"\n: keep-alive\n\nevent: error\ndata: {}\n\nda", b"ta: y\n\n"]
+    events, tail = split_events(reads, [10, 20, 30, 40])
+    assert [(e.t_ns, e.event, e.data) for e in events] == [
+        (20, None, b'{"a": 1}'),
+        (30, None, b"x"),  # its blank line arrived in the third read
+        (30, b"error", b"{}"),
+        (40, None, b"y"),
+    ]
+    assert tail == b""
+
+
+def test_bad_json_keeps_the_chunks_before_it() -> None:
+    from servetune.loadgen.sse import SseEvent
+
+    ev = [
+        SseEvent(1_000_000, None, b'{"choices": [{"text": "a"}]}'),
+        SseEvent(2_000_000, None, b'{"choices": [{"text": "b"}]}'),
+        SseEvent(3_000_000, None, b'{"choices": [{"te'),
+    ]
+    rec = RequestRecord(request_id=0)
+    decode_stream("completions", ev, rec, 0)
+    assert rec.chunk_offsets_ms == [1.0, 2.0] and rec.error_class == "malformed_sse"
+    assert "event 2: not JSON" in rec.error_message

@@ -105,33 +105,55 @@ def _error_text(obj: Any) -> str:
     return str(err)[:300]
 
 
+def _parse_all(events: list[SseEvent], s: _Stream) -> list[Any]:
+    """JSON of every event up to ``[DONE]`` in one orjson call; on bad JSON, the good prefix + the error."""
+    datas = [ev.data for ev in events]
+    try:
+        datas = datas[: datas.index(b"[DONE]")]
+    except ValueError:
+        pass
+    try:
+        return orjson.loads(b"[" + b",".join(datas) + b"]") if datas else []
+    except orjson.JSONDecodeError:
+        objs = []
+        for i, data in enumerate(datas):  # find the first bad one
+            try:
+                objs.append(orjson.loads(data))
+            except orjson.JSONDecodeError:
+                s.error = (ErrorClass.MALFORMED, f"event {i}: not JSON: {data[:120]!r}")
+                break
+        return objs
+
+
+def _bad_event(i: int, ev: SseEvent, obj: Any) -> tuple[ErrorClass, str] | None:
+    if type(obj) is not dict:
+        return ErrorClass.MALFORMED, f"event {i}: not a JSON object: {ev.data[:120]!r}"
+    if ev.event == b"error" or obj.get("error") is not None:
+        return ErrorClass.MALFORMED, f"error event {i}: {_error_text(obj)}"
+    return None
+
+
 def _read_openai(events: list[SseEvent], chat: bool) -> _Stream:
     s = _Stream()
-    for i, ev in enumerate(events):
-        data = ev.data
-        if data == b"[DONE]":
-            break
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            s.error = (ErrorClass.MALFORMED, f"event {i}: not JSON: {data[:120]!r}")
-            break
-        if not isinstance(obj, dict):
-            s.error = (ErrorClass.MALFORMED, f"event {i}: not a JSON object: {data[:120]!r}")
-            break
-        if ev.event == b"error" or obj.get("error") is not None:
-            s.error = (ErrorClass.MALFORMED, f"error event {i}: {_error_text(obj)}")
-            break
+    objs = _parse_all(events, s)
+    times, texts, usage_tokens = s.times, s.texts, s.usage_tokens
+    for i, obj in enumerate(objs):
+        ev = events[i]
+        if type(obj) is not dict or ev.event is not None or "error" in obj:
+            bad = _bad_event(i, ev, obj)
+            if bad is not None:
+                s.error = bad
+                break
         usage = obj.get("usage")
         if usage:
             s.usage = usage
-        for choice in obj.get("choices") or ():
-            text = _chunk_text(choice, chat)
+        choices = obj.get("choices")
+        if choices:
+            text = _chunk_text(choices[0], chat)
             if text:
-                s.times.append(ev.t_ns)
-                s.texts.append(text)
-                s.usage_tokens.append(usage.get("completion_tokens") if usage else None)
-                break
+                times.append(ev.t_ns)
+                texts.append(text)
+                usage_tokens.append(usage.get("completion_tokens") if usage else None)
     return s
 
 
@@ -140,28 +162,23 @@ def _read_generate(events: list[SseEvent]) -> _Stream:
     s = _Stream()
     s.meta = True
     prev = ""
-    for i, ev in enumerate(events):
-        data = ev.data
-        if data == b"[DONE]":
-            break
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            s.error = (ErrorClass.MALFORMED, f"event {i}: not JSON: {data[:120]!r}")
-            break
-        if not isinstance(obj, dict):
-            s.error = (ErrorClass.MALFORMED, f"event {i}: not a JSON object: {data[:120]!r}")
-            break
-        if ev.event == b"error" or obj.get("error") is not None:
-            s.error = (ErrorClass.MALFORMED, f"error event {i}: {_error_text(obj)}")
-            break
+    objs = _parse_all(events, s)
+    for i, obj in enumerate(objs):
+        ev = events[i]
+        if type(obj) is not dict or ev.event is not None or "error" in obj:
+            bad = _bad_event(i, ev, obj)
+            if bad is not None:
+                s.error = bad
+                break
         meta = obj.get("meta_info") or {}
         if meta:
             s.usage = meta
         text = obj.get("text") or ""
         # cumulative by default; --incremental-streaming-output servers send deltas instead
-        delta = text[len(prev) :] if text.startswith(prev) else text
-        prev = text if text.startswith(prev) else prev + text
+        if text.startswith(prev):
+            delta, prev = text[len(prev) :], text
+        else:
+            delta, prev = text, prev + text
         if delta:
             s.times.append(ev.t_ns)
             s.texts.append(delta)

@@ -7,6 +7,7 @@ of the read that *completed* it: that is when the client could first have seen i
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import NamedTuple
 
 
@@ -18,6 +19,38 @@ class SseEvent(NamedTuple):
 
 def split_events(reads: list[bytes], times: list[int]) -> tuple[list[SseEvent], bytes]:
     """Split reads into events; returns the events and any trailing bytes that never formed one."""
+    if not reads:
+        return [], b""
+    blob = b"".join(reads) if len(reads) > 1 else reads[0]
+    if b"\r" in blob:  # CRLF framing (e.g. sse-starlette): rare, take the careful path
+        return _split_incremental(reads, times)
+    blocks = blob.split(b"\n\n")
+    tail = blocks.pop().strip()
+    read_ends = list(accumulate(map(len, reads)))
+    events: list[SseEvent] = []
+    append = events.append
+    end = 0
+    r = 0
+    last = len(read_ends) - 1
+    for block in blocks:
+        end += len(block) + 2
+        while r < last and read_ends[r] < end:  # the read that delivered this event's last byte
+            r += 1
+        if block.startswith(b"data: ") and b"\n" not in block:
+            append(SseEvent(times[r], None, block[6:]))
+        else:
+            ev = _parse_block(block, 0, len(block), times[r])
+            if ev is not None:
+                append(ev)
+    if tail:  # a last event the server did not terminate with a blank line
+        ev = _parse_block(tail, 0, len(tail), times[-1])
+        if ev is not None:
+            events.append(ev)
+            tail = b""
+    return events, tail
+
+
+def _split_incremental(reads: list[bytes], times: list[int]) -> tuple[list[SseEvent], bytes]:
     events: list[SseEvent] = []
     carry = b""
     for data, t in zip(reads, times, strict=True):
@@ -35,7 +68,7 @@ def split_events(reads: list[bytes], times: list[int]) -> tuple[list[SseEvent], 
             start = end + 2
         carry = buf[start:] + held if held else buf[start:]
     tail = carry.strip()
-    if tail and times:  # a last event the server did not terminate with a blank line
+    if tail and times:
         ev = _parse_block(tail, 0, len(tail), times[-1])
         if ev is not None:
             events.append(ev)
