@@ -191,9 +191,13 @@ def test_servetune_entry_point_and_commands_exist() -> None:
     from servetune.cli import app
 
     assert CliRunner().invoke(app, ["version"]).exit_code == 0
-    from servetune.warehouse import migrate  # airflow-init runs migrate.upgrade() and migrate.current()
-
-    assert callable(migrate.upgrade) and callable(migrate.current)
+    commands = re.findall(r"&&\s+(servetune(?: [a-z][\w-]*)+)", COMPOSE.read_text()
+                          + (DOCKER / "Dockerfile.airflow").read_text() + (DOCKER / "Dockerfile.runner").read_text())
+    assert {"servetune db upgrade", "servetune version"} <= set(commands)
+    for line in commands:
+        args = line.split()[1:]
+        result = CliRunner().invoke(app, [*args, "--help"])
+        assert result.exit_code == 0, f"`{line}` is not a servetune command: {result.output}"
 
 
 # --- Airflow: commands, config keys, connection, DAGs, queues -------------------------------------
@@ -217,7 +221,7 @@ def test_airflow_commands_parse_with_the_real_cli(resolved: dict) -> None:
         assert args.concurrency >= 1
     init = " ".join(_command(services["airflow-init"]))
     parser.parse_args(["db", "migrate"])
-    assert "airflow db migrate" in init and "migrate.upgrade()" in init
+    assert "airflow db migrate" in init and "servetune db upgrade" in init
     for svc in services.values():  # healthchecks that call the airflow CLI
         test = " ".join((svc.get("healthcheck") or {}).get("test") or [])
         for m in re.finditer(r"airflow (jobs check --job-type \w+)", test):

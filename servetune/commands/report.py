@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from servetune.commands.db import DatabaseUrl, warehouse_errors
+
 BAD_INPUT = 2
 
 console = Console(stderr=True)
@@ -23,19 +25,17 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path | None, typer.Option(
             "--out", help="folder for report.html and the PNGs (default: DIR/report, FILE-report/, ./report-ID)")]
         = None,
-        database_url: Annotated[str | None, typer.Option(
-            "--database-url", help="warehouse URL for an experiment id (default: SERVETUNE_DATABASE_URL, "
-            "else the Airflow connection AIRFLOW_CONN_SERVETUNE_WAREHOUSE)")] = None,
+        database_url: DatabaseUrl = None,
     ) -> None:
         """Write a self-contained HTML report: curves vs concurrency, GPU memory, hit rate, refinement heatmap,
         the recommendation and its difference from the last one, and every trial's checklist status."""
         from servetune.report.campaign import ReportInputError, load_campaign
         from servetune.report.html import default_out_dir, write_report
-        from servetune.warehouse.db import WarehouseConfigError
 
         try:
-            campaign = load_campaign(source, database_url=database_url)
-        except (ReportInputError, WarehouseConfigError) as exc:
+            with warehouse_errors("report"):  # an experiment id is read from the warehouse
+                campaign = load_campaign(source, database_url=database_url)
+        except ReportInputError as exc:
             console.print(f"[red]report:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(BAD_INPUT) from None
         if not campaign.trials:
