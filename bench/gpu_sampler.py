@@ -8,6 +8,7 @@ Imports only servetune.telemetry.nvml (runs under a bare GPU image's python3).
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from servetune.telemetry.nvml import GpuSampler  # noqa: E402
+from servetune.telemetry.nvml import GpuSampler
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -47,7 +48,7 @@ def main() -> None:
         gpus = [d["index"] for d in out["devices"]]
         first = [s["t_s"] for s in out["samples"] if s["gpu"] == gpus[0]][:-1]  # final reading is off-grid
         grid_err_ms = [abs(t - first[0] - k * interval) * 1000 for k, t in enumerate(first)]
-        gaps_ms = [(b - a_) * 1000 for a_, b in zip(first, first[1:], strict=False)]
+        gaps_ms = [(b - a_) * 1000 for a_, b in itertools.pairwise(first)]
         print(
             f"interval {interval * 1000:.0f} ms, {len(gpus)} GPU ({out['devices'][0]['name']}): "
             f"{len(first)} ticks, missed {out['missed_ticks']}, gap mean {statistics.mean(gaps_ms):.3f} ms "

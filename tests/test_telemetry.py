@@ -23,8 +23,12 @@ SAMPLE = (Path(__file__).parent / "data" / "sglang-metrics-sample-0.5.23.txt").r
 
 
 RANKS = 'engine_type="unified",model_name="Qwen/Qwen3-8B",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
-PROMPT_LINE = 'sglang:prompt_tokens_total{engine_type="unified",is_streaming="true",model_name="Qwen/Qwen3-8B"} '
-CACHED_LINE = 'sglang:cached_tokens_total{cache_source="device",engine_type="unified",model_name="Qwen/Qwen3-8B"} '
+PROMPT_LINE = (
+    'sglang:prompt_tokens_total{engine_type="unified",is_streaming="true",model_name="Qwen/Qwen3-8B"} '
+)
+CACHED_LINE = (
+    'sglang:cached_tokens_total{cache_source="device",engine_type="unified",model_name="Qwen/Qwen3-8B"} '
+)
 QUEUE_LINE = "sglang:num_queue_reqs{" + RANKS + "} "
 RETRACTED_LINE = "sglang:num_retracted_requests_total{" + RANKS + "} "
 
@@ -66,7 +70,10 @@ def test_parse_keeps_engine_families_with_colon_names():
         "value": 1000.0,
     }
     assert snap["sglang:cached_tokens_total"][0]["labels"]["cache_source"] == "device"
-    assert "sglang:time_to_first_token_seconds_sum" in snap and "sglang:time_to_first_token_seconds_count" in snap
+    assert (
+        "sglang:time_to_first_token_seconds_sum" in snap
+        and "sglang:time_to_first_token_seconds_count" in snap
+    )
     assert not any(name.endswith(("_bucket", "_created")) for name in snap)
     assert "sglang:spec_accept_rate" not in snap  # not a family we keep
 
@@ -191,7 +198,9 @@ def _vllm_exposition(hits: float, queries: float, preempt: float, waiting: float
     Counter("vllm:prefix_cache_queries", "queries", ["model_name"], registry=reg).labels("m").inc(queries)
     Counter("vllm:num_preemptions", "preemptions", ["model_name"], registry=reg).labels("m").inc(preempt)
     Gauge("vllm:num_requests_waiting", "waiting", ["model_name"], registry=reg).labels("m").set(waiting)
-    Gauge("vllm:kv_cache_usage_perc", "usage", ["model_name"], registry=reg).labels("m").set(0.5 + waiting / 100)
+    Gauge("vllm:kv_cache_usage_perc", "usage", ["model_name"], registry=reg).labels("m").set(
+        0.5 + waiting / 100
+    )
     Histogram("vllm:time_to_first_token_seconds", "ttft", ["model_name"], registry=reg).labels("m").observe(
         0.25 * (queries > 0)
     )
@@ -226,23 +235,35 @@ def test_total_cache_source_wins_and_ranks_collapse():
         }
 
     def gauge(t: float, dp: str, tp: str, v: float) -> dict:
-        return {"t_s": t, "name": "sglang:num_running_reqs", "labels": {"dp_rank": dp, "tp_rank": tp}, "value": v}
+        return {
+            "t_s": t,
+            "name": "sglang:num_running_reqs",
+            "labels": {"dp_rank": dp, "tp_rank": tp},
+            "value": v,
+        }
 
     # two dp replicas, each with two tp ranks reporting the same scheduler value
     samples = [gauge(0.0, d, t, v) for d, v in (("0", 4.0), ("1", 6.0)) for t in ("0", "1")]
     samples += [gauge(1.0, d, t, v) for d, v in (("0", 8.0), ("1", 2.0)) for t in ("0", "1")]
-    sig = derive_signals({"metrics_before": snap(100, 80, 1000), "metrics_after": snap(400, 300, 2000),
-                          "samples": samples})  # fmt: skip
+    sig = derive_signals(
+        {"metrics_before": snap(100, 80, 1000), "metrics_after": snap(400, 300, 2000), "samples": samples}
+    )
     assert sig["prefix_hit_rate_server"] == pytest.approx(300 / 1000)
     assert sig["running_reqs_mean"] == pytest.approx(10.0)  # (4+6 + 8+2)/2, tp ranks not double counted
 
 
 def test_counter_reset_gives_no_rate():
-    before = {"sglang:prompt_tokens_total": [{"labels": {}, "value": 5000.0}],
-              "sglang:cached_tokens_total": [{"labels": {"cache_source": "device"}, "value": 100.0}]}  # fmt: skip
-    after = {"sglang:prompt_tokens_total": [{"labels": {}, "value": 10.0}],
-             "sglang:cached_tokens_total": [{"labels": {"cache_source": "device"}, "value": 5.0}]}  # fmt: skip
-    assert derive_signals({"metrics_before": before, "metrics_after": after})["prefix_hit_rate_server"] is None
+    before = {
+        "sglang:prompt_tokens_total": [{"labels": {}, "value": 5000.0}],
+        "sglang:cached_tokens_total": [{"labels": {"cache_source": "device"}, "value": 100.0}],
+    }
+    after = {
+        "sglang:prompt_tokens_total": [{"labels": {}, "value": 10.0}],
+        "sglang:cached_tokens_total": [{"labels": {"cache_source": "device"}, "value": 5.0}],
+    }
+    assert (
+        derive_signals({"metrics_before": before, "metrics_after": after})["prefix_hit_rate_server"] is None
+    )
 
 
 # --- server info -------------------------------------------------------------------------------
@@ -250,9 +271,16 @@ async def test_server_info_from_sglang_drops_secrets_and_needs_the_key():
     async def info(request: web.Request) -> web.Response:
         if request.headers.get("Authorization") != "Bearer s3cret":
             return web.json_response({"error": "unauthorized"}, status=401)
-        return web.json_response({"version": "0.5.23", "api_key": "s3cret", "admin_api_key": "x",
-                                  "chunked_prefill_size": 8192, "max_total_tokens": None,
-                                  "internal_states": [{"last_gen_throughput": 10.0}]})  # fmt: skip
+        return web.json_response(
+            {
+                "version": "0.5.23",
+                "api_key": "s3cret",
+                "admin_api_key": "x",
+                "chunked_prefill_size": 8192,
+                "max_total_tokens": None,
+                "internal_states": [{"last_gen_throughput": 10.0}],
+            }
+        )
 
     server = await _serve({"/server_info": info})
     try:
@@ -296,10 +324,15 @@ def test_environment_fingerprint(tmp_path):
     model.mkdir()
     (model / "config.json").write_bytes(b'{"hidden_size": 128}')
     (model / "tokenizer_config.json").write_text(orjson.dumps({"chat_template": "{{ messages }}"}).decode())
-    info = {"engine": "sglang", "version": "0.5.23", "api_key": "k", "chunked_prefill_size": 8192,
-            "internal_states": [{"last_gen_throughput": 1.0}]}  # fmt: skip
-    gpu = {"state": "ok", "devices": [{"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1", "mem_total": 1 << 37,
-                                       "driver": "580.159.03", "cuda": "13.0"}]}  # fmt: skip
+    info = {
+        "engine": "sglang",
+        "version": "0.5.23",
+        "api_key": "k",
+        "chunked_prefill_size": 8192,
+        "internal_states": [{"last_gen_throughput": 1.0}],
+    }
+    device = {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1", "mem_total": 1 << 37}
+    gpu = {"state": "ok", "devices": [device | {"driver": "580.159.03", "cuda": "13.0"}]}
     env = fingerprint(gpu=gpu, server_info=info, model_path=str(model), prompt_template=None)
     assert env["gpu_model"] == "NVIDIA H200" and env["gpu_uuids"] == ["GPU-1"] and env["cuda"] == "13.0"
     assert env["engine"] == "sglang" and env["engine_version"] == "0.5.23"
@@ -307,8 +340,9 @@ def test_environment_fingerprint(tmp_path):
     assert env["model_config_hash"] == hashlib.sha256(b'{"hidden_size": 128}').hexdigest()
     assert env["prompt_template_hash"] == hashlib.sha256(b"{{ messages }}").hexdigest()
     assert env["prompt_template_source"] == "model"
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          cwd=Path(__file__).parent, check=True).stdout.strip()  # fmt: skip
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent, check=True
+    ).stdout.strip()
     assert env["git_sha"] == head and env["python"] and env["host"]
     # what must match for comparison changes when a server argument does
     other = fingerprint(gpu=gpu, server_info=info | {"chunked_prefill_size": 4096}, model_path=str(model))
@@ -316,11 +350,18 @@ def test_environment_fingerprint(tmp_path):
     inline = fingerprint(prompt_template="{% for m in messages %}{{ m }}{% endfor %}")
     assert inline["prompt_template_source"] == "inline" and inline["gpu_model"] is None
     no_gpu = fingerprint(gpu=GpuSampler().start().stop(), engine="sim")
-    assert no_gpu["gpu_state"] == "no_gpu" and no_gpu["engine"] == "sim" and no_gpu["model_config_hash"] is None
+    assert (
+        no_gpu["gpu_state"] == "no_gpu" and no_gpu["engine"] == "sim" and no_gpu["model_config_hash"] is None
+    )
 
 
 def test_redact_is_recursive_and_keeps_token_counts():
-    data = {"api_key": "a", "nested": [{"hf_token": "b", "max_tokens": 5}], "tokenizer_path": "/m", "Password": "c"}
+    data = {
+        "api_key": "a",
+        "nested": [{"hf_token": "b", "max_tokens": 5}],
+        "tokenizer_path": "/m",
+        "Password": "c",
+    }
     assert redact(data) == {"nested": [{"max_tokens": 5}], "tokenizer_path": "/m"}
 
 

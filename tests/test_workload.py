@@ -10,12 +10,21 @@ import numpy as np
 import orjson
 import pytest
 from pydantic import ValidationError
+from tokenizer_fixtures import tokenizer_path  # noqa: F401  (session fixture)
 
 from servetune.workload import PRESETS, WorkloadSpec, build_requests, get_preset, load_tokenizer
 from servetune.workload.images import decode_data_url
 from servetune.workload.lengths import LengthSampler, TraceError
-from servetune.workload.spec import Empirical, Fixed, Images, LogNormal, MultiTurn, Normal, SharedPrefix, Uniform
-from tokenizer_fixtures import tokenizer_path  # noqa: F401  (session fixture)
+from servetune.workload.spec import (
+    Empirical,
+    Fixed,
+    Images,
+    LogNormal,
+    MultiTurn,
+    Normal,
+    SharedPrefix,
+    Uniform,
+)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +88,9 @@ def test_lognormal_median_sigma_and_bounds():
 
 def test_bounds_out_of_order_rejected():
     with pytest.raises(ValidationError, match=r"min \(10\) > max \(3\)"):
-        WorkloadSpec.model_validate({"input": {"kind": "lognormal", "median": 5, "sigma": 1, "min": 10, "max": 3}})
+        WorkloadSpec.model_validate(
+            {"input": {"kind": "lognormal", "median": 5, "sigma": 1, "min": 10, "max": 3}}
+        )
 
 
 def test_unknown_distribution_kind_is_rejected_naming_the_field():
@@ -96,7 +107,9 @@ def _write_trace(path: Path, rows: list) -> Path:
 
 
 def test_empirical_trace_samples_scaled_values_within_bounds(tmp_path):
-    trace = _write_trace(tmp_path / "t.jsonl", [{"input_tokens": v, "other": 1} for v in (10, 20, 30, 400, 5000)])
+    trace = _write_trace(
+        tmp_path / "t.jsonl", [{"input_tokens": v, "other": 1} for v in (10, 20, 30, 400, 5000)]
+    )
     x = _sample(Empirical(path=str(trace), field="input_tokens", scale=2.0, min=30, max=1000), n=600)
     assert set(x) == {40, 60, 800}
     assert all(abs(np.mean(x == v) - 1 / 3) < 0.07 for v in (40, 60, 800))
@@ -132,8 +145,12 @@ def test_missing_or_empty_trace(tmp_path):
 
 def test_shipped_trace_sample_loads():
     spec = WorkloadSpec(
-        input=Empirical(path=str(Path(__file__).parent / "data" / "trace_sample.jsonl"), field="input_tokens"),
-        output=Empirical(path=str(Path(__file__).parent / "data" / "trace_sample.jsonl"), field="output_tokens"),
+        input=Empirical(
+            path=str(Path(__file__).parent / "data" / "trace_sample.jsonl"), field="input_tokens"
+        ),
+        output=Empirical(
+            path=str(Path(__file__).parent / "data" / "trace_sample.jsonl"), field="output_tokens"
+        ),
     )
     reqs = build_requests(spec, 30).requests
     assert all(len(r.prompt_text().split()) == r.input_tokens for r in reqs)
@@ -276,7 +293,8 @@ def test_images_decode_to_the_requested_size_and_are_distinct():
 
 def test_image_pool_ratio_and_jpeg():
     spec = WorkloadSpec(
-        input=Fixed(value=50), images=Images(count=1, width=64, height=48, ratio=0.5, distinct=3, format="jpeg")
+        input=Fixed(value=50),
+        images=Images(count=1, width=64, height=48, ratio=0.5, distinct=3, format="jpeg"),
     )
     reqs = build_requests(spec, 400).requests
     with_images = [r for r in reqs if r.images]
@@ -359,11 +377,11 @@ def test_load_tokenizer_by_dir_or_file_and_clear_errors(tokenizer_path, tmp_path
     assert by_dir.decode(by_dir.encode(text)) == text and by_dir.count(text) == len(by_dir.encode(text))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_tokenizer(tmp_path / "missing")
-    with pytest.raises(FileNotFoundError, match="without tokenizer.json"):
+    with pytest.raises(FileNotFoundError, match=r"without tokenizer\.json"):
         load_tokenizer(tmp_path)
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    with pytest.raises(ValueError, match="not a valid tokenizer.json"):
+    with pytest.raises(ValueError, match=r"not a valid tokenizer\.json"):
         load_tokenizer(bad)
 
 

@@ -37,12 +37,19 @@ def git_revision() -> tuple[str | None, bool | None]:
     where = Path(servetune.__file__).resolve().parent
     try:
         sha = subprocess.run(
-            ["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+            ["git", "-C", str(where), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
         status = subprocess.run(
             ["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5, check=True,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None, None
     return (sha or None), bool(status.strip())
@@ -64,7 +71,11 @@ def _gpu_part(gpu: dict[str, Any] | None) -> dict[str, Any]:
 
 def _model_part(model_path: str | None) -> dict[str, Any]:
     """Config hash for a local model dir (hub ids are recorded as given, not hashed)."""
-    out: dict[str, Any] = {"model_path": model_path, "model_config_hash": None, "chat_template_in_model": None}
+    out: dict[str, Any] = {
+        "model_path": model_path,
+        "model_config_hash": None,
+        "chat_template_in_model": None,
+    }
     if not model_path:
         return out
     root = Path(model_path).expanduser()
@@ -134,8 +145,19 @@ def fingerprint(
     }
     comparable = {
         k: env[k]
-        for k in ("gpu_model", "gpu_count", "driver", "cuda", "engine", "engine_version", "server_args_hash",
-                  "model_path", "model_config_hash", "prompt_template_hash", "servetune_version")
-    }  # fmt: skip
+        for k in (
+            "gpu_model",
+            "gpu_count",
+            "driver",
+            "cuda",
+            "engine",
+            "engine_version",
+            "server_args_hash",
+            "model_path",
+            "model_config_hash",
+            "prompt_template_hash",
+            "servetune_version",
+        )
+    }
     env["environment_hash"] = _json_hash(comparable)[:16]
     return env

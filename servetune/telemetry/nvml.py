@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -44,10 +44,8 @@ def nvml_session() -> Iterator[Any]:
     try:
         yield nv
     finally:
-        try:
+        with suppress(nv.NVMLError):
             nv.nvmlShutdown()
-        except nv.NVMLError:
-            pass
 
 
 def _resolve_indices(nv: Any, indices: Iterable[int] | None) -> list[int]:
@@ -125,7 +123,9 @@ def _processes(nv: Any, indices: list[int], own_pids: set[int] | None = None) ->
     return out
 
 
-def gpu_processes(indices: Iterable[int] | None = None, *, own_pids: Iterable[int] | None = None) -> list[dict]:
+def gpu_processes(
+    indices: Iterable[int] | None = None, *, own_pids: Iterable[int] | None = None
+) -> list[dict]:
     """Processes holding the GPUs now: ``{gpu, pid, name, used_memory[, foreign]}``.
 
     With ``own_pids`` (e.g. the server under test), each entry says whether it is ``foreign``
@@ -191,7 +191,7 @@ class GpuSampler:
             nv.nvmlInit()
         except GpuUnavailable as exc:
             return self._give_up("no_gpu", str(exc))
-        except Exception as exc:  # noqa: BLE001 - NVMLError and friends
+        except Exception as exc:
             state = "no_gpu" if type(exc).__name__ in _NO_GPU_ERRORS else "error"
             return self._give_up(state, f"nvmlInit: {type(exc).__name__}: {exc}")
         self._nv = nv
@@ -203,7 +203,7 @@ class GpuSampler:
         except GpuUnavailable as exc:
             self._shutdown()
             return self._give_up("no_gpu", str(exc))
-        except Exception as exc:  # noqa: BLE001 - recorded, never raised into the trial
+        except Exception as exc:
             self._shutdown()
             return self._give_up("error", f"{type(exc).__name__}: {exc}")
         self._state = "ok"
@@ -250,10 +250,8 @@ class GpuSampler:
 
     def _shutdown(self) -> None:
         if self._nv is not None:
-            try:
+            with suppress(Exception):  # shutting down is best effort
                 self._nv.nvmlShutdown()
-            except Exception:  # noqa: BLE001 - shutting down is best effort
-                pass
             self._nv = None
 
     def _run(self) -> None:
@@ -279,7 +277,7 @@ class GpuSampler:
             t_s = (time.perf_counter_ns() - self._t0_ns) / 1e9
             try:
                 mem = nv.nvmlDeviceGetMemoryInfo(h)
-            except Exception as exc:  # noqa: BLE001 - a lost reading is counted, not fatal
+            except Exception as exc:
                 self._errors += 1
                 if self._reason is None:
                     self._reason = f"sampling GPU {index}: {type(exc).__name__}: {exc}"

@@ -223,7 +223,9 @@ def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(labels.items()))
 
 
-def _counter_delta(before: Snapshot, after: Snapshot, name: str, where: dict[str, str] | None = None) -> float | None:
+def _counter_delta(
+    before: Snapshot, after: Snapshot, name: str, where: dict[str, str] | None = None
+) -> float | None:
     """Sum over series of after - before (a series new in ``after`` started at 0); None if absent
     or if any series went backwards (a restarted server)."""
     if name not in after:
@@ -299,7 +301,8 @@ def derive_signals(server: dict[str, Any]) -> dict[str, Any]:
     if after:
         if "sglang:prompt_tokens_total" in after:
             out["prefix_hit_rate_server"] = _ratio(
-                _cached_tokens_delta(before, after), _counter_delta(before, after, "sglang:prompt_tokens_total")
+                _cached_tokens_delta(before, after),
+                _counter_delta(before, after, "sglang:prompt_tokens_total"),
             )
             out["prefix_hit_rate_source"] = "sglang:cached_tokens_total/sglang:prompt_tokens_total"
         elif "vllm:prefix_cache_queries_total" in after:
@@ -313,8 +316,10 @@ def derive_signals(server: dict[str, Any]) -> dict[str, Any]:
                 out["retractions"] = _counter_delta(before, after, name)
                 out["retractions_source"] = name
                 break
-        for prefix, key in (("time_to_first_token_seconds", "server_ttft_mean_s"),
-                            ("inter_token_latency_seconds", "server_itl_mean_s")):  # fmt: skip
+        for prefix, key in (
+            ("time_to_first_token_seconds", "server_ttft_mean_s"),
+            ("inter_token_latency_seconds", "server_itl_mean_s"),
+        ):
             for engine in ("sglang:", "vllm:"):
                 total = _counter_delta(before, after, f"{engine}{prefix}_sum")
                 count = _counter_delta(before, after, f"{engine}{prefix}_count")
@@ -328,7 +333,9 @@ def derive_signals(server: dict[str, Any]) -> dict[str, Any]:
             out["retractions_source"] = "sglang:num_retracted_reqs (gauge, last - first)"
     hit = _timeline(samples, ("sglang:cache_hit_rate",), "max")
     out["cache_hit_rate_gauge"] = hit[-1] if hit else None
-    usage = _timeline(samples, ("sglang:token_usage", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), "max")
+    usage = _timeline(
+        samples, ("sglang:token_usage", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), "max"
+    )
     out["token_usage_max"] = max(usage) if usage else None
     queue = _timeline(samples, ("sglang:num_queue_reqs", "vllm:num_requests_waiting"), "sum")
     if queue:

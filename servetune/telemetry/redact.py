@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_SECRET_KEY = re.compile(r"(api[_-]?key|token(?!s)|secret|passw(or)?d|credential|auth(?!ors?$))", re.IGNORECASE)
+_SECRET_KEY = re.compile(
+    r"(api[_-]?key|token(?!s)|secret|passw(or)?d|credential|auth(?!ors?$))", re.IGNORECASE
+)
 _TOKEN_COUNT_KEYS = re.compile(r"(tokens|token_(ratio|usage|ids?)|tokenizer)", re.IGNORECASE)
 
 

@@ -17,7 +17,9 @@ from servetune.telemetry.redact import redact
 log = logging.getLogger(__name__)
 
 
-async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> tuple[Any, str | None]:
+async def _get_json(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str]
+) -> tuple[Any, str | None]:
     try:
         async with session.get(url, headers=headers) as resp:
             if resp.status != 200:
@@ -27,7 +29,9 @@ async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict[str,
         return None, f"GET {url}: {type(exc).__name__}: {exc}"
 
 
-async def fetch_server_info(url: str, api_key: str | None = None, *, timeout_s: float = 5.0) -> dict[str, Any]:
+async def fetch_server_info(
+    url: str, api_key: str | None = None, *, timeout_s: float = 5.0
+) -> dict[str, Any]:
     """The server's self-description, secrets removed; ``{"reason": ...}`` when it gives none.
 
     Result keys: ``engine`` (sglang | vllm | openai), ``version``, ``source`` (the endpoint), and
@@ -46,7 +50,10 @@ async def fetch_server_info(url: str, api_key: str | None = None, *, timeout_s: 
         version, why_v = await _get_json(session, base + "/version", headers)
         models, why_m = await _get_json(session, base + "/v1/models", headers)
         if isinstance(version, dict) or isinstance(models, dict):
-            info: dict[str, Any] = {"engine": "vllm" if isinstance(version, dict) else "openai", "source": "/version"}
+            info: dict[str, Any] = {
+                "engine": "vllm" if isinstance(version, dict) else "openai",
+                "source": "/version",
+            }
             if isinstance(version, dict):
                 info |= redact(version)
             if isinstance(models, dict):

@@ -126,6 +126,7 @@ class _Generator:
             self.prefix_p = weights / weights.sum()
         self._prefixes: dict[int, str] = {}
         self._convs: dict[int, _Conversation] = {}
+        self._image_pool: dict[int, str] = {}
 
     # --- pieces shared by single- and multi-turn requests
     def nonce(self, index: int) -> str:
@@ -149,20 +150,30 @@ class _Generator:
         return int(rng.choice(sp.num_prefixes, p=self.prefix_p))
 
     def images(self, index: int) -> list[str]:
+        """Data URLs for request ``index``: unique per request and spec, or drawn from a pool of
+        ``distinct`` images (rendered once per batch) so the server's image cache can hit."""
         im = self.spec.images
         if im is None:
             return []
         rng = _rng(self.seed, _S_REQUEST_IMAGES, index)
         if rng.random() >= im.ratio:
             return []
+        spec_key = int(self.fingerprint[:8], 16)
+        size = (im.width, im.height, im.format)
         urls = []
         for j in range(im.count):
-            key = (self.seed, _S_IMAGE, 1, int(rng.integers(im.distinct))) if im.distinct else (
-                self.seed, _S_IMAGE, 0, index, j)
-            urls.append(image_data_url(key, im.width, im.height, im.format))
+            if im.distinct:
+                k = int(rng.integers(im.distinct))
+                if k not in self._image_pool:
+                    self._image_pool[k] = image_data_url((self.seed, _S_IMAGE, 1, spec_key, k), *size)
+                urls.append(self._image_pool[k])
+            else:
+                urls.append(image_data_url((self.seed, _S_IMAGE, 0, spec_key, index, j), *size))
         return urls
 
-    def _user_piece(self, rng: np.random.Generator, target_total: int, context: str, index: int) -> tuple[str, int]:
+    def _user_piece(
+        self, rng: np.random.Generator, target_total: int, context: str, index: int
+    ) -> tuple[str, int]:
         """A user message starting with the nonce so ``context + message`` hits ``target_total``."""
         draft = self._user_draft(rng, target_total, context, index)
         return self._checked(index, target_total, *self.text.finish(rng, draft))
@@ -194,7 +205,9 @@ class _Generator:
         text_rng = _rng(self.seed, _S_REQUEST_TEXT, index)
         return group, system, target, output, text_rng, self._user_draft(text_rng, target, context, index)
 
-    def _single_turn_request(self, index: int, measured: int | None = None, plan: tuple | None = None) -> WorkloadRequest:
+    def _single_turn_request(
+        self, index: int, measured: int | None = None, plan: tuple | None = None
+    ) -> WorkloadRequest:
         group, system, target, output, text_rng, draft = plan or self._single_turn_plan(index)
         user, input_tokens = self._checked(index, target, *self.text.finish(text_rng, draft, measured))
         return WorkloadRequest(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import io
-from functools import lru_cache
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -33,9 +32,8 @@ def render_image(seed: tuple[int, ...], width: int, height: int) -> Image.Image:
     return img
 
 
-@lru_cache(maxsize=256)
 def image_data_url(seed: tuple[int, ...], width: int, height: int, fmt: str) -> str:
-    """``data:image/...;base64,...`` of the image for ``seed``; cached so pooled images encode once."""
+    """``data:image/...;base64,...`` of the image for ``seed``."""
     buf = io.BytesIO()
     img = render_image(seed, width, height)
     if fmt == "jpeg":

@@ -95,5 +95,7 @@ class LengthSampler:
                 v = round(x)
                 if d.min <= v <= hi:
                     return int(v)
-            raise ValueError(f"{self.what}: {d.kind} {d.model_dump()} puts almost no mass within [{d.min}, {d.max}]")
+            raise ValueError(
+                f"{self.what}: {d.kind} {d.model_dump()} puts almost no mass within [{d.min}, {d.max}]"
+            )
         raise TypeError(f"{self.what}: unknown distribution {d!r}")

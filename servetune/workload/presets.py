@@ -44,7 +44,9 @@ PRESETS: dict[str, WorkloadSpec] = {
         input=LogNormal(median=768, sigma=0.5, min=320, max=4096),
         output=LogNormal(median=160, sigma=0.5, min=16, max=512),
         shared_prefix=SharedPrefix(tokens=256, share_ratio=1.0, num_prefixes=1),
-        multi_turn=MultiTurn(turns=4, turn_input=LogNormal(median=96, sigma=0.5, min=8, max=512), interleave=8),
+        multi_turn=MultiTurn(
+            turns=4, turn_input=LogNormal(median=96, sigma=0.5, min=8, max=512), interleave=8
+        ),
     ),
     # fixed lengths: the easiest workload to reason about and to compare engines on
     "fixed-1k-256": WorkloadSpec(name="fixed-1k-256", input=Fixed(value=1024), output=Fixed(value=256)),
@@ -56,4 +58,6 @@ def get_preset(name: str) -> WorkloadSpec:
     try:
         return PRESETS[name].model_copy(deep=True)
     except KeyError:
-        raise KeyError(f"unknown workload preset {name!r}; known presets: {', '.join(sorted(PRESETS))}") from None
+        raise KeyError(
+            f"unknown workload preset {name!r}; known presets: {', '.join(sorted(PRESETS))}"
+        ) from None

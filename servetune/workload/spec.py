@@ -123,7 +123,7 @@ class MultiTurn(BaseModel):
     interleave: int = Field(
         default=1,
         ge=1,
-        description="conversations whose turns are sent round-robin (1: each conversation's turns back to back)",
+        description="conversations whose turns are sent round-robin (1: a conversation's turns back to back)",
     )
 
 

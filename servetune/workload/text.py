@@ -51,7 +51,9 @@ class TextBuilder:
             self._context_counts[context] = self.count(context)
         return self._context_counts[context]
 
-    def piece(self, rng: np.random.Generator, tokens: int, *, lead: str = "", context: str = "") -> tuple[str, int]:
+    def piece(
+        self, rng: np.random.Generator, tokens: int, *, lead: str = "", context: str = ""
+    ) -> tuple[str, int]:
         """Text starting with ``lead`` such that ``context + text`` grows by ``tokens`` tokens.
 
         Returns the text and the measured length of ``context + text``. ``context`` is the
@@ -68,7 +70,9 @@ class TextBuilder:
         base = self.count_context(context) if context else 0
         if self.tokenizer is None:
             n = max(tokens - len(lead.split()), 1)
-            return Draft(context, lead, [int(i) for i in rng.integers(0, len(WORDS), size=n)], base + tokens, base)
+            return Draft(
+                context, lead, [int(i) for i in rng.integers(0, len(WORDS), size=n)], base + tokens, base
+            )
         need = tokens - (self.tokenizer.count(lead) if lead else 0)
         idx: list[int] = []
         acc = 0
