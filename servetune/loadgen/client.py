@@ -9,6 +9,7 @@ Failures are recorded on the request (design.md: never an aborted run).
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -182,16 +183,21 @@ async def run_load(
         timeout=aiohttp.ClientTimeout(total=None),
     ) as session:
         await preflight(session, target)
-        if n_warm:
-            await closed_loop(list(range(n_warm)), load.concurrency, send)
-        measured = list(range(n_warm, len(requests)))
-        offsets = arrival_offsets_s(load, len(measured))
-        window_start = clock()
-        if load.mode == "rate":
-            await open_loop(measured, offsets, load.concurrency, send, start_ns=window_start)
-        else:
-            await closed_loop(measured, load.concurrency, send)
-        drain_end = clock()
+        # The records and bodies are long-lived: keep the collector from re-scanning them all run long.
+        gc.freeze()
+        try:
+            if n_warm:
+                await closed_loop(list(range(n_warm)), load.concurrency, send)
+            measured = list(range(n_warm, len(requests)))
+            offsets = arrival_offsets_s(load, len(measured))
+            window_start = clock()
+            if load.mode == "rate":
+                await open_loop(measured, offsets, load.concurrency, send, start_ns=window_start)
+            else:
+                await closed_loop(measured, load.concurrency, send)
+            drain_end = clock()
+        finally:
+            gc.unfreeze()
     window_end_s = max(records[i].t_send_s for i in measured)
     return LoadOutcome(records, (window_start - t0_ns) / 1e9, window_end_s, (drain_end - t0_ns) / 1e9)
 
