@@ -110,3 +110,28 @@ def make_trial(
         environment={"host": "test", "servetune_version": "0.1.0"},
         summary=summary,
     )
+
+
+def passing_report() -> dict:
+    """A real ValidationReport of a clean trial, for seeding many trials without running GX each time."""
+    from servetune.validation import validate
+
+    return validate(make_trial(trial_id="report-template")).model_dump(mode="json")
+
+
+def write_campaign(directory, experiment: dict, results: list[TrialResult]):
+    """A campaign result directory as the tuning CLI writes it."""
+    import orjson
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "experiment.json").write_bytes(orjson.dumps(experiment))
+    for r in results:
+        r.save(directory / "trials" / f"{r.trial_id}.json")
+    return directory
+
+
+def migrated(url: str) -> str:
+    from servetune.warehouse import migrate
+
+    migrate.upgrade(url)
+    return url

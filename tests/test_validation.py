@@ -1,0 +1,134 @@
+"""The report checklist as real Great Expectations suites: a clean trial passes; each defect rejects it."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from servetune.cli import app
+from servetune.result import Percentiles
+from servetune.validation import EXPECTATIONS_DIR, validate
+from warehouse_fixtures import make_trial
+
+
+def _failed(report) -> set[tuple[str | None, str, str | None]]:
+    return {(o.checklist, o.expectation, o.column) for o in report.results if not o.success}
+
+
+def test_clean_trial_passes():
+    report = validate(make_trial())
+    assert report.success, _failed(report)
+    assert report.gx_version.startswith("1.")
+    assert set(report.suites) == {"trial_summary", "trial_requests", "trial_gpu"}
+    checklist = {o.checklist for o in report.results}
+    assert {"length_distribution", "prefill_decode", "throughput", "gpu_memory_curve", "prefix_hit_rate",
+            "sanity_timings", "measured_requests", "error_rate", "clean_gpu"} <= checklist
+
+
+def test_suites_are_gx_json_files():
+    names = sorted(p.stem for p in EXPECTATIONS_DIR.glob("*.json"))
+    assert names == ["trial_gpu", "trial_requests", "trial_summary"]
+    for p in EXPECTATIONS_DIR.glob("*.json"):
+        suite = orjson.loads(p.read_bytes())
+        assert suite["name"] == p.stem
+        assert all(e["type"].startswith("expect_") for e in suite["expectations"])
+
+
+def _missing_lengths(t):
+    t.summary.input_len = Percentiles()
+
+
+def _missing_memory_curve(t):
+    t.gpu["samples"] = []
+
+
+def _missing_hit_rate(t):
+    t.summary.prefix_hit_rate = None
+
+
+def _ttft_after_e2e(t):
+    r = t.records[50]
+    r.ttft_ms = r.e2e_ms + 10.0
+
+
+def _few_measured(t):
+    t.records = t.records[:150]
+    t.summary.requests_measured = 140
+
+
+def _dirty_gpu(t):
+    t.gpu["processes_at_start"] = [{"pid": 4242, "name": "python", "used_memory": 2_000_000_000}]
+    t.summary.gpu_clean_at_start = False
+
+
+@pytest.mark.parametrize("defect, expected", [
+    (_missing_lengths, ("length_distribution", "expect_column_values_to_not_be_null", "input_len_p50")),
+    (_missing_memory_curve, ("gpu_memory_curve", "expect_table_row_count_to_be_between", None)),
+    (_missing_hit_rate, ("prefix_hit_rate", "expect_column_values_to_not_be_null", "prefix_hit_rate")),
+    (_ttft_after_e2e, ("sanity_timings", "expect_column_pair_values_a_to_be_greater_than_b", "e2e_ms>=ttft_ms")),
+    (_few_measured, ("measured_requests", "expect_table_row_count_to_be_between", None)),
+    (_dirty_gpu, ("clean_gpu", "expect_column_values_to_be_in_set", "gpu_clean_at_start")),
+], ids=["no-length-distribution", "no-memory-curve", "no-hit-rate", "ttft-gt-e2e", "too-few-measured", "dirty-gpu"])
+def test_each_defect_rejects(defect, expected):
+    trial = make_trial()
+    defect(trial)
+    report = validate(trial)
+    assert not report.success
+    failed = _failed(report)
+    assert expected in failed
+    # one defect at a time: every failure belongs to the defect's checklist item
+    assert {f[0] for f in failed} == {expected[0]}, failed
+    assert report.failure_reason().startswith("validation failed: " + expected[0])
+
+
+def test_observed_values_are_reported():
+    trial = make_trial()
+    _ttft_after_e2e(trial)
+    report = validate(trial)
+    bad = next(o for o in report.results if o.column == "e2e_ms>=ttft_ms")
+    assert bad.observed_value["unexpected_count"] == 1
+    few = make_trial(n=120)
+    rows = next(o for o in validate(few).results if o.suite == "trial_requests"
+                and o.expectation == "expect_table_row_count_to_be_between")
+    assert rows.observed_value == 120 and rows.details["min_value"] == 200  # the bound, resolved
+
+
+def test_no_gpu_is_rejected_unless_waived():
+    trial = make_trial()
+    trial.gpu = {"state": "no_gpu", "samples": [], "processes_at_start": None}
+    trial.summary.gpu_state = "no_gpu"
+    trial.summary.gpu_clean_at_start = None
+    trial.summary.gpu_mem_peak_bytes = None
+    assert not validate(trial).success
+    waived = validate(trial, waive=["gpu_memory_curve", "clean_gpu"])
+    assert waived.success and waived.waived == ["clean_gpu", "gpu_memory_curve"]
+    assert "trial_gpu" not in waived.suites
+    with pytest.raises(ValueError, match="cannot waive"):
+        validate(trial, waive=["prefix_hit_rate"])
+
+
+def test_sampling_hole_rejects():
+    trial = make_trial()
+    trial.gpu["samples"] = [s for s in trial.gpu["samples"] if not 3.0 < s["t_s"] < 6.0]
+    report = validate(trial)
+    assert ("gpu_memory_curve", "expect_column_max_to_be_between", "gap_ms") in _failed(report)
+
+
+def test_cli_validate_and_data_docs(tmp_path):
+    good, bad = make_trial(), make_trial()
+    _missing_hit_rate(bad)
+    good.save(tmp_path / "good.json")
+    bad.save(tmp_path / "bad.json")
+    runner = CliRunner()
+    res = runner.invoke(app, ["validate", str(tmp_path / "good.json"), "--data-docs", str(tmp_path / "docs")])
+    assert res.exit_code == 0, res.output
+    assert "ACCEPTED" in res.output
+    index = tmp_path / "docs" / "index.html"
+    assert index.is_file() and "trial_summary" in index.read_text()
+    res = runner.invoke(app, ["validate", str(tmp_path / "bad.json"), "--json", str(tmp_path / "r.json")])
+    assert res.exit_code == 1
+    assert "REJECTED" in res.output and "prefix_hit_rate" in res.output
+    assert orjson.loads((tmp_path / "r.json").read_bytes())["success"] is False
+    res = runner.invoke(app, ["validate", str(tmp_path / "missing.json")])
+    assert res.exit_code == 2 and "missing.json" in res.output

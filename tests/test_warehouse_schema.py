@@ -1,0 +1,113 @@
+"""Warehouse schema: Alembic up and down on a real Postgres, migrations match tables.py, URL resolution."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+from typer.testing import CliRunner
+
+from servetune.cli import app
+from servetune.warehouse import db, migrate
+from servetune.warehouse.tables import metadata
+from servetune.warehouse.views import view_names
+
+TABLES = {"experiments", "trials", "request_records", "gpu_samples", "server_samples", "validations"}
+
+
+def _objects(url: str) -> tuple[set[str], set[str]]:
+    eng = db.engine(url)
+    try:
+        insp = inspect(eng)
+        return set(insp.get_table_names()) - {"alembic_version"}, set(insp.get_view_names())
+    finally:
+        eng.dispose()
+
+
+def test_migrations_up_down_up(fresh_database_url):
+    url = fresh_database_url
+    migrate.upgrade(url)
+    tables, views = _objects(url)
+    assert tables == TABLES
+    assert views == set(view_names()) and "cache_hit_regressions" in views
+    assert migrate.current(url) == migrate.head()
+
+    migrate.downgrade(url, "0001")
+    assert _objects(url) == (TABLES, set())
+    migrate.downgrade(url, "base")
+    assert _objects(url) == (set(), set())
+    assert migrate.current(url) is None
+
+    migrate.upgrade(url)
+    assert _objects(url)[0] == TABLES
+
+
+def test_migrations_match_tables_py(fresh_database_url):
+    """A TrialSummary field added without a migration shows up here as a difference."""
+    migrate.upgrade(fresh_database_url)
+    eng = db.engine(fresh_database_url)
+    try:
+        with eng.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata)
+    finally:
+        eng.dispose()
+    assert diff == []
+
+
+def test_summary_percentiles_are_real_columns():
+    cols = set(metadata.tables["trials"].c.keys())
+    for name in ("ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms", "e2e_p99_ms", "input_len_p50",
+                 "output_len_p99", "output_tokens_per_s", "goodput_rps", "prefix_hit_rate", "gpu_mem_peak_bytes"):
+        assert name in cols
+
+
+def test_url_from_env_and_airflow_connection(monkeypatch):
+    monkeypatch.delenv(db.URL_ENV, raising=False)
+    monkeypatch.delenv(db.AIRFLOW_CONN_ENV, raising=False)
+    with pytest.raises(db.WarehouseConfigError, match="SERVETUNE_DATABASE_URL"):
+        db.resolve_url()
+
+    monkeypatch.setenv(db.AIRFLOW_CONN_ENV, "postgres://wh_user:s%40cret@db.example:6543/warehouse?sslmode=require")
+    url = db.resolve_url()
+    assert url == "postgresql+psycopg://wh_user:s%40cret@db.example:6543/warehouse?sslmode=require"
+    assert "s%40cret" not in db.redact(url) and "***" in db.redact(url)
+
+    monkeypatch.setenv(db.AIRFLOW_CONN_ENV, orjson.dumps({
+        "conn_type": "postgres", "host": "db.example", "login": "wh", "password": "p@ss:word",
+        "port": 5433, "schema": "warehouse", "extra": {"sslmode": "verify-full"}}).decode())
+    url = db.resolve_url()
+    assert url.startswith("postgresql+psycopg://wh:") and url.endswith("@db.example:5433/warehouse?sslmode=verify-full")
+    from sqlalchemy.engine import make_url
+    assert make_url(url).password == "p@ss:word"
+
+    monkeypatch.setenv(db.AIRFLOW_CONN_ENV, '{"conn_type": "mysql", "host": "x"}')
+    with pytest.raises(db.WarehouseConfigError, match="not postgres"):
+        db.resolve_url()
+
+    monkeypatch.setenv(db.URL_ENV, "postgresql://a@h/d")  # the explicit variable wins
+    assert db.resolve_url() == "postgresql+psycopg://a@h/d"
+
+
+def test_cli_never_prints_the_password(monkeypatch, caplog):
+    secret = "Zq9-very-secret"
+    monkeypatch.delenv(db.URL_ENV, raising=False)
+    # nothing listens on port 1: the connection fails and the error is reported
+    monkeypatch.setenv(db.AIRFLOW_CONN_ENV, f"postgres://u:{secret}@127.0.0.1:1/wh")
+    res = CliRunner().invoke(app, ["db", "upgrade"])
+    assert res.exit_code == 2
+    assert "not reachable" in res.output
+    assert secret not in res.output and secret not in caplog.text
+
+
+def test_cli_upgrade_and_current(fresh_database_url, monkeypatch):
+    monkeypatch.setenv(db.URL_ENV, fresh_database_url)
+    runner = CliRunner()
+    res = runner.invoke(app, ["db", "upgrade"])
+    assert res.exit_code == 0, res.output
+    assert f"at revision {migrate.head()}" in res.output
+    res = runner.invoke(app, ["db", "downgrade", "base"])
+    assert res.exit_code == 2 and "--yes" in res.output
+    res = runner.invoke(app, ["db", "downgrade", "base", "--yes"])
+    assert res.exit_code == 0 and "at revision base" in res.output
