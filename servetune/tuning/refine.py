@@ -77,17 +77,21 @@ class _Walk:
         self.compared: list[str] = []
         self.notes: list[str] = []
 
-    def measure(self, flags: Flags, level: int, reason: str) -> TrialOutcome:
+    def measure(self, flags: Flags, level: int, reason: str, like: TrialOutcome | None = None) -> TrialOutcome:
+        """The measurement of ``flags`` at ``level``; a candidate compared with ``like`` gets its request count."""
         o = self.state.lookup(flags, level)
         if o is None:
-            raise _NeedTrial(TrialSpec(stage="refine", concurrency=level, flags=flags, requests=self.requests,
-                                       warmup=self.warmup, reason=reason))
+            requests, warmup = self.requests, self.warmup
+            if like is not None and like.requests:
+                requests, warmup = like.requests, like.warmup
+            raise _NeedTrial(TrialSpec(stage="refine", concurrency=level, flags=flags, requests=requests,
+                                       warmup=warmup, reason=reason))
         if o.trial_id not in self.compared:
             self.compared.append(o.trial_id)
         return o
 
     def try_switch(self, inc: TrialOutcome, flags: Flags, what: str, *, prefer_on_tie: bool = False) -> TrialOutcome:
-        o = self.measure(flags, inc.concurrency, f"refine {what} at concurrency {inc.concurrency}")
+        o = self.measure(flags, inc.concurrency, f"refine {what} at concurrency {inc.concurrency}", like=inc)
         if better(o, inc, self.plan, prefer_on_tie=prefer_on_tie):
             g0, g1 = goodput(inc), goodput(o)
             gain = f"{g1 / g0 - 1:+.1%}" if g0 > 0 else "from none"
@@ -137,7 +141,8 @@ def _run(plan: TuningPlan, walk: _Walk, ceiling: Ceiling, base_flags: Flags) -> 
             break
 
     # 4. max-running-requests = the level: a water mark that keeps overload in the queue
-    if r.set_max_running and not _same(inc.flags.get(r.max_running_flag), inc.concurrency):
+    running = inc.flags.get(r.max_running_flag, inc.resolved.get(r.max_running_flag.replace("-", "_")))
+    if r.set_max_running and not _same(running, inc.concurrency):
         inc = walk.try_switch(inc, {**inc.flags, r.max_running_flag: inc.concurrency},
                               f"{r.max_running_flag} {inc.concurrency}", prefer_on_tie=True)
     return inc
@@ -151,8 +156,9 @@ def _climb(plan: TuningPlan, walk: _Walk, inc: TrialOutcome, flag: str, values: 
         direction = signals.chunk_direction(inc.summary, plan.sla)
     else:
         direction = 1
-    pos = next((i for i, v in enumerate(values) if _same(v, inc.flags.get(flag))), None)
-    if pos is None:  # the engine's default: start in the middle of the list
+    current = inc.flags.get(flag, inc.resolved.get(flag.replace("-", "_")))  # unset: the server's own default
+    pos = next((i for i, v in enumerate(values) if _same(v, current)), None)
+    if pos is None:  # a default outside the list: start in the middle of it
         pos = (len(values) - 1) // 2 if direction < 0 else len(values) // 2
         inc = walk.try_switch(inc, {**inc.flags, flag: values[pos]}, f"{flag} {values[pos]}")
     for d in (direction, -direction):

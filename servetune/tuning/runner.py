@@ -73,7 +73,8 @@ class SimTrialRunner:
 
     def run(self, spec: TrialSpec, *, experiment_id: str) -> RunReport:
         from servetune.loadgen import LoadConfig
-        from servetune.sim import server_args_from_flags, simulate
+        from servetune.sim.args import server_args_from_flags
+        from servetune.sim.virtual import simulate
 
         restarted = spec.flags != self._running
         restart = self.restart_cost_s if restarted else 0.0
@@ -87,7 +88,7 @@ class SimTrialRunner:
         load = LoadConfig(mode="concurrency", concurrency=spec.concurrency, warmup_requests=spec.warmup,
                           seed=self.plan.seed)
         requests = self._workload(spec.warmup + spec.requests)
-        result = simulate(args, requests, load, sla=self.plan.sla, seed=self.plan.seed)
+        result = simulate(args, requests, load, sla=self.plan.sla, seed=self.plan.seed, endpoint=self.plan.endpoint)
         result.stage, result.experiment_id = spec.stage, experiment_id
         result.server_config = dict(spec.flags)
         return RunReport(result=result, gpu_seconds=virtual_duration_s(result) + restart, restarted=restarted)

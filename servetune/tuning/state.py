@@ -50,11 +50,16 @@ class TrialOutcome(BaseModel):
     stage: Stage
     concurrency: int
     flags: Flags = Field(default_factory=dict)
+    requests: int = Field(default=0, ge=0, description="measured requests asked for (comparisons keep it equal)")
+    warmup: int = Field(default=0, ge=0)
     status: Literal["ok", "failed"] = "ok"
     failure_reason: str | None = None
     summary: TrialSummary = Field(default_factory=TrialSummary)
     gpu_seconds: float = Field(default=0.0, ge=0, description="trial time plus any server (re)start")
     restarted: bool = False
+    resolved: dict[str, FlagValue] = Field(
+        default_factory=dict, description="scalar server args as the server resolved them (/server_info)"
+    )
 
     @property
     def key(self) -> tuple[str, int]:
@@ -70,12 +75,21 @@ class TrialOutcome(BaseModel):
             stage=spec.stage,
             concurrency=spec.concurrency,
             flags=dict(spec.flags),
+            requests=spec.requests,
+            warmup=spec.warmup,
             status=status,
             failure_reason=result.failure_reason,
             summary=result.summary,
             gpu_seconds=gpu_seconds,
             restarted=restarted,
+            resolved=resolved_args(result),
         )
+
+
+def resolved_args(result: TrialResult) -> dict[str, FlagValue]:
+    """The server's resolved scalar args (what an unset flag defaulted to), from its /server_info."""
+    info = (result.server or {}).get("server_info") or {}
+    return {k: v for k, v in info.items() if isinstance(v, int | float | str | bool) and k != "api_key"}
 
 
 class CampaignState(BaseModel):
