@@ -153,7 +153,7 @@ def test_diff_rows_read_the_tuning_layout() -> None:
                       "figures": {"goodput_rps": {"old": 7.5, "new": 8.6, "change": 0.1467},
                                   "concurrency": {"old": 64, "new": 64}},
                       "same_config": False})
-    assert rows == [{"field": "chunked-prefill-size", "before": "8,192", "after": "4,096", "change": ""},
+    assert rows == [{"field": "chunked-prefill-size", "before": "8192", "after": "4096", "change": ""},
                     {"field": "goodput_rps", "before": "7.50", "after": "8.60", "change": "+14.7%"}]
     assert diff_rows({"max_running_requests": [None, 64]})[0]["after"] == "64"
 

@@ -69,7 +69,7 @@ def diff_rows(diff: dict[str, Any] | None) -> list[dict[str, str]] | None:
         return None
     rows: list[dict[str, str]] = []
 
-    def add(name: str, change: Any) -> None:
+    def add(name: str, change: Any, *, flag: bool = False) -> None:
         if _is_change(change):
             before = next((change[k] for k in _BEFORE if k in change), None)
             after = next((change[k] for k in _AFTER if k in change), None)
@@ -80,13 +80,14 @@ def diff_rows(diff: dict[str, Any] | None) -> list[dict[str, str]] | None:
             return
         if before == after:
             return
-        rows.append({"field": name, "before": fmt(before), "after": fmt(after),
+        show = (lambda v: "-" if v is None else str(v)) if flag else fmt  # flags as typed: 8192, not 8,192
+        rows.append({"field": name, "before": show(before), "after": show(after),
                      "change": f"{rel:+.1%}" if isinstance(rel, int | float) else ""})
 
     for name, change in diff.items():
         if isinstance(change, dict) and not _is_change(change):
             for sub, sub_change in change.items():  # a section: "config" flags, "figures"
-                add(sub if name in ("config", "figures") else f"{name}.{sub}", sub_change)
+                add(sub if name in ("config", "figures") else f"{name}.{sub}", sub_change, flag=name == "config")
         else:
             add(name, change)
     return rows
