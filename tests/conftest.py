@@ -10,6 +10,8 @@ from sqlalchemy.engine import make_url
 
 from servetune import localdb
 
+pytest_plugins = ["tokenizer_fixtures"]
+
 
 @pytest.fixture(scope="session")
 def pg_server_url() -> Iterator[str]:
