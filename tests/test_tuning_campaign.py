@@ -1,0 +1,157 @@
+"""Whole campaigns against the simulator in virtual time: the result folder, failures, budget, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from servetune.cli import app
+from servetune.plan import TuningPlan, load_plan, parse_plan
+from servetune.result import TrialResult
+from servetune.tuning.campaign import Campaign, dry_run
+from servetune.tuning.runner import SimTrialRunner
+
+PLANS = Path(__file__).resolve().parent.parent / "plans"
+EXPERIMENT_KEYS = {"experiment_id", "model", "engine", "model_fingerprint", "prompt_template_fingerprint", "trigger",
+                   "dag_run_id", "plan", "status", "started_at", "finished_at", "recommendation"}
+RECOMMENDATION_KEYS = {"config", "concurrency", "evidence_trial_ids", "goodput_rps", "p99_ttft_ms", "p99_tpot_ms",
+                       "p99_e2e_ms", "output_tokens_per_s", "prefix_hit_rate", "explanation", "diff_from_previous"}
+
+
+def small_plan(**over) -> TuningPlan:
+    data = {
+        "name": "small", "model": "llama-3.1-8b",
+        "engine": {"kind": "sim", "flags": {"gpu-profile": "A100-80G", "model-profile": "llama-3.1-8b",
+                                            "enable-metrics": None, "enable-cache-report": None}},
+        "workload": {"seed": 2, "input": {"kind": "uniform", "min": 128, "max": 512},
+                     "output": {"kind": "uniform", "min": 16, "max": 32},
+                     "shared_prefix": {"tokens": 128, "share_ratio": 0.8}},
+        "sla": {"p99_ttft_ms": 1000, "p99_tpot_ms": 40},
+        "stages": {"correctness": {"requests": 1}, "baseline": {"concurrency": 4, "requests": 24, "warmup": 2},
+                   "ramp": {"levels": [8, 16, 32, 64], "requests": 32, "warmup": 4, "bisect_min_step": 8},
+                   "refine": {"grid": {"chunked-prefill-size": [1024, 4096],
+                                       "schedule-conservativeness": [0.7, 1.0]}, "extend_levels": 1}},
+        "budget": {"max_gpu_minutes": 60, "restart_cost_s": 5},
+    }
+    data.update(over)
+    return parse_plan(data)
+
+
+def read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_virtual_campaign_writes_the_shared_result_folder(tmp_path: Path) -> None:
+    plan = small_plan()
+    decision = Campaign(plan, SimTrialRunner(plan), tmp_path, trigger="bench").run()
+    assert decision.done and not decision.failed
+
+    exp = read(tmp_path / "experiment.json")
+    assert EXPERIMENT_KEYS <= set(exp)
+    assert exp["status"] == "done" and exp["trigger"] == "bench" and exp["engine"] == "sim"
+    assert exp["plan"]["name"] == "small" and exp["finished_at"] >= exp["started_at"]
+    rec = read(tmp_path / "recommendation.json")
+    assert set(rec) == RECOMMENDATION_KEYS
+    assert exp["recommendation"] == rec
+    assert exp["ceiling"]["concurrency"] == decision.ceiling.level
+
+    trials = {p.stem: TrialResult.load(p) for p in (tmp_path / "trials").glob("*.json")}
+    stages = [t.stage for t in sorted(trials.values(), key=lambda t: t.created_at)]
+    assert stages[:3] == ["correctness", "baseline", "ramp"] and "refine" in stages
+    assert all(t.experiment_id == exp["experiment_id"] for t in trials.values())
+    assert set(rec["evidence_trial_ids"]) <= set(trials)
+    chosen = trials[rec["evidence_trial_ids"][0]]
+    assert chosen.summary.goodput_rps == rec["goodput_rps"]
+    assert chosen.server_config == rec["config"]
+    assert any("token_usage" in line for line in rec["explanation"])
+    assert rec["prefix_hit_rate"] is not None and 0 < rec["prefix_hit_rate"] <= 1
+
+
+def test_refinement_is_not_the_grid(tmp_path: Path) -> None:
+    plan = small_plan()
+    _, outcomes, specs = dry_run(plan, SimTrialRunner(plan))
+    configs = {tuple(sorted((k, str(v)) for k, v in s.flags.items())) for s in specs if s.stage == "refine"}
+    assert 0 < len(configs) < 2 * 2 * 2  # chunk x conservativeness x max-running
+    changes = 1 + sum(a.flags != b.flags for a, b in zip(specs, specs[1:], strict=False))
+    assert [o.restarted for o in outcomes].count(True) == changes  # every server-side change restarted
+    first_refine = next(o for o in outcomes if o.stage == "refine")
+    assert first_refine.restarted and first_refine.gpu_seconds >= plan.budget.restart_cost_s
+
+
+def test_a_refused_config_is_recorded_and_the_campaign_goes_on(tmp_path: Path) -> None:
+    plan = small_plan(stages={
+        "correctness": {"requests": 1}, "baseline": {"concurrency": 4, "requests": 24, "warmup": 2},
+        "ramp": {"levels": [8, 16], "requests": 24, "warmup": 2, "bisect": False},
+        "refine": {"grid": {"schedule-conservativeness": [-1.0, 1.0]}, "set_max_running": False,
+                   "extend_levels": 0}})
+    decision = Campaign(plan, SimTrialRunner(plan), tmp_path).run()
+    failed = [TrialResult.load(p) for p in (tmp_path / "trials").glob("*.json")]
+    failed = [t for t in failed if t.status == "failed"]
+    assert len(failed) == 1 and "server failed to start" in (failed[0].failure_reason or "")
+    assert failed[0].server_config["schedule-conservativeness"] == -1.0 and failed[0].stage == "refine"
+    assert decision.recommendation is not None and decision.recommendation.config.get("schedule-conservativeness") != -1.0
+    assert read(tmp_path / "experiment.json")["status"] == "done"
+
+
+def test_stop_on_failure_ends_the_campaign_after_the_failed_trial(tmp_path: Path) -> None:
+    plan = small_plan(on_trial_failure="stop", stages={
+        "correctness": {"requests": 1}, "baseline": {"concurrency": 4, "requests": 24, "warmup": 2},
+        "ramp": {"levels": [8], "requests": 24, "warmup": 2},
+        "refine": {"grid": {"schedule-conservativeness": [-1.0, 1.0]}}})
+    decision = Campaign(plan, SimTrialRunner(plan), tmp_path).run()
+    trials = [TrialResult.load(p) for p in (tmp_path / "trials").glob("*.json")]
+    assert max(trials, key=lambda t: t.created_at).status == "failed"
+    assert "on_trial_failure: stop" in decision.reason and decision.recommendation is not None
+
+
+def test_budget_is_enforced_in_virtual_time(tmp_path: Path) -> None:
+    plan = small_plan(budget={"max_gpu_minutes": 0.1, "restart_cost_s": 5})  # 6 s of GPU
+    c = Campaign(plan, SimTrialRunner(plan), tmp_path)
+    decision = c.run()
+    assert "GPU budget spent" in decision.reason
+    spent_before_last = c.state.gpu_seconds - c.state.outcomes[-1].gpu_seconds
+    assert spent_before_last < 6 <= c.state.gpu_seconds  # stopped at the first trial past the budget
+
+
+def test_previous_recommendation_is_diffed(tmp_path: Path) -> None:
+    plan = small_plan()
+    prev = {"config": {"chunked-prefill-size": 2048}, "concurrency": 3, "goodput_rps": 1.0}
+    d = Campaign(plan, SimTrialRunner(plan), tmp_path, previous=prev).run()
+    diff = read(tmp_path / "recommendation.json")["diff_from_previous"]
+    assert diff["config"]["chunked-prefill-size"]["old"] == 2048
+    assert diff["figures"]["concurrency"]["new"] == d.recommendation.concurrency
+
+
+def test_cli_virtual_campaign_and_dry_run(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["tune", str(PLANS / "demo.yaml"), "--virtual", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert (out / "recommendation.json").is_file() and read(out / "experiment.json")["status"] == "done"
+    assert "ramp" in res.output and "ETA" in res.output and "recommendation" in res.output
+
+    res = runner.invoke(app, ["tune", str(PLANS / "demo.yaml"), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "estimated GPU time" in res.output and "baseline" in res.output
+
+
+def test_cli_dry_run_of_a_real_plan_uses_its_estimate_profiles() -> None:
+    plan = load_plan(PLANS / "8b-chat.yaml")
+    assert plan.estimate is not None
+    res = CliRunner().invoke(app, ["tune", str(PLANS / "8b-chat.yaml"), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "estimated GPU time" in res.output
+
+
+@pytest.mark.parametrize("content", ["name: x\nmodel: m\nsla: {}\n", "name: x\nmodel: m\nsla: {p99_ttft_ms: 1}\n"
+                                     "stages: {ramp: {levels: [1]}}\n"])
+def test_cli_rejects_a_bad_plan_before_anything_starts(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    res = CliRunner().invoke(app, ["tune", str(path), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2
+    assert "sla" in res.output or "stages" in res.output
+    assert not (tmp_path / "out").exists()
