@@ -349,3 +349,52 @@ def test_dashboard_queries_run_on_the_warehouse_views(fresh_database_url: str, t
         "Cache hit-rate regressions": 1,  # 61% -> 20%
         "Best accepted configuration per week": 3,
     }
+
+
+def test_postgres_init_script_gives_grafana_read_only_access(tmp_path: Path) -> None:
+    """The init script on an empty private cluster, as the postgres image runs it; then the warehouse
+    migrated as its owner: Grafana's role can read the views and cannot write."""
+    from sqlalchemy.exc import ProgrammingError
+
+    from servetune import localdb
+    from servetune.warehouse import migrate
+
+    if shutil.which("psql") is None:
+        pytest.skip("psql not installed")
+    try:
+        cluster = localdb.start_private_cluster()
+    except (localdb.NoPostgresError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot start a private PostgreSQL cluster: {exc}")
+    try:
+        base = make_url(cluster.url)
+        env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "POSTGRES_USER": "postgres", "PGHOST": "127.0.0.1",
+               "PGPORT": str(base.port), "AIRFLOW_DB_PASSWORD": "a-pw", "SERVETUNE_DB_PASSWORD": "s-pw",
+               "GRAFANA_DB_PASSWORD": "g-pw"}
+        out = subprocess.run(["bash", str(DOCKER / "postgres/init-databases.sh")], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        owner_url = base.set(username="servetune", database="servetune").render_as_string(hide_password=False)
+        migrate.upgrade(owner_url)
+        reader = create_engine(base.set(username="grafana_reader", database="servetune"))
+        try:
+            with reader.connect() as conn:
+                assert conn.execute(text("SELECT count(*) FROM ceiling_history")).scalar() == 0
+                assert conn.execute(text("SELECT count(*) FROM experiments")).scalar() == 0
+            with reader.connect() as conn, pytest.raises(ProgrammingError, match="permission denied"):
+                conn.execute(text("INSERT INTO experiments (experiment_id, model, trigger) "
+                                  "VALUES ('x', 'm', 'manual')"))
+            with reader.connect() as conn, pytest.raises(ProgrammingError, match="permission denied"):
+                conn.execute(text("CREATE TABLE grafana_was_here (x int)"))
+        finally:
+            reader.dispose()
+        admin = create_engine(base)
+        try:
+            with admin.connect() as conn:
+                owners = dict(conn.execute(text(
+                    "SELECT datname, pg_get_userbyid(datdba) FROM pg_database "
+                    "WHERE datname IN ('airflow', 'servetune')")).all())
+        finally:
+            admin.dispose()
+        assert owners == {"airflow": "airflow", "servetune": "servetune"}
+    finally:
+        cluster.stop()
