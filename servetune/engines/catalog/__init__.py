@@ -1,0 +1,214 @@
+"""Per-version flag catalogues of an engine, kept as data, so a plan is checked before a GPU is touched.
+
+``sglang-<version>.yaml`` is generated from SGLang's own argument parser (``sglang_probe.py dump``,
+see ``python -m servetune.engines.catalog --help``); only the ``removed:`` section is written by
+hand (facts the parser of that version cannot know: which flags went away and what replaced them).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+CATALOG_DIR = Path(__file__).parent
+FlagType = Literal["bool", "bool_optional", "const", "choice", "list", "int", "float", "json", "str"]
+Scalar = bool | int | float | str
+FlagValue = Scalar | list[Scalar] | dict[str, Any] | None
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+class FlagError(ValueError):
+    """A flag or value the engine version would refuse; the message names the flag and the version."""
+
+
+class FlagSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: FlagType
+    dest: str
+    aliases: list[str] = Field(default_factory=list)
+    choices: list[Scalar] | None = None
+    nargs: str | int | None = None
+    item_type: Literal["int", "float", "str"] | None = None
+    parser: str | None = None  # a custom type function: value checked on the runner by the engine's parser
+    required: bool = False
+    default: Any = None
+    deprecated: bool = False
+    replacement: str | None = None
+    help: str | None = None
+
+
+class RemovedFlag(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    since: str
+    replacement: str | None = None
+    note: str | None = None
+
+
+class Catalog(BaseModel):
+    """The launch flags one engine version accepts (names without the leading ``--``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: str
+    version: str
+    source: str = ""
+    allow_abbrev: bool = True
+    flags: dict[str, FlagSpec]
+    removed: dict[str, RemovedFlag] = Field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.engine} {self.version}"
+
+    def canonical(self, name: str) -> str:
+        """The catalogue's name of a flag given by any spelling (``--x``, ``x``, ``x_y``, an alias)."""
+        key = name.strip().lstrip("-").replace("_", "-")
+        if key in self.flags:
+            return key
+        for flag, spec in self.flags.items():
+            if key in spec.aliases:
+                return flag
+        raise FlagError(f"unknown flag --{key} for {self.label}{self._why_unknown(key)}")
+
+    def _why_unknown(self, key: str) -> str:
+        gone = self.removed.get(key)
+        if gone is not None:
+            use = f"; use --{gone.replacement}" if gone.replacement else ""
+            return f" (removed in {gone.since}{use})"
+        for other in sorted(available_versions(self.engine), key=_version_key, reverse=True):
+            if _version_key(other) < _version_key(self.version) and key in load_catalog(self.engine, other).flags:
+                return f" (present in {self.engine} {other}, gone by {self.version})"
+        return ""
+
+    def coerce(self, name: str, value: FlagValue) -> tuple[str, FlagValue]:
+        """``(canonical name, typed value)``; strings from ``--set key=value`` are parsed per the flag's type."""
+        flag = self.canonical(name)
+        spec = self.flags[flag]
+        where = f"--{flag} ({self.label})"
+        try:
+            return flag, _coerce(spec, value)
+        except (TypeError, ValueError) as exc:
+            raise FlagError(f"bad value {value!r} for {where}: {exc}") from None
+
+    def to_argv(self, args: dict[str, FlagValue]) -> list[str]:
+        """argv for already-coerced ``args`` (None and False leave a flag out)."""
+        out: list[str] = []
+        for flag, value in args.items():
+            spec = self.flags[flag]
+            if value is None:
+                continue
+            if spec.type in ("bool", "const"):
+                if value:
+                    out.append(f"--{flag}")
+            elif spec.type == "bool_optional":
+                out.append(f"--{flag}" if value else f"--no-{flag}")
+            elif spec.type == "list":
+                out.append(f"--{flag}")
+                out.extend(str(v) for v in value)  # type: ignore[union-attr]
+            elif spec.type == "json":
+                out += [f"--{flag}", value if isinstance(value, str) else json.dumps(value)]
+            else:
+                out += [f"--{flag}", str(value)]
+        return out
+
+
+def _coerce(spec: FlagSpec, value: FlagValue) -> FlagValue:
+    if value is None:
+        return None
+    if spec.type in ("bool", "bool_optional", "const"):
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ValueError("expected true/false")
+    if spec.type == "int":
+        return _int(value)
+    if spec.type == "float":
+        if isinstance(value, bool):
+            raise ValueError("expected a number")
+        return float(value)
+    if spec.type == "choice":
+        choices = spec.choices or []
+        for choice in choices:
+            if str(choice) == str(value):
+                return choice
+        raise ValueError(f"expected one of {', '.join(map(str, choices))}")
+    if spec.type == "list":
+        items = value if isinstance(value, list) else str(value).replace(",", " ").split()
+        cast = {"int": _int, "float": float}.get(spec.item_type or "str", str)
+        return [cast(v) for v in items]
+    if spec.type == "json":
+        if isinstance(value, str):
+            json.loads(value)  # raises ValueError naming the position
+            return value
+        return json.dumps(value)
+    if isinstance(value, (dict, list)):
+        raise ValueError("expected a single value")
+    return str(value)
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    text = str(value).strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("expected an integer") from None
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))
+
+
+def available_versions(engine: str) -> list[str]:
+    """Catalogued versions of ``engine``, oldest first."""
+    found = [p.stem.removeprefix(f"{engine}-") for p in CATALOG_DIR.glob(f"{engine}-*.yaml")]
+    return sorted(found, key=_version_key)
+
+
+@lru_cache(maxsize=16)
+def load_catalog(engine: str, version: str) -> Catalog:
+    path = CATALOG_DIR / f"{engine}-{version}.yaml"
+    if not path.is_file():
+        known = ", ".join(available_versions(engine)) or "none"
+        raise FlagError(f"no flag catalogue for {engine} {version} (catalogued: {known}); "
+                        f"generate one with `python -m servetune.engines.catalog --python PY_WITH_{engine.upper()}`")
+    return Catalog.model_validate(yaml.safe_load(path.read_text()))
+
+
+def catalog_from_probe(dump: dict[str, Any], removed: dict[str, Any] | None = None) -> Catalog:
+    """A catalogue from ``sglang_probe.py dump`` output (the hand-kept ``removed`` facts carried over)."""
+    return Catalog(
+        engine=dump["engine"],
+        version=dump["version"],
+        source=f"generated from {dump['engine']} {dump['version']}'s own argument parser by sglang_probe.py",
+        allow_abbrev=dump.get("allow_abbrev", True),
+        flags={k: FlagSpec.model_validate(v) for k, v in sorted(dump["flags"].items())},
+        removed={k: RemovedFlag.model_validate(v) for k, v in (removed or {}).items()},
+    )
+
+
+def write_catalog(catalog: Catalog, directory: Path = CATALOG_DIR) -> Path:
+    path = directory / f"{catalog.engine}-{catalog.version}.yaml"
+    data = catalog.model_dump(mode="json", exclude_defaults=True)
+    data["flags"] = {k: v.model_dump(mode="json", exclude_defaults=True) for k, v in catalog.flags.items()}
+    data["removed"] = {k: v.model_dump(mode="json", exclude_none=True) for k, v in catalog.removed.items()}
+    path.write_text(yaml.safe_dump(data, sort_keys=False, width=120, allow_unicode=True))
+    return path
