@@ -201,8 +201,6 @@ class SimMetrics(Collector):
             [({"mode": "input"}, st.prompt_tokens - st.cached_tokens), ({"mode": "device_hit"}, st.cached_tokens),
              ({"mode": "host_hit"}, 0), ({"mode": "storage_hit"}, 0)],
         )
-        yield self._sched_counter("sglang:evicted_tokens", "Total number of tokens evicted from the radix cache.",
-                                  [({}, st.evicted_tokens)])
         yield self._tok_counter("sglang:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
         yield self._tok_counter("sglang:generation_tokens", "Number of generation tokens processed.",
                                 self.generation_tokens)

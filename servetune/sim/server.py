@@ -31,6 +31,7 @@ from .scheduler import RequestRejected, Scheduler, SimRequest
 log = logging.getLogger("servetune.sim.server")
 
 SPIN_S = 0.0012  # wake this much before the modelled time, then spin
+LEAD_MAX_S = 0.002  # never emit more than this ahead of the modelled time
 CATCH_UP_S = 0.002  # an engine later than this starts the next iteration "now" (lag is not carried)
 DEFAULT_MAX_TOKENS = 128  # when a request gives no max_tokens (there is no EOS model)
 ERROR_SAMPLES = 200_000
@@ -62,27 +63,22 @@ class _Stream:
         self.dead = False
         self.cached = 0
 
-    def emit(self, count: int, finished: bool, t_model_abs: float) -> None:
-        """Called by the engine at the iteration's end: write the new tokens, or finish."""
+    def frame(self, count: int) -> bytes | None:
+        """The chunk carrying tokens [sent, count), framed for chunked transfer; None if none to send.
+
+        Built before the modelled time, so only the socket write is left for the emission instant.
+        """
+        if count <= self.sent or self.transport is None or self.dead:
+            return None
         r = self.req
-        if count > self.sent:
-            if self.transport is not None and not self.dead:
-                new = tk.output_text(r.rid, self.sent, count)
-                if self.kind == "generate":
-                    self.text += new
-                    payload = self.pre + orjson.dumps(self.text) + self.server.meta_bytes(self, count, None)
-                else:
-                    payload = self.pre + orjson.dumps(new) + self.post
-                frame = b"%x\r\n%s\r\n" % (len(payload), payload)
-                tr = self.transport
-                if tr.is_closing():
-                    self.dead = True
-                else:
-                    tr.write(frame)
-                    self.server.errors.append(time.perf_counter() - t_model_abs)
-            self.sent = count
-        if finished and not self.done.done():
-            self.done.set_result(None)
+        new = tk.output_text(r.rid, self.sent, count)
+        if self.kind == "generate":
+            self.text += new
+            payload = self.pre + orjson.dumps(self.text) + self.server.meta_bytes(self, count, None)
+        else:
+            payload = self.pre + orjson.dumps(new) + self.post
+        self.sent = count
+        return b"%x\r\n%s\r\n" % (len(payload), payload)
 
 
 class SimServer:
@@ -91,8 +87,10 @@ class SimServer:
         self.sched = Scheduler(args)
         self.metrics = SimMetrics(args, self.sched)
         self.streams: dict[int, _Stream] = {}
-        self.errors: deque[float] = deque(maxlen=ERROR_SAMPLES)
+        self.errors: deque[float] = deque(maxlen=ERROR_SAMPLES)  # per token write: actual - modelled time
+        self.wake_errors: deque[float] = deque(maxlen=ERROR_SAMPLES)  # per iteration: engine wake-up lateness
         self._next_rid = 0
+        self._per_write = 5e-6  # running estimate of one socket write (s)
         self._wake: asyncio.Event | None = None
         self._engine: asyncio.Task[None] | None = None
         self.t0 = time.perf_counter()
@@ -126,14 +124,30 @@ class SimServer:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            await self._sleep_until(it.end)
-            t_abs = self.t0 + it.end
+            # prepare every chunk now; at the modelled end only the socket writes remain
             streams = self.streams
             output_len = sched.output_len
+            writes: list[tuple[asyncio.Transport, bytes]] = []
             for r in it.emitted:
                 st = streams.get(r.rid)
                 if st is not None:
-                    st.emit(output_len(r), r.finished_at is not None, t_abs)
+                    frame = st.frame(output_len(r))
+                    if frame is not None:
+                        writes.append((st.transport, frame))  # type: ignore[arg-type]
+            # centre the burst of writes on the modelled time (n writes take n x per_write)
+            lead = min(len(writes) * self._per_write / 2, LEAD_MAX_S)
+            await self._sleep_until(it.end - lead)
+            t_abs = self.t0 + it.end
+            clock = time.perf_counter
+            w0 = clock()
+            self.wake_errors.append(w0 + lead - t_abs)
+            errors = self.errors
+            for tr, frame in writes:
+                if not tr.is_closing():
+                    tr.write(frame)
+                    errors.append(clock() - t_abs)
+            if writes:
+                self._per_write = 0.9 * self._per_write + 0.1 * (clock() - w0) / len(writes)
             for r in it.finished:
                 st = streams.get(r.rid)
                 if st is not None and not st.done.done():
@@ -211,10 +225,11 @@ class SimServer:
             self.streams.pop(st.req.rid, None)
         return web.Response(status=200)
 
-    def emission_error_ms(self) -> dict[str, Any]:
-        if not self.errors:
+    def emission_error_ms(self, errors: deque[float] | None = None) -> dict[str, Any]:
+        errors = self.errors if errors is None else errors
+        if not errors:
             return {"count": 0}
-        arr = np.abs(np.fromiter(self.errors, float)) * 1000.0
+        arr = np.abs(np.fromiter(errors, float)) * 1000.0
         p50, p99 = np.percentile(arr, [50, 99])
         return {"count": int(arr.size), "p50": float(p50), "p99": float(p99), "max": float(arr.max()),
                 "mean": float(arr.mean())}
@@ -238,6 +253,7 @@ class SimServer:
                     "num_running_reqs": len(sc.running),
                     "num_queue_reqs": sc.num_queue(),
                     "sim_emission_error_ms": self.emission_error_ms(),
+                    "sim_wake_error_ms": self.emission_error_ms(self.wake_errors),
                 }
             ],
         }
@@ -349,6 +365,9 @@ class SimServer:
         if writer is not None:
             writer.send_headers()
         st.transport = request.transport
+        frame = st.frame(self.sched.output_len(st.req))  # tokens that came before the stream was open
+        if frame is not None and st.transport is not None:
+            st.transport.write(frame)
         return resp
 
     async def _write(self, resp: web.StreamResponse, data: bytes) -> None:
