@@ -9,6 +9,7 @@ Failures are recorded on the request (design.md: never an aborted run).
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import time
 from collections.abc import Callable
@@ -156,6 +157,28 @@ async def run_load(
         finally:
             rec.t_send_s = (t_send - t0_ns) / 1e9
             rec.e2e_ms = (t_end - t_send) / 1e6
+        finished.append((i, reads, times, t_send))
+        wake.set()
+
+    # Streams that end together (closed loop, equal lengths) would otherwise all be decoded in one
+    # event-loop pass, and no socket is read (so no chunk stamped) until that pass is over: one
+    # task decodes them, one stream per pass.
+    finished: collections.deque[tuple[int, list[bytes], list[int], int] | None] = collections.deque()
+    wake = asyncio.Event()
+
+    async def decoder() -> None:
+        while True:
+            while finished:
+                item = finished.popleft()
+                if item is None:
+                    return
+                decode(*item)
+                await asyncio.sleep(0)
+            wake.clear()
+            await wake.wait()
+
+    def decode(i: int, reads: list[bytes], times: list[int], t_send: int) -> None:
+        rec = records[i]
         try:
             if reads or rec.error_class is None:
                 events, tail = split_events(reads, times)
@@ -185,6 +208,7 @@ async def run_load(
         await preflight(session, target)
         # The records and bodies are long-lived: keep the collector from re-scanning them all run long.
         gc.freeze()
+        decoding = asyncio.create_task(decoder())
         try:
             if n_warm:
                 await closed_loop(list(range(n_warm)), load.concurrency, send)
@@ -196,7 +220,11 @@ async def run_load(
             else:
                 await closed_loop(measured, load.concurrency, send)
             drain_end = clock()
+            finished.append(None)
+            wake.set()
+            await decoding
         finally:
+            decoding.cancel()
             gc.unfreeze()
     window_end_s = max(records[i].t_send_s for i in measured)
     return LoadOutcome(records, (window_start - t0_ns) / 1e9, window_end_s, (drain_end - t0_ns) / 1e9)
