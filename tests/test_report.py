@@ -195,3 +195,21 @@ def test_figures_are_pngs(campaign_dir: Path) -> None:
     for fig in all_figures(campaign):
         assert fig.png is not None, fig.note
         assert Image.open(io.BytesIO(fig.png)).format == "PNG"
+
+
+def test_report_of_a_real_virtual_campaign(tmp_path: Path) -> None:
+    """The tuning CLI's own result folder (simulated engine, virtual time), as written, not a fixture."""
+    plan = Path(__file__).resolve().parents[1] / "plans" / "8b-chat.yaml"
+    run = tmp_path / "run"
+    tuned = runner.invoke(app, ["tune", str(plan), "--virtual", "--out", str(run)])
+    assert tuned.exit_code == 0, tuned.output
+    campaign = load_campaign(str(run))
+    ceiling, source = campaign.ceiling()
+    experiment = orjson.loads((run / "experiment.json").read_bytes())
+    assert (ceiling, source) == (experiment["ceiling"]["concurrency"], "experiment.ceiling")
+    figures = {f.key: f for f in all_figures(campaign)}
+    assert all(f.png is not None for f in figures.values()), {k: f.note for k, f in figures.items()}
+    html = write_report(campaign, tmp_path / "r").html_path.read_text()
+    rec = orjson.loads((run / "recommendation.json").read_bytes())
+    assert f"{rec["goodput_rps"]:,.2f}" in html
+    assert html.count('<tr id="check-') == len(list((run / "trials").glob("*.json")))

@@ -182,51 +182,67 @@ def prefix_hit_figure(campaign: Campaign) -> ReportFigure:
     return ReportFigure(key, title, caption, _png(fig))
 
 
+DEFAULT = "default"  # a flag the trial left to the engine's default
+
+
+def _axis_key(value: Any) -> tuple[int, float | str]:
+    return (0, 0.0) if value == DEFAULT else (1, value if isinstance(value, int | float) else str(value))
+
+
 def refine_heatmap_figure(campaign: Campaign) -> ReportFigure:
     key, title = "refine_heatmap", "Refinement: chunked-prefill-size x schedule-conservativeness"
-    caption = ("Goodput (req/s) of each refinement trial near the ceiling; the best of a cell is shown "
-               "when several max-running-requests values were tried. Hatched cells were not measured; "
-               "a cross marks a trial that missed the SLA or failed.")
-    def cell(t: TrialResult) -> tuple[Any, Any]:
-        return (flag_value(t.server_config, "chunked_prefill_size"),
-                flag_value(t.server_config, "schedule_conservativeness"))
-
-    trials = [t for t in campaign.refine_trials() if None not in cell(t)]
-    if not trials:
+    caption = ("Goodput (req/s) near the ceiling for each chunked-prefill-size x schedule-conservativeness "
+               "tried; 'default' is the engine's own value (the refinement changes one flag at a time, and "
+               "the ramp's trial at the same concurrency is the default/default cell). A cell shows its best "
+               "trial when several (e.g. max-running-requests values) were tried. Hatched: not measured; "
+               "'missed SLA': the best trial there missed the p99 SLA or failed.")
+    refine = campaign.refine_trials()
+    if not refine:
         return ReportFigure(key, title, caption, None, "no refinement trials in this campaign")
-    chunks = sorted({cell(t)[0] for t in trials})
-    conss = sorted({cell(t)[1] for t in trials})
+
+    def cell(t: TrialResult) -> tuple[Any, Any]:
+        chunk = flag_value(t.server_config, "chunked_prefill_size")
+        cons = flag_value(t.server_config, "schedule_conservativeness")
+        return (DEFAULT if chunk is None else chunk, DEFAULT if cons is None else cons)
+
+    levels = {concurrency_of(t) for t in refine}
+    start = [t for t in campaign.curve_trials() if concurrency_of(t) in levels and cell(t) == (DEFAULT, DEFAULT)]
+    trials = refine + start
+    chunks = sorted({cell(t)[0] for t in trials}, key=_axis_key)
+    conss = sorted({cell(t)[1] for t in trials}, key=_axis_key)
     grid = [[math.nan] * len(chunks) for _ in conss]
     passed = [[False] * len(chunks) for _ in conss]
     for t in trials:
-        i = conss.index(cell(t)[1])
-        j = chunks.index(cell(t)[0])
-        value = t.summary.goodput_rps if t.status == "ok" else 0.0
-        value = value if value is not None else 0.0
+        i, j = conss.index(cell(t)[1]), chunks.index(cell(t)[0])
+        value = (t.summary.goodput_rps or 0.0) if t.status == "ok" else 0.0
         if math.isnan(grid[i][j]) or value > grid[i][j]:
             grid[i][j] = value
             passed[i][j] = meets_sla(t, campaign.sla)
-    fig = Figure(figsize=(1.6 + 1.3 * len(chunks), 1.4 + 0.9 * len(conss)))
+    fig = Figure(figsize=(2.2 + 1.3 * len(chunks), 1.6 + 0.9 * len(conss)))
     ax = fig.subplots()
-    ax.set_facecolor("#f0f0f0")
-    im = ax.imshow(grid, cmap="YlGn", aspect="auto", origin="lower")
+    values = [v for row in grid for v in row if not math.isnan(v)]
+    lo, hi = min(values), max(values)
+    pad = max(0.02 * abs(hi), 0.1 * (hi - lo), 1e-6)  # near-equal goodputs must not look far apart
+    im = ax.imshow(grid, cmap="YlGn", aspect="auto", origin="lower", vmin=lo - pad, vmax=hi + pad)
     rec_cfg = (campaign.recommendation or {}).get("config") or {}
+    rec_cell = (flag_value(rec_cfg, "chunked_prefill_size"), flag_value(rec_cfg, "schedule_conservativeness"))
+    rec_cell = tuple(DEFAULT if v is None else v for v in rec_cell)
     for i, row in enumerate(grid):
         for j, v in enumerate(row):
             if math.isnan(v):
                 ax.add_patch(_hatch(j, i))
                 continue
-            text = f"{v:.2f}" + ("" if passed[i][j] else " ✗")
             dark = float(im.norm(v)) > 0.6  # white text only on the dark end of the colour map
-            ax.text(j, i, text, ha="center", va="center", fontsize=9, color="white" if dark else "black")
-            if (flag_value(rec_cfg, "chunked_prefill_size") == chunks[j]
-                    and flag_value(rec_cfg, "schedule_conservativeness") == conss[i]):
+            ax.text(j, i, f"{v:.2f}" + ("" if passed[i][j] else "\nmissed SLA"), ha="center", va="center",
+                    fontsize=9, color="white" if dark else "black")
+            if campaign.recommendation and rec_cell == (chunks[j], conss[i]):
                 ax.add_patch(_outline(j, i))
     ax.set_xticks(range(len(chunks)), [str(c) for c in chunks])
-    ax.set_yticks(range(len(conss)), [f"{c:g}" for c in conss])
+    ax.set_yticks(range(len(conss)), [c if c == DEFAULT else f"{c:g}" for c in conss])
     ax.set(xlabel="--chunked-prefill-size", ylabel="--schedule-conservativeness", title="goodput (req/s)")
-    fig.colorbar(im, ax=ax, label="goodput req/s")
-    return ReportFigure(key, title, caption + " The recommended cell is outlined.", _png(fig))
+    cbar = fig.colorbar(im, ax=ax, label="goodput req/s")
+    cbar.formatter.set_useOffset(False)
+    return ReportFigure(key, title, caption + " The recommended cell is outlined in red.", _png(fig))
 
 
 def _hatch(j: int, i: int) -> Rectangle:
