@@ -1,1 +1,15 @@
-"""servetune.engines"""
+"""Serving engines: how to start one (argv), where it says it is ready, what it reports about itself."""
+
+from servetune.engines.base import ENGINE_KINDS, EngineConfig, engine_from_cli, parse_engine_config
+from servetune.engines.catalog import FlagError
+from servetune.engines.common import EngineBase
+from servetune.engines.external import ExternalConfig
+from servetune.engines.failures import EngineFailure, FailureKind, classify
+from servetune.engines.sglang import SGLangConfig
+from servetune.engines.sim import SimConfig
+from servetune.engines.vllm import VLLMConfig
+
+__all__ = [
+    "ENGINE_KINDS", "EngineBase", "EngineConfig", "EngineFailure", "ExternalConfig", "FailureKind", "FlagError",
+    "SGLangConfig", "SimConfig", "VLLMConfig", "classify", "engine_from_cli", "parse_engine_config",
+]

@@ -1,0 +1,130 @@
+"""SGLang: ``python -m sglang.launch_server`` with flags checked against the catalogue of its version.
+
+Flags are kept as ``{name: typed value}`` and turned into argv only at launch. Metrics and the
+cache report are always on: without them a trial cannot state its prefix hit rate.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from servetune.engines.catalog import Catalog, FlagError, FlagValue, load_catalog
+from servetune.engines.common import EngineBase
+
+DEFAULT_VERSION = "0.5.23"
+ALWAYS_ON = ("enable-metrics", "enable-cache-report")
+#: set by servetune itself (model from --model, host/port from the runner): never through --set
+RESERVED = ("model-path", "host", "port")
+PROBE_PATH = Path(__file__).parent / "catalog" / "sglang_probe.py"
+
+
+def validate_flags(catalog: Catalog, args: Mapping[str, FlagValue], *, reserved: Sequence[str] = RESERVED,
+                   ) -> dict[str, FlagValue]:
+    """Canonical names and typed values; unknown, removed or reserved flags raise ``FlagError``."""
+    out: dict[str, FlagValue] = {}
+    for name, value in args.items():
+        flag, typed = catalog.coerce(name, value)
+        if flag in reserved:
+            raise FlagError(f"--{flag} is set by servetune (model from --model, host/port from the runner), "
+                            f"not through flags ({catalog.label})")
+        if flag in ALWAYS_ON and typed is False:
+            raise FlagError(f"--{flag} cannot be turned off: trials need it ({catalog.label})")
+        if flag in out:
+            raise FlagError(f"--{flag} given twice ({catalog.label})")
+        out[flag] = typed
+    return out
+
+
+class SGLangConfig(EngineBase):
+    kind: Literal["sglang"] = "sglang"
+    model: str = Field(description="model path (or hub id) as SGLang's --model-path takes it")
+    version: str = Field(default=DEFAULT_VERSION, description="the SGLang version whose flag catalogue applies")
+    python: str = Field(default="python3", description="interpreter on the runner where sglang is installed")
+    args: dict[str, FlagValue] = Field(default_factory=dict, description="SGLang flags: name -> value")
+
+    health_paths: tuple[str, ...] = ("/health_generate",)
+    info_paths: tuple[str, ...] = ("/server_info", "/get_server_info")
+
+    @field_validator("model")
+    @classmethod
+    def _model_given(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("model must name a model path")
+        return v
+
+    @model_validator(mode="after")
+    def _flags_known(self) -> SGLangConfig:
+        self.args = validate_flags(self.catalog, self.args)
+        return self
+
+    @property
+    def catalog(self) -> Catalog:
+        return load_catalog("sglang", self.version)
+
+    @property
+    def served_model(self) -> str | None:
+        name = self.args.get("served-model-name")
+        return str(name) if name else self.model
+
+    def server_args_argv(self, *, host: str, port: int) -> list[str]:
+        """The launch flags (what SGLang's parser sees), without the interpreter."""
+        flags = {k: v for k, v in self.args.items() if k not in ALWAYS_ON}
+        return (["--model-path", self.model, "--host", host, "--port", str(port)]
+                + [f"--{f}" for f in ALWAYS_ON] + self.catalog.to_argv(flags))
+
+    def launch_argv(self, *, host: str, port: int) -> list[str]:
+        return [self.python, "-m", "sglang.launch_server", *self.server_args_argv(host=host, port=port)]
+
+    def parser_check_argv(self, *, host: str, port: int) -> list[str]:
+        """A command that asks the runner's installed SGLang to parse our flags (no GPU, no model load)."""
+        return [self.python, "-c", PROBE_PATH.read_text(), "check", *self.server_args_argv(host=host, port=port)]
+
+    def describe(self) -> str:
+        return f"sglang {self.version} {self.model}"
+
+
+@dataclass(frozen=True)
+class ParserVerdict:
+    """What SGLang's own parser on the runner said; ``checked`` is False where SGLang is not installed."""
+
+    checked: bool
+    ok: bool
+    version: str | None = None
+    error: str | None = None
+    note: str | None = None
+
+
+def interpret_parser_check(returncode: int, stdout: str, stderr: str, planned_version: str) -> ParserVerdict:
+    """Turn the probe's output into a verdict; an SGLang that is not installed is "not checked", not a pass."""
+    line = next((ln for ln in reversed(stdout.strip().splitlines()) if ln.startswith("{")), "")
+    try:
+        data: dict[str, Any] = json.loads(line) if line else {}
+    except ValueError:
+        data = {}
+    if not data:
+        missing = "No module named 'sglang'" in stderr or "No such file" in stderr or returncode == 127
+        note = "sglang is not installed there" if missing else f"probe failed (exit {returncode}): {stderr.strip()[-300:]}"
+        return ParserVerdict(checked=False, ok=False, version=None, error=None, note=note)
+    version = data.get("version")
+    if data.get("ok") and version and version != planned_version:
+        return ParserVerdict(checked=True, ok=False, version=version, note=None,
+                             error=f"the runner has sglang {version} but the plan's flags are for {planned_version}")
+    return ParserVerdict(checked=True, ok=bool(data.get("ok")), version=version, error=data.get("error"), note=None)
+
+
+def check_with_installed_parser(cfg: SGLangConfig, *, host: str = "127.0.0.1", port: int = 30000,
+                                env: Mapping[str, str] | None = None, timeout_s: float = 120.0) -> ParserVerdict:
+    """Run the probe locally (the runner's own machine); see ``interpret_parser_check``."""
+    try:
+        proc = subprocess.run(cfg.parser_check_argv(host=host, port=port), capture_output=True, text=True,
+                              timeout=timeout_s, env=None if env is None else dict(env), stdin=subprocess.DEVNULL)
+    except FileNotFoundError as exc:
+        return ParserVerdict(checked=False, ok=False, version=None, error=None, note=f"no interpreter: {exc}")
+    return interpret_parser_check(proc.returncode, proc.stdout, proc.stderr, cfg.version)

