@@ -51,7 +51,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--chunks", type=int, default=16, help="content chunks per request (array lengths)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--database-url", default=None, help="default: a fresh database on the local server")
+    ap.add_argument("--database-url", default=None,
+                    help="an EMPTY database it may truncate (default: a fresh one on the local server)")
     args = ap.parse_args()
 
     server, cluster = localdb.resolve_server()
@@ -65,11 +66,10 @@ def main() -> None:
         exp = ExperimentInfo.for_lone_trial(result)
         cols = ", ".join(REQUEST_COLUMNS)
 
-        def clear() -> None:
+        def clear() -> None:  # this database is the benchmark's own: start every run from empty tables
             with eng.begin() as conn:
-                conn.execute(text("DELETE FROM experiments WHERE experiment_id = :e"), {"e": exp.experiment_id})
-            with eng.connect() as conn:  # keep the table's size steady between runs
-                conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM request_records"))
+                conn.execute(text("TRUNCATE experiments, trials, request_records, gpu_samples, server_samples, "
+                                  "validations"))
 
         def run_loader() -> float:
             clear()

@@ -132,3 +132,23 @@ def test_cli_validate_and_data_docs(tmp_path):
     assert orjson.loads((tmp_path / "r.json").read_bytes())["success"] is False
     res = runner.invoke(app, ["validate", str(tmp_path / "missing.json")])
     assert res.exit_code == 2 and "missing.json" in res.output
+
+
+def test_stored_trial_through_gx_postgres_datasource(database_url):
+    """The suites also run on loaded tables, and agree with the in-memory run."""
+    from servetune.validation.stored import validate_stored
+    from servetune.warehouse import load_result
+    from warehouse_fixtures import migrated
+
+    migrated(database_url)
+    good, bad = make_trial(trial_id="stored-good"), make_trial(trial_id="stored-bad")
+    _ttft_after_e2e(bad)
+    for t in (good, bad):
+        load_result(database_url, t, validate=False)
+    ok = validate_stored("stored-good", database_url=database_url)
+    assert ok.success, _failed(ok)
+    assert len(ok.results) == len(validate(good).results)
+    rejected = validate_stored("stored-bad", database_url=database_url)
+    assert _failed(rejected) == _failed(validate(bad))
+    with pytest.raises(LookupError, match="no trial"):
+        validate_stored("nope", database_url=database_url)

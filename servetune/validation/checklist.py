@@ -120,7 +120,8 @@ def _outcome(suite: str, r: dict[str, Any]) -> ExpectationOutcome:
     )
 
 
-def _context(data_docs_dir: Path | None):
+def gx_context(data_docs_dir: Path | None = None) -> tuple[Any, Any]:
+    """(gx module, an ephemeral context without analytics or progress bars[, with a Data Docs site])."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
@@ -145,26 +146,25 @@ def _context(data_docs_dir: Path | None):
     return gx, ctx
 
 
-def run_suites(frames: TrialFrames, params: dict[str, Any], *, waive: frozenset[str] = frozenset(),
-               data_docs_dir: Path | None = None, run_name: str = "trial") -> ValidationReport:
-    gx, ctx = _context(data_docs_dir)
+def suites_for(waive: frozenset[str]) -> list[str]:
+    return [s for s in SUITES if not (s == "trial_gpu" and "gpu_memory_curve" in waive)]
+
+
+def run_batches(gx: Any, ctx: Any, batches: dict[str, tuple[Any, dict[str, Any] | None]], params: dict[str, Any],
+                *, waive: frozenset[str], data_docs_dir: Path | None, run_name: str) -> ValidationReport:
+    """Run each suite on its batch (suite name -> (batch definition, batch parameters))."""
     from great_expectations.core.expectation_suite import ExpectationSuite
 
-    source = ctx.data_sources.add_pandas(name="trial")
-    frame_of = {"trial_summary": frames.summary, "trial_requests": frames.requests, "trial_gpu": frames.gpu}
-    suites = [s for s in SUITES if not (s == "trial_gpu" and "gpu_memory_curve" in waive)]
     outcomes: list[ExpectationOutcome] = []
-    for name in suites:
+    for name, (batch, batch_parameters) in batches.items():
         suite = ctx.suites.add(ExpectationSuite(**load_suite(name, waive)))
-        batch = source.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe("whole")
         definition = ctx.validation_definitions.add(
             gx.ValidationDefinition(name=f"{run_name}:{name}", data=batch, suite=suite))
-        run_kwargs = {"batch_parameters": {"dataframe": frame_of[name]}, "expectation_parameters": params}
+        run_kwargs = {"batch_parameters": batch_parameters, "expectation_parameters": params}
         if data_docs_dir is not None:  # a checkpoint stores the result so Data Docs can render it
             checkpoint = ctx.checkpoints.add(gx.Checkpoint(name=f"{run_name}:{name}",
                                                            validation_definitions=[definition]))
-            cp = checkpoint.run(**run_kwargs)
-            vr = next(iter(cp.run_results.values()))
+            vr = next(iter(checkpoint.run(**run_kwargs).run_results.values()))
         else:
             vr = definition.run(**run_kwargs, result_format="SUMMARY")
         outcomes.extend(_outcome(name, r) for r in vr.to_json_dict()["results"])
@@ -173,9 +173,23 @@ def run_suites(frames: TrialFrames, params: dict[str, Any], *, waive: frozenset[
         ctx.build_data_docs(site_names=["servetune"])
         docs = str(Path(data_docs_dir) / "index.html")
     return ValidationReport(
-        success=all(o.success for o in outcomes), results=outcomes, suites=suites,
+        success=all(o.success for o in outcomes), results=outcomes, suites=list(batches),
         gx_version=gx.__version__, parameters=params, waived=sorted(waive), data_docs=docs,
     )
+
+
+def run_suites(frames: TrialFrames, params: dict[str, Any], *, waive: frozenset[str] = frozenset(),
+               data_docs_dir: Path | None = None, run_name: str = "trial") -> ValidationReport:
+    """The suites on a trial's pandas frames (whole-dataframe batches)."""
+    gx, ctx = gx_context(data_docs_dir)
+    source = ctx.data_sources.add_pandas(name="trial")
+    frame_of = {"trial_summary": frames.summary, "trial_requests": frames.requests, "trial_gpu": frames.gpu}
+    batches = {
+        name: (source.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe("whole"),
+               {"dataframe": frame_of[name]})
+        for name in suites_for(waive)
+    }
+    return run_batches(gx, ctx, batches, params, waive=waive, data_docs_dir=data_docs_dir, run_name=run_name)
 
 
 def validate(result: TrialResult, *, min_measured: int = 200, expected_interval_ms: float | None = None,
