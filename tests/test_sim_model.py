@@ -69,6 +69,26 @@ def test_bad_flags_are_refused_with_the_cause() -> None:
     assert exc.value.code == 2
 
 
+def test_every_sglang_flag_we_accept_exists_in_sglang_0_5_23() -> None:
+    """Cross-check against the catalogue generated from SGLang 0.5.23's own parser (servetune.engines)."""
+    from pathlib import Path
+
+    import yaml
+
+    from servetune.sim.args import build_parser
+
+    catalog = Path(__file__).resolve().parents[1] / "servetune/engines/catalog/sglang-0.5.23.yaml"
+    if not catalog.is_file():
+        pytest.skip("SGLang flag catalogue not present")
+    flags = yaml.safe_load(catalog.read_text())["flags"]
+    known = {"--" + k for k in flags} | {"--" + a for v in flags.values() for a in v.get("aliases") or []}
+    sim_only = {"--model-profile", "--gpu-profile", "--load-seconds"}
+    ours = {o for a in build_parser()._actions for o in a.option_strings if o not in ("-h", "--help")}
+    assert ours - sim_only <= known, sorted(ours - sim_only - known)
+    assert set(build_parser()._option_string_actions["--schedule-policy"].choices) <= set(
+        flags["schedule-policy"]["choices"])
+
+
 # --- radix cache ------------------------------------------------------------------------------
 
 

@@ -37,9 +37,9 @@ def build_parser(prog: str = "servetune sim serve") -> argparse.ArgumentParser:
     sim.add_argument("--gpu-profile", default=DEFAULT_GPU_PROFILE, help="GPU profile name or YAML path")
     sim.add_argument("--load-seconds", type=float, default=0.5, help="simulated weight-loading time (503s)")
     sg = p.add_argument_group("SGLang server arguments")
-    sg.add_argument("--model-path", default=None, help="model name reported by the API (default: profile's)")
+    sg.add_argument("--model-path", "--model", default=None, dest="model_path", help="model name reported by the API (default: profile's)")
     sg.add_argument("--served-model-name", default=None)
-    sg.add_argument("--tp-size", "--tp", type=int, default=None, dest="tp_size")
+    sg.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=None, dest="tp_size")
     sg.add_argument("--context-length", type=int, default=None)
     sg.add_argument("--max-running-requests", type=int, default=None)
     sg.add_argument("--max-total-tokens", type=int, default=None)
@@ -252,8 +252,7 @@ def server_args_from_flags(flags: Mapping[str, Any] | SimArgs | None = None) -> 
     unknown = []
     for key, value in (flags or {}).items():
         k = key.lstrip("-").replace("-", "_")
-        if k == "tp":
-            k = "tp_size"
+        k = {"tp": "tp_size", "tensor_parallel_size": "tp_size", "model": "model_path"}.get(k, k)
         if k not in dests:
             unknown.append(key)
             continue
