@@ -211,5 +211,5 @@ def test_report_of_a_real_virtual_campaign(tmp_path: Path) -> None:
     assert all(f.png is not None for f in figures.values()), {k: f.note for k, f in figures.items()}
     html = write_report(campaign, tmp_path / "r").html_path.read_text()
     rec = orjson.loads((run / "recommendation.json").read_bytes())
-    assert f"{rec["goodput_rps"]:,.2f}" in html
+    assert f"{rec['goodput_rps']:,.2f}" in html
     assert html.count('<tr id="check-') == len(list((run / "trials").glob("*.json")))
