@@ -1,0 +1,220 @@
+"""Start an engine, know when it really serves, and always tear it down.
+
+``provision(engine, runner)`` is the context manager a trial uses; ``Server`` is the explicit API
+(``start()``, ``wait_ready()``, ``stop()``) for callers that split the steps (Airflow tasks).
+Every failure is an ``EngineFailure`` with a classified kind and the last 50 log lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from servetune.engines.common import EngineBase
+from servetune.engines.external import ExternalConfig
+from servetune.engines.failures import EngineFailure, FailureKind, failure_from_log
+from servetune.runners.base import (
+    KubernetesRunnerConfig,
+    LocalRunnerConfig,
+    RunnerBase,
+    RunningServer,
+    SSHRunnerConfig,
+    TeardownReport,
+    tail_file,
+)
+from servetune.runners.preflight import PreflightReport
+
+log = logging.getLogger(__name__)
+TAIL_LINES = 50
+
+
+def default_log_dir() -> Path:
+    return Path(os.environ.get("SERVETUNE_LOG_DIR") or Path.home() / ".cache" / "servetune" / "logs")
+
+
+def make_backend(runner: RunnerBase):
+    if isinstance(runner, LocalRunnerConfig):
+        from servetune.runners.local import LocalBackend
+
+        return LocalBackend(runner)
+    if isinstance(runner, SSHRunnerConfig):
+        from servetune.runners.ssh import SSHBackend
+
+        return SSHBackend(runner)
+    if isinstance(runner, KubernetesRunnerConfig):
+        raise TypeError("the kubernetes runner builds a manifest (servetune serve --runner kubernetes --dry-run); "
+                        "apply it with kubectl as docs/engines.md shows")
+    raise TypeError(f"unknown runner {type(runner).__name__}")
+
+
+def http_ok(url: str, timeout_s: float) -> bool:
+    """GET ``url`` answers 200 (anything else, or no answer, is "not yet")."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (http(s) URLs we built)
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def fetch_resolved_args(url: str) -> dict[str, Any]:
+    """The server's own account of its arguments (telemetry.server_info), from a sync caller."""
+    from servetune.telemetry.server_info import fetch_server_info
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:  # safe inside a running event loop
+        return pool.submit(asyncio.run, fetch_server_info(url)).result()
+
+
+class Server:
+    """One engine on one runner. ``start`` -> ``wait_ready`` -> ``stop`` (``stop`` is idempotent)."""
+
+    def __init__(self, engine: EngineBase, runner: RunnerBase | None = None, *, port: int | None = None,
+                 log_dir: Path | None = None):
+        self.engine = engine
+        self.runner = runner or LocalRunnerConfig()
+        self.requested_port = port
+        self.log_dir = Path(log_dir) if log_dir else default_log_dir()
+        self.backend = None if not engine.launches else make_backend(self.runner)
+        self.port: int | None = None
+        self.argv: list[str] = []
+        self.log_path: Path | None = None
+        self.running: RunningServer | None = None
+        self.preflight_report: PreflightReport | None = None
+        self.teardown_report: TeardownReport | None = None
+        self._started = False
+        self._stopped = False
+
+    # --- explicit API
+    def plan(self, *, dry_run: bool = False) -> list[str]:
+        """Choose the port and build the exact command (nothing started; the runner is not touched in a dry run)."""
+        if self.backend is None:
+            return []
+        self.port = self.backend.choose_port(self.requested_port, dry_run=dry_run)
+        self.argv = self.engine.launch_argv(host=self.backend.bind_host, port=self.backend.engine_port)
+        return self.backend.command(self.argv, self.engine.env)
+
+    def start(self) -> Server:
+        """Preflight (clean environment), then launch. A dirty environment raises ``EngineFailure``."""
+        if self._started:
+            raise RuntimeError("already started")
+        self._started = True
+        if self.backend is None:
+            return self
+        self.plan()
+        if self.runner.check_clean:
+            self.preflight_report = self.backend.preflight(self.port)
+            log.info("preflight: port %s; %s", self.preflight_report.port, self.preflight_report.gpu)
+            self.preflight_report.raise_if_dirty()
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+        self.log_path = self.log_dir / f"{self.engine.kind}-{self.port}-{stamp}.log"
+        log.info("starting %s: %s (log %s)", self.engine.describe(), self.argv, self.log_path)
+        self.backend.launch(self.argv, self.engine.env, self.log_path)
+        return self
+
+    @property
+    def url(self) -> str:
+        if isinstance(self.engine, ExternalConfig):
+            return self.engine.url
+        return f"http://{self.backend.url_host}:{self.port}"
+
+    def tail_log(self, n: int = TAIL_LINES) -> list[str]:
+        return tail_file(self.log_path, n)
+
+    def wait_ready(self) -> RunningServer:
+        """Poll the health endpoint until the deadline; an early exit or a timeout tears down and raises."""
+        if not self._started:
+            self.start()
+        deadline = time.monotonic() + self.engine.ready_timeout_s
+        try:
+            while True:
+                code = self.backend.returncode() if self.backend else None
+                if code is not None:
+                    raise failure_from_log(FailureKind.exited, f"{self.engine.describe()} exited with code {code} "
+                                           "before it was ready", self.tail_log(), str(self.log_path))
+                remaining = deadline - time.monotonic()
+                if any(http_ok(self.url + p, timeout_s=max(0.5, min(10.0, remaining)))
+                       for p in self.engine.health_paths):
+                    break
+                if time.monotonic() >= deadline:
+                    failure = failure_from_log(FailureKind.timeout, "", self.tail_log(), str(self.log_path))
+                    # a log pattern explains a hang (e.g. an OOM in a worker) better than "timeout" alone
+                    raise EngineFailure(failure.kind, f"not ready after {self.engine.ready_timeout_s:g} s "
+                                        f"({', '.join(self.engine.health_paths)})" + failure.reason,
+                                        failure.log_tail, failure.log_path)
+                time.sleep(min(self.runner.poll_interval_s, max(0.0, deadline - time.monotonic())))
+        except BaseException:
+            self.stop()
+            raise
+        if self.backend:
+            self.backend.on_ready()
+        self.running = RunningServer(
+            url=self.url, host=self.backend.url_host if self.backend else self.url, port=self.port or 0,
+            engine_kind=self.engine.kind, argv=self.argv, log_path=self.log_path,
+            pid=self.backend.pid if self.backend else None, model=self.engine.served_model,
+            resolved_args=fetch_resolved_args(self.url), handle=self,
+        )
+        log.info("%s ready at %s", self.engine.describe(), self.url)
+        return self.running
+
+    def check_alive(self) -> None:
+        """Raise ``EngineFailure(died)`` with the log tail if a launched engine has exited."""
+        code = self.backend.returncode() if self.backend else None
+        if code is not None:
+            raise failure_from_log(FailureKind.died, f"{self.engine.describe()} exited with code {code} "
+                                   "while serving", self.tail_log(), str(self.log_path))
+
+    def preflight_running(self) -> PreflightReport:
+        """Before a trial on this server: no foreign GPU processes (ours are expected)."""
+        if self.backend is None:
+            return PreflightReport(ok=True, gpu="not ours to check (external endpoint)", port="not checked")
+        return self.backend.running_preflight()
+
+    def stop(self) -> TeardownReport:
+        """Tear down: SIGTERM, grace, SIGKILL of the whole group; verify port and GPU memory. Never raises."""
+        if self._stopped:
+            return self.teardown_report or TeardownReport(clean=True)
+        self._stopped = True
+        t0 = time.monotonic()
+        if self.backend is None or not self._started:
+            self.teardown_report = TeardownReport(clean=True, gpu="not ours" if self.backend is None else "not started")
+            return self.teardown_report
+        try:
+            signals, problems, free, gpu = self.backend.teardown()
+        except Exception as exc:  # teardown must report, not mask the original failure
+            log.exception("teardown of %s failed", self.engine.describe())
+            signals, problems, free, gpu = [], [f"teardown error: {type(exc).__name__}: {exc}"], None, "not checked"
+        self.teardown_report = TeardownReport(clean=not problems, problems=problems, signals=signals,
+                                              port_free=free, gpu=gpu, seconds=time.monotonic() - t0)
+        level = logging.INFO if self.teardown_report.clean else logging.WARNING
+        log.log(level, "teardown of %s: %s", self.engine.describe(), self.teardown_report)
+        return self.teardown_report
+
+    def __enter__(self) -> RunningServer:
+        try:
+            return self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextmanager
+def provision(engine: EngineBase, runner: RunnerBase | None = None, *, port: int | None = None,
+              log_dir: Path | None = None) -> Iterator[RunningServer]:
+    """A ready server for the ``with`` body; torn down afterwards whatever happens (Ctrl-C included)."""
+    server = Server(engine, runner, port=port, log_dir=log_dir)
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()

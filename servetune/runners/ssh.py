@@ -1,0 +1,194 @@
+"""The engine on another host over SSH: the system ``ssh`` client, a local port forward, a remote process group.
+
+The remote command runs under ``setsid -w`` so its PGID is known (printed as the first log line)
+and teardown can kill the whole remote group. If our side disappears (even SIGKILL: the local
+watchdog kills the ssh client), the remote end sees EOF on stdin and kills its own group.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from servetune.runners.base import SSHRunnerConfig, tail_file
+from servetune.runners.preflight import (
+    REMOTE_PROBE,
+    PreflightReport,
+    free_port,
+    port_free,
+    remote_probe_json,
+    report_from_remote,
+)
+from servetune.runners.process import GuardedProcess
+
+PGID_MARK = "servetune-remote-pgid"
+# $0 name, $1 workdir, then the command. fd 3 keeps the ssh channel's stdin: its EOF means we are gone.
+REMOTE_SCRIPT = f"""echo "{PGID_MARK} $$"
+if [ -n "$1" ]; then cd "$1" || exit 1; fi
+shift
+exec 3<&0
+( trap '' TERM; cat <&3 >/dev/null; kill -TERM -- -$$ 2>/dev/null; sleep 5; kill -KILL -- -$$ 2>/dev/null ) \\
+  </dev/null >/dev/null 2>&1 &
+exec "$@" 3<&- </dev/null 2>&1
+"""
+
+
+class SSHError(RuntimeError):
+    pass
+
+
+class SSHBackend:
+    def __init__(self, cfg: SSHRunnerConfig):
+        self.cfg = cfg
+        self.process: GuardedProcess | None = None
+        self.port: int | None = None  # local end of the forward
+        self.remote_port: int | None = cfg.remote_port
+        self.remote_pgid: int | None = None
+
+    bind_host = "127.0.0.1"  # the engine binds loopback on the remote host; we reach it through the forward
+    url_host = "127.0.0.1"
+
+    # --- ssh plumbing
+    def ssh_base(self) -> list[str]:
+        c = self.cfg
+        argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={c.strict_host_key_checking}",
+                "-o", f"ConnectTimeout={c.connect_timeout_s}", "-p", str(c.ssh_port)]
+        if c.known_hosts_file:
+            argv += ["-o", f"UserKnownHostsFile={c.known_hosts_file}"]
+        if c.identity_file:
+            argv += ["-i", str(c.identity_file), "-o", "IdentitiesOnly=yes"]
+        for opt in c.ssh_options:
+            argv += ["-o", opt]
+        return argv
+
+    def run_remote(self, argv: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """One remote command; its argv is quoted for the remote shell (ssh sends a single string)."""
+        cmd = self.ssh_base() + [self.cfg.destination, "--", shlex.join(argv)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+
+    def _remote_probe(self, port: int | None) -> dict:
+        gpus = ",".join(str(g) for g in self.cfg.gpus) if self.cfg.gpus is not None else "-"
+        proc = self.run_remote([self.cfg.remote_python, "-c", REMOTE_PROBE, str(port) if port else "-", gpus])
+        if proc.returncode != 0:
+            raise SSHError(f"remote preflight on {self.cfg.destination} failed (exit {proc.returncode}): "
+                           f"{proc.stderr.strip()[-500:]}")
+        return remote_probe_json(proc.stdout)
+
+    # --- the backend interface
+    def choose_port(self, port: int | None, *, dry_run: bool = False) -> int:
+        """Our local forward port; the remote engine port comes from the remote host (or 30000 in a dry run)."""
+        if self.remote_port is None:
+            self.remote_port = 30000 if dry_run else int(self._remote_probe(None)["free_port"])
+        self.port = port if port is not None else free_port(self.url_host)
+        return self.port
+
+    @property
+    def engine_port(self) -> int | None:
+        return self.remote_port
+
+    def engine_env(self, extra: Mapping[str, str]) -> dict[str, str]:
+        env = dict(extra)
+        if self.cfg.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.cfg.gpus)
+        return env
+
+    def remote_argv(self, argv: list[str], extra_env: Mapping[str, str]) -> list[str]:
+        env = self.engine_env(extra_env)
+        return ["setsid", "-w", "sh", "-c", REMOTE_SCRIPT, "servetune-engine", self.cfg.workdir or "",
+                *(["env", *(f"{k}={v}" for k, v in env.items())] if env else []), *argv]
+
+    def command(self, argv: list[str], extra_env: Mapping[str, str]) -> list[str]:
+        assert self.port is not None and self.remote_port is not None
+        return self.ssh_base() + [
+            "-o", "ExitOnForwardFailure=yes", "-o", "ServerAliveInterval=15",
+            "-L", f"127.0.0.1:{self.port}:127.0.0.1:{self.remote_port}",
+            self.cfg.destination, "--", shlex.join(self.remote_argv(argv, extra_env)),
+        ]
+
+    def preflight(self, port: int) -> PreflightReport:
+        data = self._remote_probe(self.remote_port)
+        report = report_from_remote(data, host=self.cfg.host, port=self.remote_port, idle_mib=self.cfg.gpu_idle_mib)
+        if not port_free(self.url_host, port):
+            report.ok = False
+            report.problems.append(f"local forward port {port} is already in use")
+        return report
+
+    def launch(self, argv: list[str], extra_env: Mapping[str, str], log_path: Path) -> None:
+        import os
+
+        self.process = GuardedProcess(self.command(argv, extra_env), env=dict(os.environ), log_path=log_path,
+                                      watchdog_grace_s=2.0)
+        self._log_path = log_path
+
+    @property
+    def pid(self) -> int | None:
+        return self._find_pgid()
+
+    def _find_pgid(self) -> int | None:
+        if self.remote_pgid is None and self.process is not None:
+            for line in tail_file(self._log_path, 2000):
+                m = re.match(rf"{PGID_MARK} (\d+)$", line.strip())
+                if m:
+                    self.remote_pgid = int(m.group(1))
+                    break
+        return self.remote_pgid
+
+    def returncode(self) -> int | None:
+        return self.process.poll() if self.process else None
+
+    def on_ready(self) -> None:
+        self._find_pgid()
+
+    def running_preflight(self) -> PreflightReport:
+        data = self._remote_probe(None)
+        own = set()
+        if self.remote_pgid:
+            ps = self.run_remote(["sh", "-c", f"ps -o pid= -g {self.remote_pgid} 2>/dev/null || true"])
+            own = {int(x) for x in ps.stdout.split() if x.isdigit()}
+        return report_from_remote(data, host=self.cfg.host, port=None, idle_mib=self.cfg.gpu_idle_mib,
+                                  own_gpu_pids=own or {0})
+
+    def _remote_group_alive(self, pgid: int) -> bool:
+        proc = self.run_remote(["sh", "-c", f"kill -0 -- -{pgid} 2>/dev/null && echo alive || echo gone"])
+        return "alive" in proc.stdout
+
+    def teardown(self) -> tuple[list[str], list[str], bool | None, str]:
+        if self.process is None:
+            return [], [], None, "not checked"
+        signals: list[str] = []
+        problems: list[str] = []
+        pgid = self._find_pgid()
+        if pgid is not None:
+            if self.process.poll() is None:
+                self.run_remote(["kill", "-TERM", "--", f"-{pgid}"])
+                signals.append("SIGTERM")
+                deadline = time.monotonic() + self.cfg.grace_s
+                while self.process.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            # sweep: the engine if it ignored SIGTERM, and the stdin watcher, which ignores it on purpose
+            self.run_remote(["kill", "-KILL", "--", f"-{pgid}"])
+            signals.append("SIGKILL")
+        local_signals, local_problems = self.process.stop(2.0)
+        problems += local_problems
+        if pgid is not None and self._remote_group_alive(pgid):
+            problems.append(f"remote process group {pgid} on {self.cfg.host} still alive")
+        elif pgid is None:
+            problems.append("remote PGID unknown (engine never started?); remote processes not verified")
+        data = self._remote_probe(self.remote_port)
+        free = bool(data.get("port_free"))
+        if not free:
+            problems.append(f"remote port {self.remote_port} still in use after teardown")
+        gpu = data.get("gpu")
+        if gpu is None:
+            gpu_text = f"no GPU ({data.get('gpu_error', 'NVML unavailable')})"
+        else:
+            busy = {i: b for i, b in gpu["memory_used"].items() if b > self.cfg.gpu_idle_mib * 1024 * 1024}
+            gpu_text = "released" if not busy else "not released: " + ", ".join(
+                f"GPU {i} {b / 2**20:.0f} MiB" for i, b in busy.items())
+            if busy:
+                problems.append(f"GPU memory {gpu_text}")
+        return signals, problems, free, gpu_text
