@@ -181,5 +181,6 @@ class TrialResult:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> TrialResult:
+    def read(cls, path: str | Path) -> TrialResult:
+        """Read a saved result (named ``read``: ``load`` is the load-level field)."""
         return cls.from_dict(orjson.loads(Path(path).read_bytes()))

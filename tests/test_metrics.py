@@ -277,7 +277,7 @@ def test_summary_survives_the_result_json_round_trip(tmp_path):
         _records(), window=(1.0, 2.0), sla=SLA(ttft_ms=150), gpu=_gpu_dict(), server=None, lengths_exact=True
     )
     path = TrialResult(records=_records(), summary=s, load={"concurrency": 2}).save(tmp_path / "r.json")
-    back = TrialResult.load(path)
+    back = TrialResult.read(path)
     assert back.summary == s
 
 

@@ -166,7 +166,7 @@ async def test_a_trial_measures_every_request_and_states_its_inputs(server, tmp_
     assert result.server_config == {"chunked-prefill-size": 4096}
     assert result.target["url"] == srv.url and result.environment
     path = result.save(tmp_path / "t.json")
-    back = TrialResult.load(path)
+    back = TrialResult.read(path)
     assert back.summary == result.summary and len(back.records) == 14
     # the API key was sent, and is nowhere in the result
     assert all(lg.authorization == f"Bearer {SECRET}" for lg in srv.log.values())

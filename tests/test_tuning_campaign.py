@@ -58,7 +58,7 @@ def test_virtual_campaign_writes_the_shared_result_folder(tmp_path: Path) -> Non
     assert exp["recommendation"] == rec
     assert exp["ceiling"]["concurrency"] == decision.ceiling.level
 
-    trials = {p.stem: TrialResult.load(p) for p in (tmp_path / "trials").glob("*.json")}
+    trials = {p.stem: TrialResult.read(p) for p in (tmp_path / "trials").glob("*.json")}
     stages = [t.stage for t in sorted(trials.values(), key=lambda t: t.created_at)]
     assert stages[:3] == ["correctness", "baseline", "ramp"] and "refine" in stages
     assert all(t.experiment_id == exp["experiment_id"] for t in trials.values())
@@ -88,7 +88,7 @@ def test_a_refused_config_is_recorded_and_the_campaign_goes_on(tmp_path: Path) -
         "refine": {"grid": {"schedule-conservativeness": [-1.0, 1.0]}, "set_max_running": False,
                    "extend_levels": 0}})
     decision = Campaign(plan, SimTrialRunner(plan), tmp_path).run()
-    failed = [TrialResult.load(p) for p in (tmp_path / "trials").glob("*.json")]
+    failed = [TrialResult.read(p) for p in (tmp_path / "trials").glob("*.json")]
     failed = [t for t in failed if t.status == "failed"]
     assert len(failed) == 1 and "server failed to start" in (failed[0].failure_reason or "")
     assert failed[0].server_config["schedule-conservativeness"] == -1.0 and failed[0].stage == "refine"
@@ -102,7 +102,7 @@ def test_stop_on_failure_ends_the_campaign_after_the_failed_trial(tmp_path: Path
         "ramp": {"levels": [8], "requests": 24, "warmup": 2},
         "refine": {"grid": {"schedule-conservativeness": [-1.0, 1.0]}}})
     decision = Campaign(plan, SimTrialRunner(plan), tmp_path).run()
-    trials = [TrialResult.load(p) for p in (tmp_path / "trials").glob("*.json")]
+    trials = [TrialResult.read(p) for p in (tmp_path / "trials").glob("*.json")]
     assert max(trials, key=lambda t: t.created_at).status == "failed"
     assert "on_trial_failure: stop" in decision.reason and decision.recommendation is not None
 

@@ -105,7 +105,7 @@ def test_demo_campaign_over_http_in_real_time(tmp_path: Path) -> None:
     exp = json.loads((tmp_path / "experiment.json").read_text())
     rec = json.loads((tmp_path / "recommendation.json").read_text())
     assert exp["status"] == "done" and exp["recommendation"] == rec
-    trials = [TrialResult.load(p) for p in (tmp_path / "trials").glob("*.json")]
+    trials = [TrialResult.read(p) for p in (tmp_path / "trials").glob("*.json")]
     assert len(trials) == len(campaign.state.outcomes)
     assert all(t.status == "ok" for t in trials), [t.failure_reason for t in trials if t.status != "ok"]
     assert all(t.target["url"].startswith("http://127.0.0.1:") for t in trials)
@@ -129,7 +129,7 @@ def test_a_server_that_refuses_its_flags_is_a_failed_trial(tmp_path: Path) -> No
     procs = SimProcesses()
     decision = Campaign(plan, LiveTrialRunner(plan, provisioner=procs), tmp_path).run()
     assert decision.failed and "server failed to start" in decision.reason
-    (only,) = [TrialResult.load(p) for p in (tmp_path / "trials").glob("*.json")]
+    (only,) = [TrialResult.read(p) for p in (tmp_path / "trials").glob("*.json")]
     assert only.stage == "correctness" and only.status == "failed" and "invalid choice" in only.failure_reason
     assert json.loads((tmp_path / "experiment.json").read_text())["status"] == "failed"
     assert all(p.poll() is not None for p in procs.procs)

@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
 
         err = Console(stderr=True)
         try:
-            trial = TrialResult.load(result)
+            trial = TrialResult.read(result)
             report = run_checklist(trial, min_measured=min_measured, expected_interval_ms=interval_ms,
                                    waive=tuple(waive or ()), data_docs_dir=data_docs)
         except (OSError, ValueError, KeyError) as exc:

@@ -1,0 +1,33 @@
+"""Validate every trial of a campaign folder in place, keeping failures (status ``rejected``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from servetune.result import TrialResult
+from servetune.validation.checklist import validate
+
+
+def validate_campaign(out_dir: str | Path, *, min_measured: int = 200, waive: Iterable[str] = ()) -> dict[str, int]:
+    """Run the checklist on each ``trials/*.json``, store the report in the file, count the verdicts.
+
+    Trials that failed to run keep status ``failed`` (the checklist explains nothing more about them);
+    correctness checks are single requests, not measurements, so the request-count floor is theirs.
+    """
+    counts = {"accepted": 0, "rejected": 0, "failed": 0}
+    for path in sorted(Path(out_dir).glob("trials/*.json")):
+        result = TrialResult.read(path)
+        if result.status == "failed":
+            counts["failed"] += 1
+            continue
+        floor = min_measured
+        if result.stage == "correctness":
+            floor = max(1, result.summary.requests_measured)
+        report = validate(result, min_measured=floor, waive=list(waive))
+        result.validation = report.model_dump(mode="json")
+        result.status = "ok" if report.success else "rejected"
+        result.failure_reason = None if report.success else report.failure_reason()
+        result.save(path)
+        counts["accepted" if report.success else "rejected"] += 1
+    return counts
