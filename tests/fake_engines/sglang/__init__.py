@@ -1,0 +1,1 @@
+"""A fake ``sglang`` package for failure injection (see tests/fake_engines/README.md)."""
