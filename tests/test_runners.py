@@ -17,7 +17,7 @@ import time
 import urllib.request
 
 import pytest
-from runner_helpers import FAKE_ENGINES, alive, fake_sglang, tree, wait_all_gone, worker_pids
+from fake_engines.helpers import FAKE_ENGINES, alive, fake_sglang, tree, wait_all_gone, worker_pids
 
 from servetune.engines import EngineFailure, ExternalConfig, FailureKind, SimConfig
 from servetune.runners import LocalRunnerConfig, Server, check_clean, provision
@@ -155,7 +155,7 @@ def test_sigterm_ignored_escalates_to_sigkill_and_escaped_workers_are_swept(tmp_
 PARENT = textwrap.dedent("""
     import json, sys, threading, time
     sys.path.insert(0, sys.argv[1])
-    from runner_helpers import fake_sglang, tree
+    from fake_engines.helpers import fake_sglang, tree
     from servetune.runners import LocalRunnerConfig, provision
 
     def trial():

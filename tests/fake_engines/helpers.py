@@ -1,4 +1,4 @@
-"""Helpers shared by tests/test_runners*.py: the misbehaving fake engine and a no-leftovers check."""
+"""Helpers for tests/test_runners*.py: launch the misbehaving fake engine, check nothing is left."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import psutil
 
 from servetune.engines import SGLangConfig
 
-FAKE_ENGINES = Path(__file__).parent / "fake_engines"
+FAKE_ENGINES = Path(__file__).parent
 
 
 def fake_sglang(mode: str, model: str = "/models/fake", *, ready_timeout_s: float = 30.0, **env: str) -> SGLangConfig:
