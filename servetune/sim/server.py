@@ -11,6 +11,7 @@ error of each write against its modelled time is kept and reported in ``/server_
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -516,6 +517,8 @@ async def serve(args: SimArgs) -> None:
     site = web.TCPSite(runner, a.host, a.port, backlog=1024)
     await site.start()
     log.info("Uvicorn running on http://%s:%d (simulated)", a.host, a.port)
+    gc.collect()
+    gc.freeze()  # start-up objects leave the collector's view: shorter GC pauses on the emission path
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
