@@ -127,6 +127,8 @@ class Server:
         return f"http://{self.backend.url_host}:{self.port}"
 
     def tail_log(self, n: int = TAIL_LINES) -> list[str]:
+        if self.backend is not None and hasattr(self.backend, "tail"):
+            return self.backend.tail(n)
         return tail_file(self.log_path, n)
 
     def wait_ready(self) -> RunningServer:

@@ -63,13 +63,15 @@ class GuardedProcess:
     """``argv`` in a new session (its PGID is its PID), output appended to ``log_path``."""
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], log_path: Path, cwd: Path | None = None,
-                 watchdog_grace_s: float = 5.0):
+                 watchdog_grace_s: float = 5.0, stderr_path: Path | None = None, keep_stdin_open: bool = False):
+        """``keep_stdin_open``: the child's stdin is a pipe we hold; it reads EOF exactly when we are gone."""
         self.argv = list(argv)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
-        with log_path.open("ab") as log_fh:
+        with log_path.open("ab") as log_fh, (stderr_path or log_path).open("ab") as err_fh:
             self.proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
+                self.argv, stdin=subprocess.PIPE if keep_stdin_open else subprocess.DEVNULL, stdout=log_fh,
+                stderr=subprocess.STDOUT if stderr_path is None else err_fh,
                 env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=_pdeathsig_preexec(),
             )
         self.pgid = self.proc.pid
@@ -121,6 +123,8 @@ class GuardedProcess:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             problems.append(f"process {self.pid} did not exit after SIGKILL")
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
         left = self.alive_processes()
         if left:
             problems.append("processes left after SIGKILL: " + ", ".join(str(p.pid) for p in left))

@@ -1,8 +1,9 @@
 """The engine on another host over SSH: the system ``ssh`` client, a local port forward, a remote process group.
 
 The remote command runs under ``setsid -w`` so its PGID is known (printed as the first log line)
-and teardown can kill the whole remote group. If our side disappears (even SIGKILL: the local
-watchdog kills the ssh client), the remote end sees EOF on stdin and kills its own group.
+and teardown can kill the whole remote group. The ssh client's stdin is a pipe only we hold: if our
+side disappears (even by SIGKILL; the local watchdog also kills the ssh client), the remote end
+reads EOF on stdin and kills its own group.
 """
 
 from __future__ import annotations
@@ -27,14 +28,18 @@ from servetune.runners.process import GuardedProcess
 
 PGID_MARK = "servetune-remote-pgid"
 # $0 name, $1 workdir, then the command. fd 3 keeps the ssh channel's stdin: its EOF means we are gone.
+# POSIX `kill -s SIG -- -PGID` (dash's kill rejects `kill -TERM -- -PGID`).
 REMOTE_SCRIPT = f"""echo "{PGID_MARK} $$"
 if [ -n "$1" ]; then cd "$1" || exit 1; fi
 shift
 exec 3<&0
-( trap '' TERM; cat <&3 >/dev/null; kill -TERM -- -$$ 2>/dev/null; sleep 5; kill -KILL -- -$$ 2>/dev/null ) \\
+( trap '' TERM; cat <&3 >/dev/null; kill -s TERM -- -$$; sleep 5; kill -s KILL -- -$$ ) \\
   </dev/null >/dev/null 2>&1 &
 exec "$@" 3<&- </dev/null 2>&1
 """
+
+
+_FORWARD_NOISE = re.compile(r"^channel \d+: open failed: connect failed")
 
 
 class SSHError(RuntimeError):
@@ -120,9 +125,16 @@ class SSHBackend:
     def launch(self, argv: list[str], extra_env: Mapping[str, str], log_path: Path) -> None:
         import os
 
-        self.process = GuardedProcess(self.command(argv, extra_env), env=dict(os.environ), log_path=log_path,
-                                      watchdog_grace_s=2.0)
         self._log_path = log_path
+        self.ssh_log_path = log_path.with_suffix(".ssh.log")  # the ssh client's own messages, kept apart
+        self.process = GuardedProcess(self.command(argv, extra_env), env=dict(os.environ), log_path=log_path,
+                                      watchdog_grace_s=2.0, stderr_path=self.ssh_log_path, keep_stdin_open=True)
+
+    def tail(self, n: int) -> list[str]:
+        """The engine's log, then what ssh itself said (minus the forward's "not listening yet" noise)."""
+        ssh_lines = [ln for ln in tail_file(self.ssh_log_path, n) if not _FORWARD_NOISE.search(ln)]
+        engine = tail_file(self._log_path, n)
+        return (engine + [f"[ssh] {ln}" for ln in ssh_lines])[-n:]
 
     @property
     def pid(self) -> int | None:
@@ -152,8 +164,12 @@ class SSHBackend:
         return report_from_remote(data, host=self.cfg.host, port=None, idle_mib=self.cfg.gpu_idle_mib,
                                   own_gpu_pids=own or {0})
 
-    def _remote_group_alive(self, pgid: int) -> bool:
-        proc = self.run_remote(["sh", "-c", f"kill -0 -- -{pgid} 2>/dev/null && echo alive || echo gone"])
+    def _remote_group_alive(self, pgid: int, timeout_s: float = 5.0) -> bool:
+        """Whether the remote group still exists after a few seconds (killed processes need reaping)."""
+        tries = max(1, int(timeout_s / 0.1))
+        script = (f"i=0; while [ $i -lt {tries} ]; do kill -s 0 -- -{pgid} 2>/dev/null || {{ echo gone; exit 0; }}; "
+                  "sleep 0.1; i=$((i+1)); done; echo alive")
+        proc = self.run_remote(["sh", "-c", script], timeout_s=timeout_s + 30)
         return "alive" in proc.stdout
 
     def teardown(self) -> tuple[list[str], list[str], bool | None, str]:
@@ -164,13 +180,13 @@ class SSHBackend:
         pgid = self._find_pgid()
         if pgid is not None:
             if self.process.poll() is None:
-                self.run_remote(["kill", "-TERM", "--", f"-{pgid}"])
+                self.run_remote(["kill", "-s", "TERM", "--", f"-{pgid}"])
                 signals.append("SIGTERM")
                 deadline = time.monotonic() + self.cfg.grace_s
                 while self.process.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.1)
             # sweep: the engine if it ignored SIGTERM, and the stdin watcher, which ignores it on purpose
-            self.run_remote(["kill", "-KILL", "--", f"-{pgid}"])
+            self.run_remote(["kill", "-s", "KILL", "--", f"-{pgid}"])
             signals.append("SIGKILL")
         local_signals, local_problems = self.process.stop(2.0)
         problems += local_problems
