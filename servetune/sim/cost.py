@@ -6,7 +6,12 @@ all-reduces per layer. Bytes are the weights (read once per pass) and the KV cac
 attention, so decode is memory-bound at small batches and its cost grows with context; FLOPs
 are the linear layers (2 per parameter per token) plus attention (4 x layers x heads x head_dim
 per query-key pair), so prefill is compute-bound and quadratic in context. No per-kernel
-measurements are involved: this is a model, calibrated only through the efficiency factors.
+measurements are involved: this is a model, calibrated only through the profile's factors.
+
+Two optional GPU-profile terms model an eager engine (no CUDA graphs; docs/sim.md, Calibration):
+``kv_traffic_factor`` multiplies the KV bytes attention moves, and ``launch_ms_per_layer`` is the
+host's kernel-issue time per layer, a floor under the step time when the GPU outruns the host.
+Their defaults (1 and 0) leave the SGLang model unchanged.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .args import SimArgs
+from .profiles import GpuProfile, ModelProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +36,16 @@ class CostModel:
     comm_s_per_token: float  # and bandwidth part, per token in the batch
     vision_flops_per_token: float
     vision_overhead_s: float
+    kv_traffic_factor: float = 1.0  # HBM bytes moved per nominal KV byte
+    launch_floor_s: float = 0.0  # host kernel-issue time of one pass
 
     @classmethod
     def from_args(cls, args: SimArgs) -> CostModel:
-        m, g, tp = args.model, args.gpu, args.tp_size
+        return cls.from_profiles(args.model, args.gpu, args.tp_size)
+
+    @classmethod
+    def from_profiles(cls, m: ModelProfile, g: GpuProfile, tp: int = 1) -> CostModel:
+        """The cost model of ``m`` on ``g`` at tensor-parallel size ``tp`` (no server flags needed)."""
         embed = m.vocab_size * m.hidden_size
         body_params = m.params_billion * 1e9 - 2 * embed  # embedding lookup and LM head taken out
         heads_per_rank = m.num_attention_heads / tp
@@ -52,22 +64,25 @@ class CostModel:
             body_flops_per_token=2 * body_params / tp,
             head_flops_per_seq=2 * embed / tp,
             attn_flops_per_pair=4 * m.num_layers * heads_per_rank * m.head_dim,
-            weight_bytes=args.weight_bytes_per_rank,
-            cell_bytes=args.cell_size_bytes,
+            weight_bytes=m.weight_bytes // tp,
+            cell_bytes=m.cell_bytes(tp),
             comm_lat_s=comm_lat,
             comm_s_per_token=comm_tok,
             vision_flops_per_token=2 * v.params_billion * 1e9 if v else 0.0,
             vision_overhead_s=v.overhead_ms / 1000 if v else 0.0,
+            kv_traffic_factor=g.kv_traffic_factor,
+            launch_floor_s=m.num_layers * g.launch_ms_per_layer / 1000,
         )
 
     def _roofline(self, flops: float, nbytes: float, tokens: int) -> float:
         comm = self.comm_lat_s + self.comm_s_per_token * tokens if self.comm_lat_s else 0.0
-        return max(flops / self.flops_per_s, nbytes / self.bytes_per_s) + self.overhead_s + comm
+        gpu = max(flops / self.flops_per_s, nbytes / self.bytes_per_s) + self.overhead_s + comm
+        return max(gpu, self.launch_floor_s)
 
     def decode_s(self, batch: int, sum_ctx: int) -> float:
         """One decode step: ``batch`` sequences, ``sum_ctx`` tokens of KV cache attended in total."""
         flops = (self.body_flops_per_token + self.head_flops_per_seq) * batch + self.attn_flops_per_pair * sum_ctx
-        nbytes = self.weight_bytes + self.cell_bytes * (sum_ctx + batch)
+        nbytes = self.weight_bytes + self.kv_traffic_factor * self.cell_bytes * (sum_ctx + batch)
         return self._roofline(flops, nbytes, batch)
 
     def extend_s(self, new_tokens: int, pairs: float, ctx_read: int, seqs: int, vision_tokens: int = 0) -> float:
@@ -82,7 +97,7 @@ class CostModel:
             + self.head_flops_per_seq * seqs
             + self.attn_flops_per_pair * pairs
         )
-        nbytes = self.weight_bytes + self.cell_bytes * (ctx_read + new_tokens)
+        nbytes = self.weight_bytes + self.kv_traffic_factor * self.cell_bytes * (ctx_read + new_tokens)
         t = self._roofline(flops, nbytes, new_tokens)
         if vision_tokens:
             t += self.vision_flops_per_token * vision_tokens / self.flops_per_s + self.vision_overhead_s

@@ -41,6 +41,13 @@ class GpuProfile(BaseModel):
     allreduce_latency_us: float = Field(default=10, ge=0)
     tdp_w: float = Field(default=400, gt=0)
     idle_w: float = Field(default=60, ge=0)
+    # Engine terms an eager (no CUDA graphs) engine needs; the defaults keep the SGLang model.
+    kv_traffic_factor: float = Field(
+        default=1.0, ge=1, description="HBM bytes attention moves per nominal KV-cache byte (cache copies, GQA expansion)"
+    )
+    launch_ms_per_layer: float = Field(
+        default=0.0, ge=0, description="host time to issue one layer's kernels: a pass takes at least layers x this"
+    )
 
     @property
     def memory_bytes(self) -> int:
