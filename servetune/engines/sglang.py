@@ -48,6 +48,7 @@ class SGLangConfig(EngineBase):
     version: str = Field(default=DEFAULT_VERSION, description="the SGLang version whose flag catalogue applies")
     python: str = Field(default="python3", description="interpreter on the runner where sglang is installed")
     args: dict[str, FlagValue] = Field(default_factory=dict, description="SGLang flags: name -> value")
+    parser_check: bool = Field(default=True, description="before launch, parse the flags with the runner's SGLang")
 
     health_paths: tuple[str, ...] = ("/health_generate",)
     info_paths: tuple[str, ...] = ("/server_info", "/get_server_info")
@@ -109,7 +110,7 @@ def interpret_parser_check(returncode: int, stdout: str, stderr: str, planned_ve
     except ValueError:
         data = {}
     if not data:
-        missing = "No module named 'sglang'" in stderr or "No such file" in stderr or returncode == 127
+        missing = "No module named 'sglang" in stderr or "No such file" in stderr or returncode == 127
         note = "sglang is not installed there" if missing else f"probe failed (exit {returncode}): {stderr.strip()[-300:]}"
         return ParserVerdict(checked=False, ok=False, version=None, error=None, note=note)
     version = data.get("version")

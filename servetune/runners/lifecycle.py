@@ -23,6 +23,7 @@ from typing import Any
 from servetune.engines.common import EngineBase
 from servetune.engines.external import ExternalConfig
 from servetune.engines.failures import EngineFailure, FailureKind, failure_from_log
+from servetune.engines.sglang import SGLangConfig, interpret_parser_check
 from servetune.runners.base import (
     KubernetesRunnerConfig,
     LocalRunnerConfig,
@@ -90,6 +91,7 @@ class Server:
         self.running: RunningServer | None = None
         self.preflight_report: PreflightReport | None = None
         self.teardown_report: TeardownReport | None = None
+        self.parser_verdict = None
         self._started = False
         self._stopped = False
 
@@ -110,6 +112,7 @@ class Server:
         if self.backend is None:
             return self
         self.plan()
+        self.parser_verdict = self._check_flags_on_runner()
         if self.runner.check_clean:
             self.preflight_report = self.backend.preflight(self.port)
             log.info("preflight: port %s; %s", self.preflight_report.port, self.preflight_report.gpu)
@@ -119,6 +122,19 @@ class Server:
         log.info("starting %s: %s (log %s)", self.engine.describe(), self.argv, self.log_path)
         self.backend.launch(self.argv, self.engine.env, self.log_path)
         return self
+
+    def _check_flags_on_runner(self):
+        """SGLang's own parser on the runner has the last word on flags (where SGLang is installed there)."""
+        if not isinstance(self.engine, SGLangConfig) or not self.engine.parser_check:
+            return None
+        argv = self.engine.parser_check_argv(host=self.backend.bind_host, port=self.backend.engine_port)
+        verdict = interpret_parser_check(*self.backend.run_check(argv, self.engine.env), self.engine.version)
+        if verdict.checked and not verdict.ok:
+            raise EngineFailure(FailureKind.bad_flag, f"sglang {verdict.version} on the runner rejects the flags: "
+                                f"{verdict.error}")
+        if not verdict.checked:
+            log.info("flags not checked by SGLang's own parser: %s", verdict.note)
+        return verdict
 
     @property
     def url(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -46,6 +47,15 @@ class LocalBackend:
         """The exact command, environment included (``env K=V argv``), as --dry-run prints it."""
         env = self.engine_env(extra_env)
         return (["env", *(f"{k}={v}" for k, v in env.items())] if env else []) + argv
+
+    def run_check(self, argv: list[str], extra_env: Mapping[str, str], timeout_s: float = 180.0) -> tuple[int, str, str]:
+        """A short command on the runner (SGLang's own parser check): ``(exit code, stdout, stderr)``."""
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
+                                  env={**os.environ, **self.engine_env(extra_env)}, cwd=self.cfg.cwd)
+        except FileNotFoundError as exc:
+            return 127, "", str(exc)
+        return proc.returncode, proc.stdout, proc.stderr
 
     def preflight(self, port: int) -> PreflightReport:
         return check_clean(host=self.bind_host, port=port, gpus=self.cfg.gpus, idle_mib=self.cfg.gpu_idle_mib)

@@ -114,6 +114,12 @@ class SSHBackend:
             self.cfg.destination, "--", shlex.join(self.remote_argv(argv, extra_env)),
         ]
 
+    def run_check(self, argv: list[str], extra_env: Mapping[str, str], timeout_s: float = 180.0) -> tuple[int, str, str]:
+        env = self.engine_env(extra_env)
+        prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+        proc = self.run_remote(prefix + argv, timeout_s=timeout_s)
+        return proc.returncode, proc.stdout, proc.stderr
+
     def preflight(self, port: int) -> PreflightReport:
         data = self._remote_probe(self.remote_port)
         report = report_from_remote(data, host=self.cfg.host, port=self.remote_port, idle_mib=self.cfg.gpu_idle_mib)

@@ -1,0 +1,134 @@
+"""``servetune serve``: start one engine configuration and keep it up until Ctrl-C (or print what it would run).
+
+``--dry-run`` validates the flags against the engine's catalogue and prints the exact command
+(for ``--runner kubernetes``, the manifests); nothing on the runner is touched, so model paths
+there are not checked.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True, soft_wrap=True)
+
+
+def _gpus(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(g) for g in text.split(",") if g.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--gpus expects indices like 0,1; got {text!r}") from None
+
+
+def serve(
+    engine: str = typer.Option(..., "--engine", help="sglang | vllm | sim | external"),
+    model: str = typer.Option(None, "--model", help="model path (sglang, vllm) or model profile (sim)"),
+    sets: list[str] = typer.Option([], "--set", help="engine flag as key=value (repeatable), typed per version"),
+    runner: str = typer.Option("local", "--runner", help="local | ssh | kubernetes"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the exact command; start nothing"),
+    port: int = typer.Option(None, "--port", help="port to serve on (default: a free one)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address the engine binds (local runner)"),
+    gpus: str = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1 (CUDA_VISIBLE_DEVICES)"),
+    python: str = typer.Option(None, "--python", help="interpreter with the engine installed (on the runner)"),
+    version: str = typer.Option(None, "--sglang-version", help="SGLang version whose flags apply (default 0.5.23)"),
+    gpu_profile: str = typer.Option(None, "--gpu-profile", help="sim: GPU profile"),
+    url: str = typer.Option(None, "--url", help="external: the endpoint's base URL"),
+    ssh_host: str = typer.Option(None, "--ssh-host"),
+    ssh_user: str = typer.Option(None, "--ssh-user"),
+    ssh_port: int = typer.Option(22, "--ssh-port"),
+    identity_file: Path = typer.Option(None, "--identity-file"),
+    known_hosts: Path = typer.Option(None, "--known-hosts"),
+    image: str = typer.Option(None, "--image", help="kubernetes: engine image"),
+    namespace: str = typer.Option("default", "--namespace"),
+    log_dir: Path = typer.Option(None, "--log-dir", help="engine logs (default ~/.cache/servetune/logs)"),
+    ready_timeout: float = typer.Option(None, "--ready-timeout", help="seconds to wait for readiness"),
+    no_preflight: bool = typer.Option(False, "--no-preflight", help="skip the clean-environment check"),
+) -> None:
+    """Start an engine with a configuration and serve until Ctrl-C; --dry-run prints the exact command."""
+    from pydantic import ValidationError
+
+    from servetune.engines import EngineFailure, FlagError, engine_from_cli
+    from servetune.runners import KubernetesRunnerConfig, LocalRunnerConfig, Server, SSHRunnerConfig
+    from servetune.runners.kubernetes import build_manifests, manifests_yaml
+
+    fields = {"python": python, "version": version, "gpu_profile": gpu_profile, "url": url,
+              "ready_timeout_s": ready_timeout}
+    allowed = {"sglang": {"python", "version", "ready_timeout_s"}, "vllm": {"python", "ready_timeout_s"},
+               "sim": {"python", "version", "gpu_profile", "ready_timeout_s"}, "external": {"url", "ready_timeout_s"}}
+    try:
+        if engine in allowed:
+            stray = [k for k, v in fields.items() if v is not None and k not in allowed[engine]]
+            if stray:
+                raise FlagError(f"--{stray[0].replace('_', '-')} does not apply to --engine {engine}")
+            if engine in ("sglang", "vllm") and not model:
+                raise FlagError(f"--engine {engine} needs --model PATH")
+            fields = {k: v for k, v in fields.items() if k in allowed[engine]}
+        cfg = engine_from_cli(engine, model=model, sets=sets, **fields)
+        common = {"check_clean": not no_preflight}
+        if runner == "local":
+            run_cfg = LocalRunnerConfig(host=host, gpus=_gpus(gpus), **common)
+        elif runner == "ssh":
+            if not ssh_host:
+                raise FlagError("--runner ssh needs --ssh-host")
+            run_cfg = SSHRunnerConfig(host=ssh_host, user=ssh_user, ssh_port=ssh_port, identity_file=identity_file,
+                                      known_hosts_file=known_hosts, gpus=_gpus(gpus), **common)
+        elif runner == "kubernetes":
+            run_cfg = KubernetesRunnerConfig(**({"image": image} if image else {}), namespace=namespace,
+                                             gpus=len(_gpus(gpus) or [0]), **common)
+        else:
+            raise FlagError(f"unknown runner {runner!r} (local | ssh | kubernetes)")
+    except (FlagError, ValidationError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+    if isinstance(run_cfg, KubernetesRunnerConfig):
+        if not dry_run:
+            console.print("[red]error:[/red] the kubernetes runner prints manifests only: use --dry-run and "
+                          "kubectl apply -f (docs/engines.md)")
+            raise typer.Exit(2)
+        typer.echo(manifests_yaml(build_manifests(cfg, run_cfg)), nl=False)
+        return
+
+    server = Server(cfg, run_cfg, port=port, log_dir=log_dir)
+    if dry_run:
+        if not cfg.launches:
+            typer.echo(f"# external endpoint {cfg.url}: measured, not launched")
+            return
+        typer.echo(shlex.join(server.plan(dry_run=True)))
+        return
+
+    def _terminate(signum, frame):  # a SIGTERM (Airflow, systemd) tears down like Ctrl-C
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        running = server.wait_ready()
+        typer.echo(f"ready: {running.url}  (engine {cfg.describe()}, pid {running.pid}, log {running.log_path})")
+        typer.echo(f"command: {shlex.join(running.argv)}")
+        sys.stdout.flush()
+        while True:
+            running.check_alive()
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        console.print("stopping...")
+    except EngineFailure as exc:
+        console.print(f"[red]{exc.details()}[/red]")
+        raise typer.Exit(1) from None
+    finally:
+        report = server.stop()
+        signal.signal(signal.SIGTERM, previous)
+        if server._started and cfg.launches:
+            console.print(f"teardown: {'clean' if report.clean else 'NOT clean: ' + '; '.join(report.problems)} "
+                          f"(signals {', '.join(report.signals) or 'none'}, GPU {report.gpu})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
