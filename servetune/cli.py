@@ -44,6 +44,7 @@ def _register() -> None:
         "validate",
         "query",
         "sim",
+        "serve",
         # --- end command modules ---
     ):
         import_module(f"servetune.commands.{name}").register(app)
