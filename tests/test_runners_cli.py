@@ -1,0 +1,101 @@
+"""``servetune serve``: dry runs print the exact command; a real run serves until SIGINT and tears down."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+
+import psutil
+import yaml
+from fake_engines.helpers import wait_all_gone
+from typer.testing import CliRunner
+
+from servetune.cli import app
+from servetune.runners.base import KubernetesRunnerConfig
+from servetune.runners.kubernetes import ManifestError, build_manifests, validate_manifest
+
+cli = CliRunner()
+
+
+def test_dry_run_prints_the_exact_sglang_argv():
+    r = cli.invoke(app, ["serve", "--engine", "sglang", "--model", "/models/llama", "--set", "max-running-requests=64",
+                         "--set", "schedule-policy=lpm", "--gpus", "0,1", "--port", "30123", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert shlex.split(r.stdout) == [
+        "env", "CUDA_VISIBLE_DEVICES=0,1", "python3", "-m", "sglang.launch_server", "--model-path", "/models/llama",
+        "--host", "127.0.0.1", "--port", "30123", "--enable-metrics", "--enable-cache-report",
+        "--max-running-requests", "64", "--schedule-policy", "lpm"]
+
+
+def test_dry_run_rejects_a_removed_flag_naming_it_and_the_version():
+    r = cli.invoke(app, ["serve", "--engine", "sglang", "--model", "/m", "--set", "cuda-graph-max-bs=8", "--dry-run"])
+    assert r.exit_code == 2
+    assert "unknown flag --cuda-graph-max-bs for sglang 0.5.23 (removed in 0.5.20" in r.output
+
+
+def test_dry_run_does_not_check_paths_on_the_runner():
+    r = cli.invoke(app, ["serve", "--engine", "vllm", "--model", "/no/such/model", "--set", "max-num-seqs=8",
+                         "--dry-run", "--port", "8001"])
+    assert r.exit_code == 0 and "--model /no/such/model" in r.stdout and "--max-num-seqs 8" in r.stdout
+
+
+def test_ssh_dry_run_shows_the_forward_and_the_remote_command():
+    r = cli.invoke(app, ["serve", "--engine", "sim", "--runner", "ssh", "--ssh-host", "gpu-7", "--ssh-user", "bench",
+                         "--port", "9000", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    argv = shlex.split(r.stdout)
+    assert argv[0] == "ssh" and "BatchMode=yes" in argv and "-L" in argv
+    assert argv[argv.index("-L") + 1] == "127.0.0.1:9000:127.0.0.1:30000" and "bench@gpu-7" in argv
+    remote = shlex.split(argv[-1])
+    assert remote[:4] == ["setsid", "-w", "sh", "-c"] and "sim" in remote and "--port" in remote
+
+
+def test_kubernetes_dry_run_prints_a_valid_pod_and_service():
+    r = cli.invoke(app, ["serve", "--engine", "sglang", "--model", "/models/llama", "--set", "max-running-requests=32",
+                         "--runner", "kubernetes", "--gpus", "0,1", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    pod, svc = list(yaml.safe_load_all(r.stdout))
+    c = pod["spec"]["containers"][0]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health_generate", "port": "http"}
+    assert c["command"][:3] == ["python3", "-m", "sglang.launch_server"] and "--max-running-requests" in c["command"]
+    assert c["command"][c["command"].index("--host") + 1] == "0.0.0.0"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert svc["kind"] == "Service" and svc["spec"]["ports"][0]["port"] == 30000
+    assert cli.invoke(app, ["serve", "--engine", "sim", "--runner", "kubernetes"]).exit_code == 2  # manifests only
+
+
+def test_manifest_validation_names_the_missing_field():
+    from servetune.engines import SGLangConfig
+
+    pod = build_manifests(SGLangConfig(model="/m"), KubernetesRunnerConfig(service=False))[0]
+    del pod["spec"]["containers"][0]["readinessProbe"]
+    try:
+        validate_manifest(pod)
+    except ManifestError as exc:
+        assert "Pod/servetune-engine: container engine needs an httpGet readiness probe" in str(exc)
+    else:
+        raise AssertionError("a Pod without a readiness probe passed validation")
+
+
+def test_serve_runs_the_sim_until_sigint_and_tears_down(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "servetune", "serve", "--engine", "sim", "--set",
+                             "max-running-requests=4", "--log-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("ready: http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() else "")
+        pid = int(line.split("pid ")[1].split(",")[0])
+        engine = [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "teardown: clean (signals SIGTERM" in err
+        assert wait_all_gone(engine, 5) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
