@@ -54,6 +54,13 @@ def main():
         sys.exit(1)
     if MODE == "ignore_term":
         signal.signal(signal.SIGTERM, lambda *_: say("SIGTERM ignored"))
+    gpu_gib = float(os.environ.get("FAKE_ENGINE_GPU_GIB", "0"))
+    if gpu_gib:  # hold GPU memory like a loaded model would (the teardown must give it back)
+        import torch
+
+        held = torch.empty(int(gpu_gib * 2**30), dtype=torch.uint8, device="cuda")
+        held.fill_(1)
+        say(f"holding {gpu_gib:g} GiB on {torch.cuda.get_device_name()}")
     workers = int(os.environ.get("FAKE_ENGINE_WORKERS", "0"))
     if workers or os.environ.get("FAKE_ENGINE_ESCAPE"):
         start_workers(workers, bool(os.environ.get("FAKE_ENGINE_ESCAPE")))
