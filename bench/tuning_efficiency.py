@@ -82,7 +82,7 @@ def make_plan(sc: Scenario, requests: int) -> TuningPlan:
     prefix_policies = ["lpm"] if "shared_prefix" in sc.workload else []
     return parse_plan({
         "name": sc.name, "model": sc.model,
-        "engine": {"kind": "sim", "flags": {"gpu-profile": sc.gpu, "model-profile": sc.model, **sc.flags}},
+        "engine": {"kind": "sim", "gpu_profile": sc.gpu, "model_profile": sc.model, "args": sc.flags},
         "workload": {"seed": 1, **sc.workload},
         "sla": {**sc.sla, "max_error_rate": 0.01, "gpu_memory_limit": 0.98},
         "stages": {
@@ -97,7 +97,7 @@ def make_plan(sc: Scenario, requests: int) -> TuningPlan:
 
 def grid_configs(plan: TuningPlan) -> list[dict[str, Any]]:
     """Every combination the staged search could pick from (max-running handled per level)."""
-    base = dict(plan.engine.flags)
+    base = plan.engine_flags()
     policies = [None, *plan.stages.refine.shared_prefix_policies]
     keys = list(plan.stages.refine.grid)
     out = []

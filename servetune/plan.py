@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from servetune.engines import EngineConfig
+from servetune.runners import LocalRunnerConfig, RunnerConfig
 from servetune.sla import SLA
 from servetune.workload.spec import WorkloadSpec
 
@@ -20,33 +22,6 @@ FlagValue = int | float | str | bool
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class EngineSection(_Strict):
-    """How to start the server: the engine kind and its launch flags (without leading dashes)."""
-
-    kind: Literal["sglang", "vllm", "sim", "external"] = "sglang"
-    flags: dict[str, FlagValue | None] = Field(
-        default_factory=dict, description="launch flags, e.g. {mem-fraction-static: 0.85}; null = bare switch"
-    )
-    url: str | None = Field(default=None, description="for kind=external: the endpoint we do not launch")
-    port: int | None = Field(default=None, ge=0, le=65535)
-    ready_timeout_s: float = Field(default=900.0, gt=0)
-
-    @field_validator("flags")
-    @classmethod
-    def _no_dashes(cls, v: dict[str, Any]) -> dict[str, Any]:
-        for k in v:
-            if k.startswith("-"):
-                raise ValueError(f"write flag names without leading dashes: {k!r}")
-        return v
-
-
-class RunnerSection(_Strict):
-    """Where the server runs."""
-
-    kind: Literal["local", "ssh", "kubernetes"] = "local"
-    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class CorrectnessStage(_Strict):
@@ -162,9 +137,9 @@ class TuningPlan(_Strict):
     """One campaign: what to tune, under which SLA, in which stages, within which budget."""
 
     name: str = Field(min_length=1)
-    model: str = Field(min_length=1, description="model path or id as the engine serves it")
-    engine: EngineSection = Field(default_factory=EngineSection)
-    runner: RunnerSection = Field(default_factory=RunnerSection)
+    model: str = Field(min_length=1, description="model path or id (the engine's model unless it names its own)")
+    engine: EngineConfig = Field(description="servetune.engines: kind sglang | vllm | sim | external and its settings")
+    runner: RunnerConfig = Field(default_factory=lambda: LocalRunnerConfig(), description="servetune.runners")
     endpoint: Literal["chat", "completions", "generate"] = "chat"
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     sla: SLA
@@ -176,6 +151,17 @@ class TuningPlan(_Strict):
     estimate: SimEstimate | None = Field(default=None, description="sim profiles for --dry-run estimates")
     seed: int = 0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_model_from_plan(cls, data: Any) -> Any:
+        """``engine.model`` defaults to the plan's ``model`` (sglang, vllm), so it is written once."""
+        if isinstance(data, dict):
+            engine = data.get("engine", {"kind": "sglang"})
+            if isinstance(engine, dict) and engine.get("kind", "sglang") in ("sglang", "vllm") and "model" not in engine:
+                engine = {"kind": "sglang", **engine, "model": data.get("model")}
+            data = {**data, "engine": engine}
+        return data
+
     @field_validator("sla")
     @classmethod
     def _sla_has_a_p99_bound(cls, v: SLA) -> SLA:
@@ -184,17 +170,40 @@ class TuningPlan(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _external_has_url(self) -> TuningPlan:
-        if self.engine.kind == "external":
-            if not self.engine.url:
-                raise ValueError("engine.url is required when engine.kind is 'external'")
-            if self.stages.refine.enabled:
-                raise ValueError("stages.refine.enabled: an external engine cannot be restarted with new flags")
+    def _tunable(self) -> TuningPlan:
+        from servetune.tuning.knobs import KnobError, with_flags
+
+        if self.engine.kind == "external" and self.stages.refine.enabled:
+            raise ValueError("stages.refine.enabled: an external engine cannot be restarted with new flags")
+        if not self.stages.refine.enabled:
+            return self
+        r = self.stages.refine
+        tries = [(f"stages.refine.grid.{flag}", {flag: values[0]}) for flag, values in r.grid.items()]
+        if r.set_max_running:
+            tries.append(("stages.refine.max_running_flag", {r.max_running_flag: 8}))
+        for where, change in tries:
+            try:
+                with_flags(self.engine, {**self.engine_flags(), **change})
+            except (KnobError, ValueError) as exc:
+                raise ValueError(f"{where}: the {self.engine.kind} engine refuses it: {_first_line(exc)}") from None
         return self
+
+    def engine_flags(self) -> dict[str, Any]:
+        """The engine's server-side flags as the tuning walk sees them (servetune.tuning.knobs)."""
+        from servetune.tuning.knobs import engine_flags
+
+        return engine_flags(self.engine)
 
     def refine_requests(self) -> tuple[int, int]:
         r = self.stages.refine
         return (r.requests or self.stages.ramp.requests, self.stages.ramp.warmup if r.warmup is None else r.warmup)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc)
+    if isinstance(exc, ValidationError):
+        text = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class PlanError(ValueError):
@@ -204,8 +213,9 @@ class PlanError(ValueError):
 def _format_errors(source: str, exc: ValidationError) -> str:
     lines = [f"{source}: invalid tuning plan ({exc.error_count()} error(s))"]
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"  {loc}: {err['msg']}")
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")  # whole-plan checks name their own path
     return "\n".join(lines)
 
 

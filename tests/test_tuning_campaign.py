@@ -24,8 +24,7 @@ RECOMMENDATION_KEYS = {"config", "concurrency", "evidence_trial_ids", "goodput_r
 def small_plan(**over) -> TuningPlan:
     data = {
         "name": "small", "model": "llama-3.1-8b",
-        "engine": {"kind": "sim", "flags": {"gpu-profile": "A100-80G", "model-profile": "llama-3.1-8b",
-                                            "enable-metrics": None, "enable-cache-report": None}},
+        "engine": {"kind": "sim", "gpu_profile": "A100-80G", "model_profile": "llama-3.1-8b"},
         "workload": {"seed": 2, "input": {"kind": "uniform", "min": 128, "max": 512},
                      "output": {"kind": "uniform", "min": 16, "max": 32},
                      "shared_prefix": {"tokens": 128, "share_ratio": 0.8}},

@@ -218,15 +218,15 @@ def tuned_surface(*, retractions: float | None = None) -> Surface:
     def f(flags: Flags, level: int) -> TrialSummary:
         g = level * 0.1 * chunk_score[flags.get("chunked-prefill-size", 8192)]  # type: ignore[index]
         g *= cons_score[flags.get("schedule-conservativeness")]  # type: ignore[index]
-        g *= 0.8 if "disable-radix-cache" in flags else 1.0
+        g *= 0.8 if flags.get("disable-radix-cache") else 1.0
         return summary(thr=g, mem=0.95 if level >= 64 else 0.5, retractions=retractions, usage=0.95, queue=3)
 
     return f
 
 
 def test_refine_walks_radix_then_chunk_then_conservativeness_then_max_running() -> None:
-    plan = make_plan(stages__refine=REFINE, engine={"kind": "sim", "flags": {
-        "chunked-prefill-size": 8192, "disable-radix-cache": None}})
+    plan = make_plan(stages__refine=REFINE, engine={"kind": "sim", "args": {
+        "chunked-prefill-size": 8192, "disable-radix-cache": True}})
     d, asked = drive(plan, tuned_surface())
     refine = [t for t in asked if t.stage == "refine"]
     assert "disable-radix-cache" not in refine[0].flags  # radix cache first

@@ -1,7 +1,7 @@
 """A real-time campaign over HTTP: LiveTrialRunner against `servetune sim serve` processes.
 
-Every server-side change restarts a real server process; every trial is a real
-servetune.trial.run_trial over loopback HTTP. The demo plan is sized to finish in well under
+Servers are started by servetune.runners.provision (the sim engine on the local runner), and every
+server-side change restarts one; every trial is a real servetune.trial.run_trial over loopback HTTP. The demo plan is sized to finish in well under
 three minutes on a 2-core machine.
 """
 
@@ -10,14 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,87 +19,52 @@ import pytest
 from servetune.plan import load_plan
 from servetune.result import TrialResult
 from servetune.tuning.campaign import Campaign
-from servetune.tuning.live import LiveTrialRunner
+from servetune.tuning.live import LiveTrialRunner, engine_provisioner
 from servetune.tuning.state import Flags
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Recording:
+    """servetune.runners.provision through the plan's engine and runner, remembering every server started."""
 
-
-def flags_to_argv(flags: Flags) -> list[str]:
-    argv: list[str] = []
-    for k, v in flags.items():
-        argv.append(f"--{k}")
-        if v is not None and v is not True:
-            argv.append(str(v))
-    return argv
-
-
-@dataclass
-class Started:
-    url: str
-    pid: int
-
-
-class SimProcesses:
-    """Starts `servetune sim serve` with a trial's flags; remembers every process to prove teardown."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
+    def __init__(self, plan, log_dir: Path) -> None:
+        self.inner = engine_provisioner(plan, log_dir=log_dir)
+        self.pids: list[int] = []
+        self.flags: list[Flags] = []
 
     @contextlib.contextmanager
-    def __call__(self, flags: Flags) -> Iterator[Started]:
-        port = _free_port()
-        cmd = [sys.executable, "-m", "servetune", "sim", "serve", "--port", str(port), "--load-seconds", "0.2",
-               *flags_to_argv(flags)]
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"sim server exited {proc.returncode}: {proc.stderr.read()[-500:]}")
-                try:
-                    with urllib.request.urlopen(url + "/health_generate", timeout=5) as r:
-                        if r.status == 200:
-                            break
-                except (urllib.error.URLError, OSError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("sim server never became ready")
-                time.sleep(0.05)
-            yield Started(url=url, pid=proc.pid)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    def __call__(self, flags: Flags) -> Iterator[object]:
+        with self.inner(flags) as server:
+            self.pids.append(server.pid)
+            self.flags.append(dict(flags))
+            yield server
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 @pytest.mark.timeout(240)
 def test_demo_campaign_over_http_in_real_time(tmp_path: Path) -> None:
     plan = load_plan(REPO / "plans" / "demo.yaml")
-    procs = SimProcesses()
+    procs = Recording(plan, tmp_path / "logs")
     t0 = time.monotonic()
-    campaign = Campaign(plan, LiveTrialRunner(plan, provisioner=procs), tmp_path)
+    campaign = Campaign(plan, LiveTrialRunner(plan, provisioner=procs), tmp_path / "out")
     decision = campaign.run()
     elapsed = time.monotonic() - t0
     assert elapsed < 180, f"the demo took {elapsed:.0f} s"
 
     assert decision.done and not decision.failed, decision.reason
-    exp = json.loads((tmp_path / "experiment.json").read_text())
-    rec = json.loads((tmp_path / "recommendation.json").read_text())
+    exp = json.loads((tmp_path / "out" / "experiment.json").read_text())
+    rec = json.loads((tmp_path / "out" / "recommendation.json").read_text())
     assert exp["status"] == "done" and exp["recommendation"] == rec
-    trials = [TrialResult.read(p) for p in (tmp_path / "trials").glob("*.json")]
+    trials = [TrialResult.read(p) for p in (tmp_path / "out" / "trials").glob("*.json")]
+    ordered = sorted(trials, key=lambda t: t.created_at)
     assert len(trials) == len(campaign.state.outcomes)
     assert all(t.status == "ok" for t in trials), [t.failure_reason for t in trials if t.status != "ok"]
     assert all(t.target["url"].startswith("http://127.0.0.1:") for t in trials)
@@ -119,17 +78,21 @@ def test_demo_campaign_over_http_in_real_time(tmp_path: Path) -> None:
     stages = {t.stage for t in trials}
     assert {"correctness", "baseline", "ramp", "refine"} <= stages
     distinct_configs = {json.dumps(t.server_config, sort_keys=True) for t in trials}
-    assert len(procs.procs) >= len(distinct_configs) > 1
-    assert all(p.poll() is not None for p in procs.procs)
+    assert len(procs.pids) >= len(distinct_configs) > 1
+    changes = 1 + sum(a.server_config != b.server_config
+                      for a, b in zip(ordered, ordered[1:], strict=False))
+    assert len(procs.pids) == changes  # one server per run of equal flags, restarted on every change
+    assert all(gone(pid) for pid in procs.pids)
 
 
-def test_a_server_that_refuses_its_flags_is_a_failed_trial(tmp_path: Path) -> None:
+def test_a_server_that_dies_at_start_is_a_failed_trial(tmp_path: Path) -> None:
+    """The simulator refuses a KV pool that does not fit (weights > mem-fraction-static x GPU) at start-up."""
     plan = load_plan(REPO / "plans" / "demo.yaml")
-    plan = plan.model_copy(update={"engine": plan.engine.model_copy(update={"flags": {"schedule-policy": "nope"}})})
-    procs = SimProcesses()
-    decision = Campaign(plan, LiveTrialRunner(plan, provisioner=procs), tmp_path).run()
+    engine = plan.engine.model_copy(update={"args": {"mem-fraction-static": 0.05}})
+    plan = plan.model_copy(update={"engine": engine})
+    decision = Campaign(plan, LiveTrialRunner(plan, log_dir=tmp_path / "logs"), tmp_path / "out").run()
     assert decision.failed and "server failed to start" in decision.reason
-    (only,) = [TrialResult.read(p) for p in (tmp_path / "trials").glob("*.json")]
-    assert only.stage == "correctness" and only.status == "failed" and "invalid choice" in only.failure_reason
-    assert json.loads((tmp_path / "experiment.json").read_text())["status"] == "failed"
-    assert all(p.poll() is not None for p in procs.procs)
+    (only,) = [TrialResult.read(p) for p in (tmp_path / "out" / "trials").glob("*.json")]
+    assert only.stage == "correctness" and only.status == "failed"
+    assert "server failed to start" in (only.failure_reason or "")
+    assert json.loads((tmp_path / "out" / "experiment.json").read_text())["status"] == "failed"

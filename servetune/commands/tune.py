@@ -68,9 +68,9 @@ def _sim_runner(plan: TuningPlan) -> Any:
 
     if plan.engine.kind == "sim":
         return SimTrialRunner(plan)
-    if plan.estimate is None:
-        return None
-    return SimTrialRunner(plan, extra_flags={"gpu-profile": plan.estimate.gpu, "model-profile": plan.estimate.model})
+    if plan.estimate is None or plan.engine.kind != "sglang":
+        return None  # the simulator models SGLang's flags only
+    return SimTrialRunner(plan, gpu=plan.estimate.gpu, model=plan.estimate.model)
 
 
 def _print_dry_run(plan: TuningPlan) -> None:
@@ -80,11 +80,13 @@ def _print_dry_run(plan: TuningPlan) -> None:
     if runner is None:
         _print_static_schedule(plan)
         return
+    if plan.estimate is not None and plan.engine.kind != "sim":
+        console.print(f"estimating with the simulator: {plan.estimate.model} on {plan.estimate.gpu}")
     decision, outcomes, specs = dry_run(plan, runner)
     table = Table(title=f"{plan.name}: trials the campaign would start (simulated, virtual time)")
     for col in ("#", "stage", "level", "server flags changed", "restart", "GPU s", "goodput req/s"):
         table.add_column(col)
-    base = plan.engine.flags
+    base = plan.engine_flags()
     for i, (spec, o) in enumerate(zip(specs, outcomes, strict=True), 1):
         changed = {k: v for k, v in spec.flags.items() if base.get(k, object()) != v or k not in base}
         removed = [k for k in base if k not in spec.flags]
@@ -125,9 +127,9 @@ def _print_static_schedule(plan: TuningPlan) -> None:
         table.add_row("refine", f"at the ceiling, one flag at a time: {walk}", str(plan.refine_requests()[0]))
     console.print(table)
     n = remaining_trials_upper_bound(plan, CampaignState(), "correctness")
-    console.print(f"at most {n} trials; GPU time cannot be estimated for engine {plan.engine.kind!r} without"
-                  f" a simulator profile (add `estimate: {{gpu: ..., model: ...}}` to the plan). The budget caps"
-                  f" it at {plan.budget.max_gpu_minutes:g} min.")
+    console.print(f"at most {n} trials; GPU time cannot be estimated for engine {plan.engine.kind!r}: the"
+                  " simulator models SGLang only (for an sglang plan add `estimate: {gpu: ..., model: ...}`)."
+                  f" The budget caps it at {plan.budget.max_gpu_minutes:g} min.")
 
 
 def _print_recommendation(decision: Any, out: Path) -> None:

@@ -17,7 +17,7 @@ from servetune.tuning.state import CampaignState, Ceiling, Decision, Flags, Tria
 
 
 def base_flags(plan: TuningPlan) -> Flags:
-    return dict(plan.engine.flags)
+    return plan.engine_flags()
 
 
 def correctness_ok(o: TrialOutcome) -> tuple[bool, str]:

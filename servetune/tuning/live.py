@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from servetune.plan import TuningPlan
@@ -20,46 +21,42 @@ from servetune.tuning.state import Flags, TrialSpec
 
 log = logging.getLogger(__name__)
 
-# flags -> a context manager that starts the server and yields an object with ``.url``
+# flags -> a context manager that starts the server and yields a servetune.runners.RunningServer
 Provisioner = Callable[[Flags], contextlib.AbstractContextManager[Any]]
 
 
-def engine_provisioner(plan: TuningPlan) -> Provisioner:
-    """Start servers with servetune.engines / servetune.runners (the plan's engine and runner sections)."""
-    from servetune.engines import EngineConfig
-    from servetune.runners import RunnerConfig, provision
-
-    runner_cfg = RunnerConfig.model_validate({"kind": plan.runner.kind, **plan.runner.options})
+def engine_provisioner(plan: TuningPlan, *, log_dir: Path | None = None) -> Provisioner:
+    """Start servers with servetune.runners.provision: the plan's engine with the trial's flags, on its runner
+    (which refuses a dirty environment before launch when the runner's ``check_clean`` is on)."""
+    from servetune.runners import provision
+    from servetune.tuning.knobs import with_flags
 
     def start(flags: Flags) -> contextlib.AbstractContextManager[Any]:
-        engine = EngineConfig.model_validate({
-            "kind": plan.engine.kind, "model": plan.model, "flags": dict(flags),
-            **({"port": plan.engine.port} if plan.engine.port is not None else {}),
-            "ready_timeout_s": plan.engine.ready_timeout_s,
-        })
-        return provision(engine, runner_cfg)
+        return provision(with_flags(plan.engine, flags), plan.runner, log_dir=log_dir)
 
     return start
 
 
-def default_preflight() -> Callable[[], None] | None:
-    """The runners' clean-environment check (no foreign GPU process), when that module is there."""
-    try:
-        from servetune.runners import preflight
-    except ImportError:
+def running_preflight(server: Any) -> Callable[[], None] | None:
+    """While our server runs: nothing foreign may hold its GPUs (servetune.runners.preflight)."""
+    handle = getattr(server, "handle", None)
+    if handle is None or not hasattr(handle, "preflight_running"):
         return None
-    check = getattr(preflight, "check_clean_environment", None) or getattr(preflight, "check", None)
-    return check if callable(check) else None
+
+    def check() -> None:
+        handle.preflight_running().raise_if_dirty()
+
+    return check
 
 
 class LiveTrialRunner:
     """Real trials; restarts the server whenever the flags change; always stops what it started."""
 
     def __init__(self, plan: TuningPlan, *, provisioner: Provisioner | None = None,
-                 preflight: Callable[[], None] | None = None, url: str | None = None) -> None:
+                 preflight: Callable[[], None] | None = None, log_dir: Path | None = None) -> None:
         self.plan = plan
-        self.url = url or (plan.engine.url if plan.engine.kind == "external" else None)
-        self._provisioner = provisioner
+        self.url = plan.engine.url if plan.engine.kind == "external" else None  # type: ignore[union-attr]
+        self._provisioner = provisioner or engine_provisioner(plan, log_dir=log_dir)
         self._preflight = preflight
         self._stack: contextlib.ExitStack | None = None
         self._server: Any = None
@@ -72,8 +69,6 @@ class LiveTrialRunner:
         if self._server is not None and flags == self._flags:
             return False
         self._stop()
-        if self._provisioner is None:
-            self._provisioner = engine_provisioner(self.plan)
         stack = contextlib.ExitStack()
         try:
             self._server = stack.enter_context(self._provisioner(flags))
@@ -102,7 +97,8 @@ class LiveTrialRunner:
                                    experiment_id=experiment_id)
             return RunReport(result=result, gpu_seconds=time.monotonic() - t0, restarted=True)
         url = self.url or self._server.url
-        target = Target(url=url, endpoint=self.plan.endpoint, model=self.plan.model)
+        model = getattr(self._server, "model", None) or getattr(self.plan.engine, "model", None) or self.plan.model
+        target = Target(url=url, endpoint=self.plan.endpoint, model=model)
         req = TrialRequest(
             target=target,
             load=LoadConfig(mode="concurrency", concurrency=spec.concurrency, warmup_requests=spec.warmup,
@@ -115,9 +111,9 @@ class LiveTrialRunner:
             experiment_id=experiment_id,
             model_path=self.plan.model,
         )
-        preflight = self._preflight if self._preflight is not None else default_preflight()
+        preflight = self._preflight if self._preflight is not None else running_preflight(self._server)
         try:
-            result = run_trial(req, preflight=preflight if restarted or spec.stage == "correctness" else None)
+            result = run_trial(req, preflight=preflight)
         except Exception as exc:  # noqa: BLE001 - unreachable / bad input before any request: recorded
             result = failed_result(spec, f"{type(exc).__name__}: {exc}", experiment_id=experiment_id,
                                    target=target.model_dump(mode="json"))

@@ -118,7 +118,7 @@ def _run(plan: TuningPlan, walk: _Walk, ceiling: Ceiling, base_flags: Flags) -> 
 
     # 1. radix cache on, and a prefix-aware policy when prefixes are shared
     radix_flags = {k: v for k, v in inc.flags.items() if k != RADIX_OFF}
-    if r.radix_cache and RADIX_OFF in inc.flags:
+    if r.radix_cache and inc.flags.get(RADIX_OFF):
         inc = walk.try_switch(inc, radix_flags, "radix cache on", prefer_on_tie=True)
     if plan.workload.shared_prefix is not None:
         for policy in r.shared_prefix_policies:

@@ -13,7 +13,8 @@ from typing import Any, Protocol
 
 from servetune.plan import TuningPlan
 from servetune.result import TrialResult
-from servetune.tuning.state import Flags, TrialSpec
+from servetune.tuning.knobs import sim_flags
+from servetune.tuning.state import TrialSpec
 
 
 @dataclass
@@ -41,11 +42,6 @@ def failed_result(spec: TrialSpec, reason: str, *, experiment_id: str, target: d
     )
 
 
-def switches_as_true(flags: Flags) -> dict[str, Any]:
-    """Plan flags use null for a bare switch (``enable-metrics: null``); parsers want True."""
-    return {k: (True if v is None else v) for k, v in flags.items()}
-
-
 def virtual_duration_s(result: TrialResult) -> float:
     """From the first send to the last response end: how long the trial held the GPU."""
     ends = [r.t_send_s + (r.e2e_ms or 0.0) / 1000.0 for r in result.records]
@@ -57,11 +53,13 @@ def virtual_duration_s(result: TrialResult) -> float:
 class SimTrialRunner:
     """Trials answered by ``servetune.sim.simulate`` in virtual time; restarts cost ``budget.restart_cost_s``."""
 
-    def __init__(self, plan: TuningPlan, *, extra_flags: Flags | None = None, restart_cost_s: float | None = None):
+    def __init__(self, plan: TuningPlan, *, gpu: str | None = None, model: str | None = None,
+                 restart_cost_s: float | None = None):
+        """``gpu``/``model``: simulator profiles for a plan whose engine is not the sim (dry-run estimates)."""
         self.plan = plan
-        self.extra_flags = dict(extra_flags or {})
+        self.gpu, self.model = gpu, model
         self.restart_cost_s = plan.budget.restart_cost_s if restart_cost_s is None else restart_cost_s
-        self._running: Flags | None = None
+        self._running: dict[str, Any] | None = None
         self._requests: dict[int, list[Any]] = {}
 
     def _workload(self, n: int) -> list[Any]:
@@ -79,7 +77,7 @@ class SimTrialRunner:
         restarted = spec.flags != self._running
         restart = self.restart_cost_s if restarted else 0.0
         try:
-            args = server_args_from_flags(switches_as_true({**self.extra_flags, **spec.flags}))
+            args = server_args_from_flags(sim_flags(self.plan.engine, spec.flags, gpu=self.gpu, model=self.model))
         except ValueError as exc:  # SimArgsError: what SGLang would refuse at start-up
             self._running = None
             result = failed_result(spec, f"server failed to start: {exc}", experiment_id=experiment_id)
