@@ -149,6 +149,9 @@ class TuningPlan(_Strict):
         default="continue", description="a failed trial counts as a failing level (continue) or ends the run"
     )
     estimate: SimEstimate | None = Field(default=None, description="sim profiles for --dry-run estimates")
+    prompt_template: str | None = Field(
+        default=None, description="template file or model dir whose chat template the answer depends on (fingerprinted)"
+    )
     seed: int = 0
 
     @model_validator(mode="before")

@@ -154,3 +154,21 @@ def test_cli_rejects_a_bad_plan_before_anything_starts(tmp_path: Path, content: 
     assert res.exit_code == 2
     assert "sla" in res.output or "stages" in res.output
     assert not (tmp_path / "out").exists()
+
+
+def test_experiment_carries_model_and_template_fingerprints(tmp_path: Path) -> None:
+    from servetune.fingerprint import model_fingerprint, prompt_template_fingerprint
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (model / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
+    plan = small_plan(model=str(model), stages={"correctness": {"enabled": False},
+                                                "baseline": {"concurrency": 2, "requests": 8},
+                                                "ramp": {"levels": [4], "requests": 8}, "refine": {"enabled": False}})
+    Campaign(plan, SimTrialRunner(plan), tmp_path / "out").run()
+    exp = read(tmp_path / "out" / "experiment.json")
+    assert exp["model_fingerprint"] == model_fingerprint(str(model)).digest
+    assert exp["prompt_template_fingerprint"] == prompt_template_fingerprint(str(model)).digest
+    (model / "tokenizer_config.json").write_text('{"chat_template": "{{ other }}"}')
+    assert prompt_template_fingerprint(str(model)).digest != exp["prompt_template_fingerprint"]

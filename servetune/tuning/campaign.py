@@ -58,17 +58,22 @@ def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: 
 
 
 def plan_fingerprints(plan: TuningPlan) -> tuple[str | None, str | None]:
-    """Model and prompt-template fingerprints (servetune.fingerprint), None where not computable."""
+    """Model and prompt-template fingerprints (servetune.fingerprint), None where not computable (said in the log)."""
+    from servetune.fingerprint import model_fingerprint, prompt_template_fingerprint
+
     try:
-        from servetune.fingerprint import model_fingerprint
-    except ImportError:  # pragma: no cover - module of another engineer, optional here
-        return None, None
-    try:
-        model_fp = model_fingerprint(plan.model).digest
+        model_fp: str | None = model_fingerprint(plan.model).digest
     except (OSError, ValueError) as exc:
         log.warning("model fingerprint of %s: %s", plan.model, exc)
         model_fp = None
-    return model_fp, None
+    source = plan.prompt_template or (plan.model if Path(plan.model).is_dir() else None)
+    template_fp: str | None = None
+    if source is not None:
+        try:
+            template_fp = prompt_template_fingerprint(source).digest
+        except (OSError, ValueError) as exc:
+            log.warning("prompt template fingerprint of %s: %s", source, exc)
+    return model_fp, template_fp
 
 
 class Campaign:

@@ -110,6 +110,7 @@ class LiveTrialRunner:
             server_config=dict(spec.flags),
             experiment_id=experiment_id,
             model_path=self.plan.model,
+            prompt_template=self.plan.prompt_template,
         )
         preflight = self._preflight if self._preflight is not None else running_preflight(self._server)
         try:

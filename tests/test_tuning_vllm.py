@@ -1,0 +1,74 @@
+"""A short real campaign against vLLM on the CPU: the knobs max-num-seqs and max-num-batched-tokens.
+
+The same LiveTrialRunner a GPU campaign uses: servetune.runners.provision starts vLLM (local runner)
+with each trial's knobs, restarts it on every change, and servetune.trial.run_trial measures each
+level. Kept small because every vLLM start costs about a minute on the CPU: three server starts
+(the ramp's config, max-num-batched-tokens 1024, max-num-seqs = the level).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from vllm_cpu import VllmCpuEnv, vllm_cpu_env  # noqa: F401 - the session fixture (tests/vllm_cpu.py)
+
+from servetune.plan import parse_plan
+from servetune.result import TrialResult
+from servetune.tuning.campaign import Campaign
+from servetune.tuning.live import LiveTrialRunner
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest.mark.timeout(1500)
+def test_vllm_cpu_campaign_tunes_max_num_seqs_and_batched_tokens(vllm_cpu_env: VllmCpuEnv, tmp_path: Path) -> None:  # noqa: F811
+    env = vllm_cpu_env
+    plan = parse_plan({
+        "name": "vllm-cpu-tiny", "model": str(env.model_path),
+        "engine": {
+            "kind": "vllm", "python": str(env.python), "served_model_name": "tiny", "dtype": "bfloat16",
+            "max_model_len": 2048, "enforce_eager": True, "enable_prefix_caching": True, "ready_timeout_s": 600,
+            "max_num_seqs": 2, "max_num_batched_tokens": 512,
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(env.home / "cache")},
+        },
+        "runner": {"kind": "local", "grace_s": 15},
+        "endpoint": "completions",
+        "workload": {"seed": 5, "tokenizer": str(env.model_path),
+                     "input": {"kind": "uniform", "min": 64, "max": 192}, "output": {"kind": "fixed", "value": 12},
+                     "shared_prefix": {"tokens": 136, "share_ratio": 1.0}},
+        "sla": {"p99_e2e_ms": 60000, "max_error_rate": 0.0},
+        "stages": {
+            "correctness": {"requests": 1},
+            "baseline": {"concurrency": 2, "requests": 6, "warmup": 1},
+            "ramp": {"levels": [4], "requests": 8, "warmup": 1, "bisect": False},
+            "refine": {"grid": {"max-num-batched-tokens": [1024]}, "max_running_flag": "max-num-seqs",
+                       "extend_levels": 0},
+        },
+        "budget": {"max_gpu_minutes": 30},
+    }, source="vllm-cpu plan")
+    campaign = Campaign(plan, LiveTrialRunner(plan, log_dir=tmp_path / "logs"), tmp_path / "out")
+    decision = campaign.run()
+    assert decision.done and not decision.failed, decision.reason
+
+    trials = sorted((TrialResult.read(p) for p in (tmp_path / "out" / "trials").glob("*.json")),
+                    key=lambda t: t.created_at)
+    assert all(t.status == "ok" for t in trials), [t.failure_reason for t in trials]
+    assert [t.stage for t in trials] == ["correctness", "baseline", "ramp", "refine", "refine"]
+    assert [t.server_config for t in trials[3:]] == [
+        {"max-num-seqs": 2, "max-num-batched-tokens": 1024, "enable-prefix-caching": True},
+        {"max-num-seqs": 4, "max-num-batched-tokens": trials[-1].server_config["max-num-batched-tokens"],
+         "enable-prefix-caching": True},
+    ]
+    # the knobs reached vLLM: three servers, each logging the non-default args it was launched with
+    logs = [p.read_text(errors="replace") for p in sorted((tmp_path / "logs").glob("vllm-*.log"))]
+    assert len(logs) == 3
+    assert "'max_num_batched_tokens': 1024" in logs[1] and "'max_num_seqs': 4" in logs[2]
+    # every measured request came back with the output length asked for, through the real engine
+    for t in trials[1:]:
+        assert t.summary.requests_ok == t.summary.requests_total and t.summary.output_len.min == 12
+    rec = json.loads((tmp_path / "out" / "recommendation.json").read_text())
+    assert rec["concurrency"] == 4 and rec["goodput_rps"] > 0
+    assert rec["config"]["max-num-seqs"] in (2, 4)
+    assert rec["prefix_hit_rate"] is not None  # vLLM reports cached tokens with a shared prefix
