@@ -2,9 +2,11 @@
 
 Both load the same request rows into the same table (same indexes, same transaction shape):
 - raw: the rows, dumped beforehand with ``COPY ... TO STDOUT``, streamed back with ``COPY ... FROM
-  STDIN`` (what ``psql \\copy`` does) -- the server's ingest speed with no Python in the way;
+  STDIN`` -- the server's ingest speed with no Python in the way -- in binary (the loader's own
+  format: the strict baseline) and in text (what ``psql \\copy`` sends);
 - loader: ``load_result(engine, TrialResult)`` end to end: rows built from RequestRecords, content
-  hash, trial row, binary COPY of records and samples, commit (validation off: timed separately).
+  hash, trial row, binary COPY of records and samples, commit (validation off: the checklist is
+  not part of row throughput).
 Target: loader >= 70% of raw. Usage:
 
     .venv/bin/python bench/warehouse_load.py --rows 1000000 [--database-url URL] [--repeat 3]
@@ -79,16 +81,18 @@ def main() -> None:
 
         # one loader run to produce the exact rows the raw COPY will replay
         run_loader()
+        dumps: dict[str, bytearray] = {}
         with eng.connect() as conn:
             cur = conn.connection.driver_connection.cursor()
-            dump = bytearray()
-            with cur.copy(f"COPY (SELECT {cols} FROM request_records WHERE trial_id = %s) TO STDOUT "
-                          "(FORMAT BINARY)", (result.trial_id,)) as copy:
-                for block in copy:
-                    dump += block
-        print(f"raw payload: {len(dump) / 1e6:.0f} MB (binary COPY)")
+            for fmt in ("BINARY", "TEXT"):
+                dumps[fmt] = bytearray()
+                with cur.copy(f"COPY (SELECT {cols} FROM request_records WHERE trial_id = %s) TO STDOUT "
+                              f"(FORMAT {fmt})", (result.trial_id,)) as copy:
+                    for block in copy:
+                        dumps[fmt] += block
+        print(f"raw payloads: {len(dumps['BINARY']) / 1e6:.0f} MB binary, {len(dumps['TEXT']) / 1e6:.0f} MB text")
 
-        def run_raw() -> float:
+        def run_raw(fmt: str) -> float:
             clear()
             with eng.begin() as conn:  # the same trial row the loader writes first, so the FK holds
                 conn.execute(text("INSERT INTO experiments (experiment_id, model, trigger) VALUES (:e, 'm', 'bench')"),
@@ -99,25 +103,26 @@ def main() -> None:
             t0 = time.perf_counter()
             with eng.begin() as conn:
                 cur = conn.connection.driver_connection.cursor()
-                with cur.copy(f"COPY request_records ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
-                    view = memoryview(dump)
+                with cur.copy(f"COPY request_records ({cols}) FROM STDIN (FORMAT {fmt})") as copy:
+                    view = memoryview(dumps[fmt])
                     for i in range(0, len(view), 1 << 20):
                         copy.write(view[i:i + (1 << 20)])
             return time.perf_counter() - t0
 
-        raw, loader = [], []
-        for _ in range(args.repeat):  # interleaved, so drift on a shared machine hits both alike
-            raw.append(run_raw())
-            loader.append(run_loader())
+        times: dict[str, list[float]] = {"raw binary COPY": [], "raw text COPY": [], "servetune loader": []}
+        for _ in range(args.repeat):  # interleaved, so drift on a shared machine hits all alike
+            times["raw binary COPY"].append(run_raw("BINARY"))
+            times["raw text COPY"].append(run_raw("TEXT"))
+            times["servetune loader"].append(run_loader())
         clear()
         eng.dispose()
         n = args.rows
-        raw_s, load_s = statistics.median(raw), statistics.median(loader)
-        print(f"raw COPY FROM STDIN : {n / raw_s:12,.0f} rows/s  (median of {args.repeat}: {raw_s:.2f}s; "
-              f"runs {', '.join(f'{x:.2f}' for x in raw)})")
-        print(f"servetune loader    : {n / load_s:12,.0f} rows/s  (median of {args.repeat}: {load_s:.2f}s; "
-              f"runs {', '.join(f'{x:.2f}' for x in loader)})")
-        print(f"loader / raw        : {raw_s / load_s:.0%}  (target >= 70%)")
+        med = {k: statistics.median(v) for k, v in times.items()}
+        for name, runs in times.items():
+            print(f"{name:17s}: {n / med[name]:10,.0f} rows/s  (median of {args.repeat}: {med[name]:.2f}s; "
+                  f"runs {', '.join(f'{x:.2f}' for x in runs)})")
+        for base in ("raw binary COPY", "raw text COPY"):
+            print(f"loader / {base:15s}: {med[base] / med['servetune loader']:.0%}  (target >= 70%)")
     finally:
         if not args.database_url:
             localdb.drop_database(server, url.rsplit("/", 1)[1])
