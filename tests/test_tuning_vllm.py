@@ -62,12 +62,16 @@ def test_vllm_cpu_campaign_tunes_max_num_seqs_and_batched_tokens(vllm_cpu_env: V
          "enable-prefix-caching": True},
     ]
     # the knobs reached vLLM: three servers, each logging the non-default args it was launched with
-    logs = [p.read_text(errors="replace") for p in sorted((tmp_path / "logs").glob("vllm-*.log"))]
+    logs = [p.read_text(errors="replace") for p in (tmp_path / "logs").glob("vllm-*.log")]
     assert len(logs) == 3
-    assert "'max_num_batched_tokens': 1024" in logs[1] and "'max_num_seqs': 4" in logs[2]
+    args = [next(line for line in log.splitlines() if "non-default args" in line) for log in logs]
+    assert any("'max_num_batched_tokens': 512" in a and "'max_num_seqs': 2" in a for a in args)
+    assert any("'max_num_batched_tokens': 1024" in a and "'max_num_seqs': 2" in a for a in args)
+    assert any("'max_num_seqs': 4" in a for a in args)
     # every measured request came back with the output length asked for, through the real engine
     for t in trials[1:]:
-        assert t.summary.requests_ok == t.summary.requests_total and t.summary.output_len.min == 12
+        assert t.summary.requests_failed == 0 and t.summary.requests_ok == t.summary.requests_measured
+        assert t.summary.output_len.min == 12
     rec = json.loads((tmp_path / "out" / "recommendation.json").read_text())
     assert rec["concurrency"] == 4 and rec["goodput_rps"] > 0
     assert rec["config"]["max-num-seqs"] in (2, 4)
