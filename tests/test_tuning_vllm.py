@@ -2,8 +2,9 @@
 
 The same LiveTrialRunner a GPU campaign uses: servetune.runners.provision starts vLLM (local runner)
 with each trial's knobs, restarts it on every change, and servetune.trial.run_trial measures each
-level. Kept small because every vLLM start costs about a minute on the CPU: three server starts
-(the ramp's config, max-num-batched-tokens 1024, max-num-seqs = the level).
+level. Kept small because every vLLM start costs about a minute on the CPU: two or three server starts
+(the ramp's config, max-num-batched-tokens 1024, max-num-seqs = the level unless it already is).
+Which level is the ceiling depends on the CPU's timing, so the checks follow the walk, not a number.
 """
 
 from __future__ import annotations
@@ -55,24 +56,29 @@ def test_vllm_cpu_campaign_tunes_max_num_seqs_and_batched_tokens(vllm_cpu_env: V
     trials = sorted((TrialResult.read(p) for p in (tmp_path / "out" / "trials").glob("*.json")),
                     key=lambda t: t.created_at)
     assert all(t.status == "ok" for t in trials), [t.failure_reason for t in trials]
-    assert [t.stage for t in trials] == ["correctness", "baseline", "ramp", "refine", "refine"]
-    assert [t.server_config for t in trials[3:]] == [
-        {"max-num-seqs": 2, "max-num-batched-tokens": 1024, "enable-prefix-caching": True},
-        {"max-num-seqs": 4, "max-num-batched-tokens": trials[-1].server_config["max-num-batched-tokens"],
-         "enable-prefix-caching": True},
-    ]
-    # the knobs reached vLLM: three servers, each logging the non-default args it was launched with
+    assert [t.stage for t in trials][:3] == ["correctness", "baseline", "ramp"]
+    refine = [t for t in trials if t.stage == "refine"]
+    base = {"max-num-seqs": 2, "max-num-batched-tokens": 512, "enable-prefix-caching": True}
+    assert all(t.server_config == base for t in trials[:3])
+    # the walk: max-num-batched-tokens first, then max-num-seqs = the level (skipped when it already is)
+    level = decision.ceiling.level
+    assert refine[0].server_config == {**base, "max-num-batched-tokens": 1024}
+    assert all(t.load["concurrency"] == level for t in refine)
+    seqs_tried = {t.server_config["max-num-seqs"] for t in refine}
+    assert seqs_tried == ({2, level} if level != 2 else {2})
+
+    # the knobs reached vLLM: one server per run of equal flags, each logging the args it was launched with
+    changes = 1 + sum(a.server_config != b.server_config for a, b in zip(trials, trials[1:], strict=False))
     logs = [p.read_text(errors="replace") for p in (tmp_path / "logs").glob("vllm-*.log")]
-    assert len(logs) == 3
+    assert len(logs) == changes
     args = [next(line for line in log.splitlines() if "non-default args" in line) for log in logs]
     assert any("'max_num_batched_tokens': 512" in a and "'max_num_seqs': 2" in a for a in args)
-    assert any("'max_num_batched_tokens': 1024" in a and "'max_num_seqs': 2" in a for a in args)
-    assert any("'max_num_seqs': 4" in a for a in args)
+    assert any("'max_num_batched_tokens': 1024" in a for a in args)
     # every measured request came back with the output length asked for, through the real engine
     for t in trials[1:]:
         assert t.summary.requests_failed == 0 and t.summary.requests_ok == t.summary.requests_measured
         assert t.summary.output_len.min == 12
     rec = json.loads((tmp_path / "out" / "recommendation.json").read_text())
-    assert rec["concurrency"] == 4 and rec["goodput_rps"] > 0
-    assert rec["config"]["max-num-seqs"] in (2, 4)
+    assert rec["concurrency"] == level and rec["goodput_rps"] > 0
+    assert rec["evidence_trial_ids"][0] in {t.trial_id for t in trials}
     assert rec["prefix_hit_rate"] is not None  # vLLM reports cached tokens with a shared prefix
