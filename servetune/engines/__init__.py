@@ -7,9 +7,10 @@ from servetune.engines.external import ExternalConfig
 from servetune.engines.failures import EngineFailure, FailureKind, classify
 from servetune.engines.sglang import SGLangConfig
 from servetune.engines.sim import SimConfig
+from servetune.engines.transformers import TransformersConfig
 from servetune.engines.vllm import VLLMConfig
 
 __all__ = [
     "ENGINE_KINDS", "EngineBase", "EngineConfig", "EngineFailure", "ExternalConfig", "FailureKind", "FlagError",
-    "SGLangConfig", "SimConfig", "VLLMConfig", "classify", "engine_from_cli", "parse_engine_config",
+    "SGLangConfig", "SimConfig", "TransformersConfig", "VLLMConfig", "classify", "engine_from_cli", "parse_engine_config",
 ]

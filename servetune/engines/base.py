@@ -16,11 +16,12 @@ from servetune.engines.common import EngineBase
 from servetune.engines.external import ExternalConfig
 from servetune.engines.sglang import SGLangConfig
 from servetune.engines.sim import SimConfig
+from servetune.engines.transformers import TransformersConfig
 from servetune.engines.vllm import KNOBS as VLLM_KNOBS
 from servetune.engines.vllm import VLLMConfig
 
-EngineConfig = Annotated[SGLangConfig | VLLMConfig | SimConfig | ExternalConfig, Field(discriminator="kind")]
-ENGINE_KINDS = ("sglang", "vllm", "sim", "external")
+EngineConfig = Annotated[SGLangConfig | VLLMConfig | SimConfig | TransformersConfig | ExternalConfig, Field(discriminator="kind")]
+ENGINE_KINDS = ("sglang", "vllm", "sim", "transformers", "external")
 _adapter: TypeAdapter[Any] = TypeAdapter(EngineConfig)
 
 
@@ -62,6 +63,10 @@ def engine_from_cli(kind: str, *, model: str | None, sets: Iterable[str], **fiel
                 known = ", ".join(f.replace("_", "-") for f in VLLM_KNOBS)
                 raise FlagError(f"unknown flag --{key.replace('_', '-')} for vllm (servetune's vLLM knobs: {known})")
             data[field] = value
+    elif kind == "transformers":
+        data = {"kind": kind, "model": model, **fields}
+        for key, value in pairs.items():
+            data[key.replace("-", "_")] = value
     elif kind == "external":
         if pairs:
             raise FlagError("an external endpoint takes no --set flags (it is not launched by servetune)")

@@ -240,5 +240,18 @@ validations = Table(
     Index(None, "expectation", "success"),
 )
 
+asset_fingerprints = Table(
+    "asset_fingerprints",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("asset_uri", Text, nullable=False),  # servetune://model/... or servetune://prompt-template/...
+    Column("kind", Text, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("digest", Text, nullable=False),
+    Column("parts", JSONB),
+    Column("seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index(None, "asset_uri", "seen_at"),
+)
+
 #: request_records columns in COPY order (the loader and the benchmark share it).
 REQUEST_COLUMNS: tuple[str, ...] = tuple(c.name for c in request_records.columns)
