@@ -3,23 +3,22 @@
 A trial already stored with the same content is left alone (its ``content_sha256`` matches); one
 stored with different content is a conflict unless ``replace=True``, which swaps it atomically.
 Bulk rows (request records, GPU and server samples) go through psycopg's binary COPY inside the
-trial's transaction, so a load that fails half-way leaves nothing behind.
+trial's transaction, so a load that fails half-way leaves nothing behind. Request records are
+encoded column-wise by ``request_copy`` in a worker thread while the previous block is sent.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import struct
 from collections.abc import Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
-from itertools import chain, islice
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
@@ -28,13 +27,13 @@ from sqlalchemy.dialects.postgresql import insert
 
 from servetune.result import TrialResult
 from servetune.warehouse import db
+from servetune.warehouse.request_copy import WIRE_COLUMNS, EncodeError, copy_stream
 from servetune.warehouse.tables import (
     REQUEST_COLUMNS,
     TRIGGERS,
     experiments,
     flatten_summary,
     gpu_samples,
-    request_records,
     server_samples,
     trials,
     validations,
@@ -42,17 +41,11 @@ from servetune.warehouse.tables import (
 
 log = logging.getLogger(__name__)
 
-_REQUEST_TYPES = [  # the table's types; on the wire the arrays go pre-encoded (see _binary_array)
-    "text", "int4", "bool", "float8", "float8", "float8", "float8", "float8", "int4", "int4", "int4", "int4",
-    "int4", "int4", "text", "int4", "int4", "int4", "int4", "text", "text", "float8[]", "int4[]",
-]
-assert len(_REQUEST_TYPES) == len(REQUEST_COLUMNS)
-_REQUEST_WIRE_TYPES = [*_REQUEST_TYPES[:-2], "bytea", "bytea"]
+assert sorted(WIRE_COLUMNS) == sorted(REQUEST_COLUMNS)  # the COPY names every column, in wire order
 _GPU_COLUMNS = ("trial_id", "sample_no", "t_s", "gpu", "mem_used", "mem_total", "util", "power_w")
 _GPU_TYPES = ["text", "int4", "float8", "int4", "int8", "int8", "float8", "float8"]
 _SERVER_COLUMNS = ("trial_id", "sample_no", "t_s", "name", "labels", "value")
 _SERVER_TYPES = ["text", "int4", "float8", "text", "jsonb", "float8"]
-_HASH_BATCH = 20_000
 
 
 class LoadError(ValueError):
@@ -134,97 +127,21 @@ def _iso(value: str | None) -> datetime | None:
         return None
 
 
-def request_rows(result: TrialResult) -> Iterator[tuple]:
-    """request_records rows in ``REQUEST_COLUMNS`` order, arrays as lists (readable form)."""
-    for scalars, offsets, tokens in _request_parts(result):
-        yield (*scalars, offsets, tokens)
-
-
-def _request_parts(result: TrialResult) -> Iterator[tuple[tuple, list, list]]:
-    tid = result.trial_id
-    for r in result.records:
-        out = r.completion_tokens if r.completion_tokens is not None else (
-            sum(r.chunk_tokens) if r.chunk_tokens else None)
-        tpot = None  # RequestRecord.tpot_ms, inlined: this loop runs a million times
-        if r.ttft_ms is not None and r.e2e_ms is not None and out is not None and out >= 2:
-            tpot = (r.e2e_ms - r.ttft_ms) / (out - 1)
-        yield (
-            (tid, r.request_id, r.warmup, r.t_send_s, r.queue_ms, r.ttft_ms, r.e2e_ms, tpot,
-             r.prompt_tokens, r.completion_tokens, r.cached_tokens, r.client_completion_tokens,
-             r.requested_input_tokens, r.requested_output_tokens, r.token_count_source, r.prefix_group,
-             r.n_images, r.turn, r.http_status, r.error_class, r.error_message),
-            r.chunk_offsets_ms, r.chunk_tokens,
-        )
-
-
-def _encoded_batches(result: TrialResult) -> Iterator[tuple[list[tuple], bytes]]:
-    """Batches of wire-ready rows (arrays pre-encoded) and the bytes that stand for them in the hash."""
-    parts = _request_parts(result)
-    while batch := list(islice(parts, _HASH_BATCH)):
-        scalars = [p[0] for p in batch]
-        try:
-            offsets = _binary_arrays([p[1] for p in batch], _F8_PAIR, 8, 701)
-            tokens = _binary_arrays([p[2] for p in batch], _I4_PAIR, 4, 23)
-        except (TypeError, ValueError, OverflowError) as e:
-            bad = next((s[1] for s, p in zip(scalars, batch) if not _numeric(p[1], p[2])), "?")
-            raise LoadError(f"trial {result.trial_id}: request {bad}: chunk arrays must hold numbers only "
-                            f"({e})") from None
-        rows = [(*s, o, t) for s, o, t in zip(scalars, offsets, tokens)]
-        yield rows, orjson.dumps(scalars, option=orjson.OPT_SERIALIZE_NUMPY) + b"".join(offsets) + b"".join(tokens)
-
-
-_HEADER = struct.Struct(">iiiii")  # ndim=1, no NULLs, element oid, length, lower bound
-_F8_PAIR = np.dtype([("len", ">i4"), ("value", ">f8")])
-_I4_PAIR = np.dtype([("len", ">i4"), ("value", ">i4")])
-
-
-def _numeric(*lists: list) -> bool:
-    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for values in lists for v in values)
-
-
-def _binary_arrays(arrays: list[list], pair: np.dtype, size: int, oid: int) -> list[bytes]:
-    """One-dimensional arrays in Postgres' binary wire format (array_recv), a batch at a time.
-
-    psycopg's generic list dumper works element by element in Python; here numpy lays out every
-    (length, value) pair of the batch at once and each row only slices its part.
-    """
-    lengths = [len(a) for a in arrays]
-    total = sum(lengths)
-    pairs = np.empty(total, dtype=pair)
-    pairs["len"] = size
-    if pair["value"].kind == "i":
-        values = np.fromiter(chain.from_iterable(arrays), dtype=np.int64, count=total)
-        if total and (values.min() < -(2**31) or values.max() >= 2**31):
-            raise OverflowError("a value does not fit int4")
-        pairs["value"] = values
-    else:
-        pairs["value"] = np.fromiter(chain.from_iterable(arrays), dtype=np.float64, count=total)
-    buf = pairs.tobytes()
-    step, pack, empty = pair.itemsize, _HEADER.pack, struct.pack(">iii", 0, 0, oid)
-    out: list[bytes] = []
-    pos = 0
-    for n in lengths:
-        if n:
-            end = pos + n * step
-            out.append(pack(1, 0, oid, n, 1) + buf[pos:end])
-            pos = end
-        else:
-            out.append(empty)
-    return out
-
-
 def _copy_request_rows(conn: Connection, result: TrialResult, hasher: Any) -> int:
-    """COPY the records (binary), hashing them batch by batch as they go out."""
+    """COPY the records (binary, encoded column-wise in a worker thread), hashing the bytes sent."""
     cur = conn.connection.driver_connection.cursor()  # the psycopg connection of this transaction
-    n = 0
-    with cur.copy(f"COPY request_records ({', '.join(REQUEST_COLUMNS)}) FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(_REQUEST_WIRE_TYPES)
-        for batch, digest_bytes in _encoded_batches(result):
-            hasher.update(digest_bytes)
-            for row in batch:
-                copy.write_row(row)
-            n += len(batch)
-    return n
+    with cur.copy(f"COPY request_records ({', '.join(WIRE_COLUMNS)}) FROM STDIN (FORMAT BINARY)") as copy:
+        with closing(_request_stream(result, hasher, background=True)) as blocks:  # stops the encoder on error
+            for block in blocks:
+                copy.write(block)
+    return len(result.records)
+
+
+def _request_stream(result: TrialResult, hasher: Any, *, background: bool) -> Iterator[bytes]:
+    try:
+        yield from copy_stream(result.trial_id, result.records, hasher, background=background)
+    except EncodeError as e:
+        raise LoadError(f"trial {result.trial_id}: {e}") from None
 
 
 def _gpu_rows(result: TrialResult) -> list[tuple]:
@@ -261,13 +178,13 @@ def _header_hasher(result: TrialResult) -> Any:
 
 
 def content_sha256(result: TrialResult) -> str:
-    """Hash of everything the trial holds: header (sorted keys), then the request rows in batches.
+    """Hash of everything the trial holds: header (sorted keys), then the request rows' COPY bytes.
 
-    The loader computes the same digest while it COPYs, so a first load pays nothing extra.
+    The loader hashes the very bytes it sends, so a first load encodes the rows only once.
     """
     h = _header_hasher(result)
-    for _batch, digest_bytes in _encoded_batches(result):
-        h.update(digest_bytes)
+    for _block in _request_stream(result, h, background=False):
+        pass
     return h.hexdigest()
 
 
