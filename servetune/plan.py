@@ -126,6 +126,14 @@ class Budget(_Strict):
     restart_cost_s: float = Field(default=60.0, ge=0, description="GPU time charged per server (re)start")
 
 
+class ValidationSection(_Strict):
+    """How the report checklist judges this plan's trials (servetune.validation)."""
+
+    min_measured: int = Field(default=200, ge=1, description="fewer measured requests: the trial is rejected")
+    waive: list[Literal["gpu_memory_curve", "clean_gpu"]] = Field(
+        default_factory=list, description="checklist items this runner cannot satisfy (e.g. a CPU-only engine)")
+
+
 class SimEstimate(_Strict):
     """Profiles for estimating a real campaign with the simulator (``servetune tune --dry-run``)."""
 
@@ -145,6 +153,7 @@ class TuningPlan(_Strict):
     sla: SLA
     stages: Stages = Field(default_factory=Stages)
     budget: Budget = Field(default_factory=Budget)
+    validation: ValidationSection = Field(default_factory=ValidationSection)
     on_trial_failure: Literal["continue", "stop"] = Field(
         default="continue", description="a failed trial counts as a failing level (continue) or ends the run"
     )

@@ -29,6 +29,7 @@ from servetune.telemetry.environment import fingerprint
 from servetune.telemetry.nvml import GpuSampler
 from servetune.telemetry.prometheus import MetricsScraper
 from servetune.telemetry.server_info import fetch_server_info
+from servetune.telemetry.simgpu import SimulatedGpuSampler
 from servetune.workload import build_requests, load_tokenizer
 from servetune.workload.spec import WorkloadSpec
 
@@ -126,7 +127,7 @@ async def run_trial_async(
 
     t0_ns = time.perf_counter_ns()
     result.t0_unix = time.time()
-    gpu_sampler = _gpu_sampler(req)
+    gpu_sampler = _gpu_sampler(req, server["server_info"])
     scraper = _scraper(req)
     gpu_sampler.start(t0_ns)
     outcome = None
@@ -212,7 +213,10 @@ async def _flush_cache(target: Target) -> dict[str, Any]:
     return status
 
 
-def _gpu_sampler(req: TrialRequest) -> GpuSampler:
+def _gpu_sampler(req: TrialRequest, server_info: dict[str, Any]) -> GpuSampler | SimulatedGpuSampler:
+    """NVML for a real engine; a simulated engine's modelled GPUs for the sim (marked ``simulated``)."""
+    if server_info.get("simulated"):
+        return SimulatedGpuSampler(req.target.url, req.gpu_interval_ms / 1000.0, headers=_auth(req.target))
     return GpuSampler(req.gpu_interval_ms / 1000.0, req.gpu_indices, own_pids=req.server_pids)
 
 

@@ -253,3 +253,8 @@ async def test_bench_against_the_simulated_sglang_server(sim_url, tmp_path):
     # client-side (usage) and server-side (counter deltas, warm-up included) hit rates agree
     assert 0.2 < s["prefix_hit_rate"] < 1 and abs(s["prefix_hit_rate"] - s["prefix_hit_rate_server"]) < 0.1
     assert s["server_samples"] >= 2 and s["server_running_reqs_mean"] is not None
+    # the sim's modelled GPUs give a memory curve at the sampler's cadence, marked simulated
+    assert s["gpu_state"] == "simulated" and d["gpu"]["state"] == "simulated"
+    assert s["gpu_samples"] >= 3 and 0 < s["gpu_mem_peak_fraction"] < 1
+    gaps = [b["t_s"] - a["t_s"] for a, b in zip(d["gpu"]["samples"], d["gpu"]["samples"][1:])]
+    assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.1, abs=0.03)

@@ -22,6 +22,8 @@ class RunnerBase(BaseModel):
     check_clean: bool = Field(default=True, description="refuse to start on a dirty environment (preflight)")
     gpu_idle_mib: int = Field(default=2048, ge=0, description="GPU memory in use that still counts as idle")
     gpu_release_timeout_s: float = Field(default=60.0, ge=0, description="wait for GPU memory after teardown")
+    gpu_type: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]*$",
+                                 description="e.g. a100, h200: orchestrators route trials to a worker of this type")
 
 
 class LocalRunnerConfig(RunnerBase):

@@ -96,6 +96,8 @@ class SimServer:
         self._engine: asyncio.Task[None] | None = None
         self.t0 = time.perf_counter()
         self.ready = False
+        self.busy_s = 0.0  # modelled GPU-busy time so far (sum of iteration durations)
+        self.extend_tokens = 0  # new tokens of the iteration in flight (activation memory)
         self.app = self._build_app()
 
     # --- clock ----------------------------------------------------------------------------
@@ -125,6 +127,8 @@ class SimServer:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            self.busy_s += it.end - it.start
+            self.extend_tokens = it.new_tokens
             # prepare every chunk now; at the modelled end only the socket writes remain
             streams = self.streams
             output_len = sched.output_len
@@ -190,6 +194,7 @@ class SimServer:
         r.add_get("/v1/models", self.models)
         r.add_route("*", "/flush_cache", self.flush_cache)
         r.add_get("/metrics", self.metrics_endpoint)
+        r.add_get("/sim/gpu", self.sim_gpu)
         r.add_post("/v1/chat/completions", self.chat)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/generate", self.generate)
@@ -259,6 +264,19 @@ class SimServer:
             ],
         }
         return web.Response(body=orjson.dumps(info), content_type="application/json")
+
+    async def sim_gpu(self, request: web.Request) -> web.Response:
+        """The modelled GPUs right now, for servetune's simulated sampler (telemetry.simgpu): SGLang
+        preallocates weights, KV pool and CUDA graphs, so memory is flat apart from prefill activations."""
+        from .telemetry import gpu_static_bytes, activation_bytes
+
+        a, g = self.args, self.args.gpu
+        used = gpu_static_bytes(a) + activation_bytes(a, self.extend_tokens if self.sched.running else 0)
+        return web.json_response({
+            "t_model_s": self.now(), "busy_s": self.busy_s, "idle_w": g.idle_w, "tdp_w": g.tdp_w,
+            "devices": [{"index": r, "name": f"{g.name} (simulated)", "uuid": f"SIM-{g.name}-{r}",
+                         "mem_total": a.gpu_memory_bytes, "mem_used": used} for r in range(a.tp_size)],
+        })
 
     async def model_info(self, request: web.Request) -> web.Response:
         a = self.args

@@ -21,6 +21,16 @@ CUDA_CONTEXT_BYTES = 512 << 20  # CUDA context + NCCL/cuBLAS workspaces, per GPU
 ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN = 2 * 12  # bf16 x (qkv, attention out, MLP up/gate/down, ...)
 
 
+def gpu_static_bytes(a: SimArgs) -> int:
+    """What SGLang allocates per GPU at start: weights, the KV pool, CUDA context and graphs."""
+    return int(a.weight_bytes_per_rank + a.kv_pool_bytes_per_rank + CUDA_CONTEXT_BYTES + a.cuda_graph_max_bs * (2 << 20))
+
+
+def activation_bytes(a: SimArgs, new_tokens: int) -> int:
+    """Transient activation memory of a prefill of ``new_tokens`` tokens, per GPU."""
+    return int(new_tokens * a.model.hidden_size * ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN / max(a.tp_size, 1))
+
+
 def parse_exposition(text: str) -> dict[str, Any]:
     """Exposition text -> the live scraper's snapshot shape (its own parser)."""
     from servetune.telemetry.prometheus import parse_metrics
@@ -95,9 +105,9 @@ class SimTelemetry:
 
     def gpu_curve(self, iterations: list[Iteration], end: float, interval_ms: float) -> dict[str, Any]:
         """Samples every ``interval_ms`` per TP rank: memory (preallocated + activations), util, power."""
-        a, g, m = self.args, self.args.gpu, self.args.model
+        a, g = self.args, self.args.gpu
         total = a.gpu_memory_bytes
-        static = a.weight_bytes_per_rank + a.kv_pool_bytes_per_rank + CUDA_CONTEXT_BYTES + a.cuda_graph_max_bs * (2 << 20)
+        static = gpu_static_bytes(a)
         step = interval_ms / 1000.0
         grid = np.arange(0.0, end + step, step)
         if iterations:
@@ -115,12 +125,11 @@ class SimTelemetry:
         else:
             util = np.zeros_like(grid)
         act = np.zeros_like(grid)
-        per_token = m.hidden_size * ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN / max(a.tp_size, 1)
         for s, e, n in self.max_extend:
             lo = int(np.searchsorted(grid, s, side="left"))
             hi = int(np.searchsorted(grid, e, side="left"))
             for k in range(lo, min(hi + 1, len(grid))):
-                act[k] = max(act[k], n * per_token)
+                act[k] = max(act[k], activation_bytes(a, n))
         samples = []
         for k, t in enumerate(grid.tolist()):
             used = int(static + act[k])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -112,23 +112,59 @@ class Campaign:
     def experiment_id(self) -> str:
         return self.experiment["experiment_id"]
 
-    def run(self) -> Decision:
-        """Loop decide -> run -> record until the decisions say done; the runner is always closed."""
+    @classmethod
+    def resume(cls, plan: TuningPlan, runner: TrialRunner, out_dir: str | Path, **kwargs: Any) -> Campaign:
+        """The campaign whose folder this is, with every trial recorded so far (state.json).
+
+        Lets an orchestrator run the stages as separate tasks, and a retried task pick up where
+        the last attempt stopped instead of measuring again.
+        """
+        campaign = cls(plan, runner, out_dir, **kwargs)
+        exp_file, state_file = campaign.out / "experiment.json", campaign.out / "state.json"
+        if exp_file.exists():
+            stored = orjson.loads(exp_file.read_bytes())
+            if stored.get("experiment_id") != campaign.experiment_id:
+                raise ValueError(f"{out_dir} holds experiment {stored.get('experiment_id')}, "
+                                 f"not {campaign.experiment_id}")
+            campaign.experiment.update(started_at=stored["started_at"])
+        if state_file.exists():
+            campaign.state = CampaignState.model_validate_json(state_file.read_bytes())
+        return campaign
+
+    def advance(self, stages: Iterable[str] | None = None) -> Decision:
+        """Run trials while the decisions ask for one of ``stages`` (all when None); the runner is
+        always closed. Returns the first decision not run here (``done`` at the end)."""
+        wanted = None if stages is None else set(stages)
         (self.out / "trials").mkdir(parents=True, exist_ok=True)
         self._write_experiment()
-        decision: Decision | None = None
         try:
             while True:
                 decision = next_trials(self.plan, self.state, previous=self.previous)
-                if decision.done:
-                    break
+                if decision.done or (wanted is not None and decision.stage not in wanted):
+                    return decision
                 for spec in decision.trials:
                     self._run_one(spec, decision.stage)
+        finally:
+            self.runner.close()
+
+    def conclude(self) -> Decision:
+        """Write the outcome: the recommendation when the decisions are done, else a recorded failure
+        naming the stage that never finished (an orchestrator task upstream failed)."""
+        decision = next_trials(self.plan, self.state, previous=self.previous)
+        self.runner.close()
+        if decision.done:
+            self._finish(decision, failed=decision.failed, reason=decision.reason)
+        else:
+            self._finish(None, failed=True, reason=f"campaign incomplete: the {decision.stage} stage did not finish")
+        return decision
+
+    def run(self) -> Decision:
+        """Loop decide -> run -> record until the decisions say done; the runner is always closed."""
+        try:
+            decision = self.advance()
         except BaseException as exc:
             self._finish(None, failed=True, reason=f"campaign aborted: {type(exc).__name__}: {exc}")
             raise
-        finally:
-            self.runner.close()
         self._finish(decision, failed=decision.failed, reason=decision.reason)
         return decision
 
@@ -178,6 +214,7 @@ class Campaign:
         self._write_experiment()
 
     def _write_experiment(self) -> None:
+        _write_json(self.out / "state.json", self.state.model_dump(mode="json"))
         _write_json(self.out / "experiment.json", self.experiment)
 
 
