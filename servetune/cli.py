@@ -45,6 +45,7 @@ def _register() -> None:
         "query",
         "sim",
         "serve",
+        "airflow",
         # --- end command modules ---
     ):
         import_module(f"servetune.commands.{name}").register(app)

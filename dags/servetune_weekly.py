@@ -1,0 +1,32 @@
+"""servetune_weekly: every Monday, one tuning campaign per plan in the plans folder.
+
+One mapped task group per GPU runner (its pool keeps trials from sharing a GPU, its queue sends
+them to that GPU host's worker), mapped over the runner's plans. Trigger it by hand with the
+Params form to run chosen plans or to override plan fields.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import DAG
+from airflow.sdk.definitions.timetables.trigger import CronTriggerTimetable
+
+from operators.campaign_group import DEFAULT_ARGS, PARAMS, campaign_group, list_plans
+from operators.config import runners
+
+with DAG(
+    dag_id="servetune_weekly",
+    description="Weekly staged tuning campaign per plan (SGLang and friends), results to the warehouse",
+    schedule=CronTriggerTimetable("0 4 * * 1", timezone="UTC"),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    params=PARAMS,
+    tags=["servetune"],
+    doc_md=__doc__,
+):
+    for runner in runners().values():
+        plans = list_plans.override(task_id=f"plans_{runner.name.replace('-', '_')}")(runner.name)
+        campaign_group(runner).expand(plan_file=plans)

@@ -1,0 +1,125 @@
+"""The campaign as an Airflow task group: prepare -> provision -> stages -> recommend -> validate ->
+load -> report, with teardown always last. One group per GPU runner, mapped over that runner's plans.
+
+Every task of a runner's group sits in the runner's pool (one slot: no two trials share a GPU) and on
+its Celery queue (one queue per GPU type, a worker on each GPU host).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import Param, get_current_context, task, task_group
+from airflow.sdk.exceptions import AirflowFailException
+
+from operators import tasks
+from operators.config import WAREHOUSE_CONN_ID, GpuRunner, plan_files, plans_dir, runner_of
+from servetune.plan import PlanError, load_plan
+
+DEFAULT_ARGS = {"retries": 1, "retry_delay": timedelta(seconds=15)}
+
+PARAMS = {
+    "plans": Param([], type="array", items={"type": "string"},
+                   description="plan files to run (empty: every plan in the plans folder)"),
+    "overrides": Param({}, type="object",
+                       description="deep-merged into every plan, e.g. {\"sla\": {\"p99_ttft_ms\": 300}}"),
+}
+
+
+def warehouse_url() -> str:
+    """The warehouse from the Airflow connection (password never logged), else SERVETUNE_DATABASE_URL."""
+    import os
+
+    from airflow.sdk import Connection
+
+    try:
+        uri = Connection.get(WAREHOUSE_CONN_ID).get_uri()
+    except Exception:  # noqa: BLE001 - no such connection: fall back to the environment
+        uri = os.environ.get("SERVETUNE_DATABASE_URL", "")
+    if not uri:
+        raise RuntimeError(f"no Airflow connection {WAREHOUSE_CONN_ID!r} and no SERVETUNE_DATABASE_URL")
+    from servetune.warehouse.db import resolve_url
+
+    return resolve_url(uri)
+
+
+@task
+def list_plans(runner_name: str, chosen: list[str] | None = None, from_events: bool = False) -> list[str]:
+    """The plans of this GPU runner: the ones a manual run names, else every plan in the folder."""
+    ctx = get_current_context()
+    names = list(chosen if chosen is not None else ctx["params"].get("plans") or [])
+    files = [Path(n) if Path(n).is_absolute() else plans_dir() / n for n in names] or plan_files()
+    return [str(f) for f in files if runner_of(load_plan(f)).name == runner_name]
+
+
+def _trigger() -> str:
+    ctx = get_current_context()
+    run_type = str(getattr(ctx["dag_run"], "run_type", "manual")).lower()
+    if "asset" in run_type:
+        return "on_change"
+    return "weekly" if "scheduled" in run_type else "manual"
+
+
+def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
+    """A task group factory for one GPU runner; call the result with ``.expand(plan_file=...)``."""
+    where: dict[str, Any] = {"pool": runner.pool, "queue": runner.queue}
+
+    @task(**where)
+    def prepare(plan_file: str) -> dict[str, Any]:
+        ctx = get_current_context()
+        try:
+            return tasks.prepare(plan_file, trigger=trigger or _trigger(), run_id=ctx["run_id"],
+                                 overrides=ctx["params"].get("overrides") or {})
+        except PlanError as exc:  # a bad plan stays bad: no retry, the message names the field
+            raise AirflowFailException(str(exc)) from None
+
+    @task(**where)
+    def provision(exp: dict[str, Any]) -> dict[str, Any]:
+        return tasks.provision(exp)
+
+    def stage(name: str):
+        @task(task_id=name, **where)
+        def run(exp: dict[str, Any]) -> dict[str, Any]:
+            return tasks.run_stage(exp, name)
+
+        return run
+
+    @task(**where, trigger_rule="all_done")
+    def recommend(exp: dict[str, Any]) -> dict[str, Any]:
+        return tasks.recommend(exp)
+
+    @task(trigger_rule="all_done")
+    def validate(exp: dict[str, Any]) -> dict[str, int]:
+        return tasks.validate(exp)
+
+    @task(trigger_rule="all_done")
+    def load(exp: dict[str, Any]) -> dict[str, Any]:
+        return tasks.load(exp, warehouse_url())
+
+    @task(trigger_rule="all_done")
+    def report(exp: dict[str, Any]) -> str:
+        return tasks.report(exp)
+
+    @task(**where, retries=2)
+    def teardown(exp: dict[str, Any]) -> dict[str, Any]:
+        return tasks.teardown(exp)
+
+    @task_group(group_id=f"campaign_{runner.name.replace('-', '_')}")
+    def campaign(plan_file: str) -> None:
+        exp = prepare(plan_file)
+        ready = provision(exp)
+        steps = [stage(name)(exp) for name in tasks.STAGES]
+        done = recommend(exp)
+        checked = validate(exp)
+        stored = load(exp)
+        html = report(exp)
+        end = teardown(exp)
+        ready >> steps[0]
+        for a, b in zip(steps, steps[1:], strict=False):
+            a >> b
+        steps[-1] >> done >> checked >> stored >> html >> end
+        end.as_teardown(setups=ready)
+
+    return campaign

@@ -1,0 +1,156 @@
+"""The task bodies of a campaign, one servetune call each; the DAGs wrap them with @task.
+
+Each function takes and returns small JSON-able dicts (they travel through XCom) and is safe to
+retry: the campaign state is the result folder (trials on disk), so a retried stage resumes where
+it stopped, and warehouse loads are idempotent on the trial id. Nothing here imports Airflow, so
+every step can also be called (and tested) without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from operators.config import results_dir, runner_of
+from servetune.plan import TuningPlan, load_plan, parse_plan
+
+log = logging.getLogger(__name__)
+
+# Stage task -> the decision stages it runs (servetune.tuning.decisions.next_trials names them).
+STAGES: dict[str, tuple[str, ...]] = {
+    "correctness": ("correctness",),
+    "baseline": ("baseline",),
+    "ramp": ("ramp", "bisect"),
+    "refine": ("refine",),
+}
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def experiment_id_for(plan_file: str, run_id: str) -> str:
+    """Stable per (plan, DAG run): a retried or re-run task finds the same experiment."""
+    return hashlib.sha256(f"{Path(plan_file).resolve()}\0{run_id}".encode()).hexdigest()[:24]
+
+
+def _exp_dir(exp: dict[str, Any]) -> Path:
+    return Path(exp["out_dir"])
+
+
+def _plan(exp: dict[str, Any]) -> TuningPlan:
+    return load_plan(Path(exp["out_dir"]) / "plan.yaml")
+
+
+def prepare(plan_file: str, *, trigger: str, run_id: str, overrides: dict[str, Any] | None = None,
+            results_root: str | None = None) -> dict[str, Any]:
+    """Validate the plan (with the run's overrides) before any GPU is touched; fix the experiment id."""
+    import yaml
+
+    plan = load_plan(plan_file)
+    if overrides:
+        plan = parse_plan(_deep_merge(plan.model_dump(mode="json"), overrides), source=f"{plan_file} + overrides")
+    exp_id = experiment_id_for(plan_file, run_id)
+    out = Path(results_root or results_dir()) / exp_id
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.yaml").write_text(yaml.safe_dump(plan.model_dump(mode="json"), sort_keys=False))
+    return {"experiment_id": exp_id, "out_dir": str(out), "plan_file": str(plan_file), "plan_name": plan.name,
+            "trigger": trigger, "run_id": run_id, "runner": runner_of(plan).name}
+
+
+def provision(exp: dict[str, Any]) -> dict[str, Any]:
+    """The clean-environment preflight of the plan's GPU runner: a dirty runner fails here, before trials.
+
+    Local runners are checked here; remote ones (ssh, kubernetes) are checked on the host by the runner
+    itself at every server start.
+    """
+    from servetune.runners.preflight import check_clean
+
+    plan = _plan(exp)
+    if plan.runner.kind != "local" or not plan.engine.launches:
+        return {"runner": exp["runner"], "preflight": f"checked by the {plan.runner.kind} runner at each start"}
+    report = check_clean(host=plan.runner.host, port=None, gpus=plan.runner.gpus,
+                         idle_mib=plan.runner.gpu_idle_mib)
+    if plan.runner.check_clean:
+        report.raise_if_dirty()
+    return {"runner": exp["runner"], "preflight": {"ok": report.ok, "gpu": report.gpu, "problems": report.problems}}
+
+
+def _campaign(exp: dict[str, Any]):
+    from servetune.tuning.campaign import Campaign
+    from servetune.tuning.live import LiveTrialRunner
+
+    plan = _plan(exp)
+    runner = LiveTrialRunner(plan, log_dir=_exp_dir(exp) / "logs")
+    return Campaign.resume(plan, runner, _exp_dir(exp), trigger=exp["trigger"], dag_run_id=exp["run_id"],
+                           experiment_id=exp["experiment_id"])
+
+
+def run_stage(exp: dict[str, Any], task: str) -> dict[str, Any]:
+    """Run the trials the decisions ask for while they belong to this stage task."""
+    campaign = _campaign(exp)
+    decision = campaign.advance(stages=STAGES[task])
+    return {"stage": task, "trials": len(campaign.state.outcomes), "next": decision.stage,
+            "reason": decision.reason}
+
+
+def recommend(exp: dict[str, Any]) -> dict[str, Any]:
+    """Close the campaign: the recommendation when the decisions are done, else a recorded failure."""
+    campaign = _campaign(exp)
+    decision = campaign.conclude()
+    rec = decision.recommendation.model_dump(mode="json") if decision.recommendation else None
+    return {"status": campaign.experiment["status"], "reason": campaign.experiment.get("status_reason"),
+            "recommendation": rec}
+
+
+def validate(exp: dict[str, Any]) -> dict[str, Any]:
+    """The report checklist on every trial; a failing trial is kept and marked rejected."""
+    from servetune.validation.campaign import validate_campaign
+
+    plan = _plan(exp)
+    counts = validate_campaign(_exp_dir(exp), min_measured=plan.validation.min_measured,
+                               waive=plan.validation.waive)
+    return counts
+
+
+def load(exp: dict[str, Any], warehouse_url: str) -> dict[str, Any]:
+    """Everything into the warehouse, one transaction per trial, idempotent (safe to retry)."""
+    from servetune.warehouse import load_result
+
+    report = load_result(warehouse_url, _exp_dir(exp), validate=False)
+    if report.errors:
+        raise RuntimeError(f"warehouse load of {exp['experiment_id']}: {len(report.errors)} trial(s) failed: "
+                           + "; ".join(map(str, report.errors))[:2000])
+    return {"experiment_id": report.experiment_id, "trials": len(report.trials),
+            "inserted": sum(1 for t in report.trials if t.action == "inserted")}
+
+
+def report(exp: dict[str, Any]) -> str:
+    """The HTML report of the campaign, beside its results."""
+    from servetune.report.campaign import load_campaign
+    from servetune.report.html import write_report
+
+    return str(write_report(load_campaign(str(_exp_dir(exp))), _exp_dir(exp) / "report").html_path)
+
+
+def teardown(exp: dict[str, Any]) -> dict[str, Any]:
+    """Always runs: no server of this experiment may outlive the run, and an unfinished one is marked failed."""
+    from servetune.tuning.live import stop_leftover_servers
+
+    stopped = stop_leftover_servers(_exp_dir(exp) / "logs")
+    exp_file = _exp_dir(exp) / "experiment.json"
+    status = None
+    if exp_file.exists():
+        data = orjson.loads(exp_file.read_bytes())
+        if data.get("status") == "running":
+            data.update(status="failed", status_reason="the DAG run ended before the campaign concluded")
+            exp_file.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+        status = data.get("status")
+    return {"stopped_servers": stopped, "status": status}

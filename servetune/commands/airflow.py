@@ -1,0 +1,218 @@
+"""`servetune demo` (the main job) and `servetune airflow env|standalone`.
+
+These commands set up and drive a real Apache Airflow as a *subprocess*: the library never
+imports Airflow (operators/ and dags/ are the Airflow side). The environment they build points
+Airflow at this checkout's dags/, a PostgreSQL metadata database and the warehouse connection
+``servetune_warehouse``, with example DAGs off and servers bound to loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.engine import make_url
+
+from servetune import localdb
+
+REPO = Path(__file__).resolve().parents[2]
+console = Console()
+
+
+@dataclass
+class AirflowSetup:
+    """Everything an Airflow subprocess needs to run servetune's DAGs against one Postgres."""
+
+    home: Path
+    metadata_url: str
+    warehouse_url: str
+    plans_dir: Path
+    results_dir: Path
+
+    def env(self) -> dict[str, str]:
+        meta = make_url(self.metadata_url).set(drivername="postgresql+psycopg2")
+        wh = make_url(self.warehouse_url).set(drivername="postgresql")
+        venv_bin = str(Path(sys.executable).parent)
+        env = dict(os.environ)
+        env.update({
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",  # the weekly schedule and assets are live
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": meta.render_as_string(hide_password=False),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING"),
+            "AIRFLOW_CONN_SERVETUNE_WAREHOUSE": wh.render_as_string(hide_password=False),
+            "SERVETUNE_PLANS_DIR": str(self.plans_dir),
+            "SERVETUNE_RESULTS_DIR": str(self.results_dir),
+            "PATH": venv_bin + os.pathsep + env.get("PATH", ""),
+            "PYTHONPATH": str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
+        })
+        env.pop("SERVETUNE_DATABASE_URL", None)  # the DAGs read the Airflow connection
+        return env
+
+    def airflow(self, *args: str, check: bool = True, quiet: bool = True) -> subprocess.CompletedProcess:
+        exe = shutil.which("airflow", path=self.env()["PATH"])
+        if exe is None:
+            raise typer.BadParameter("Airflow is not installed: pip install -e '.[airflow]'")
+        out = subprocess.PIPE if quiet else None
+        proc = subprocess.run([exe, *args], env=self.env(), stdout=out, stderr=subprocess.STDOUT if quiet else None,
+                              text=True, check=False)
+        if check and proc.returncode != 0:
+            tail = "\n".join((proc.stdout or "").splitlines()[-40:])
+            raise RuntimeError(f"`airflow {' '.join(args)}` failed (exit {proc.returncode}):\n{tail}")
+        return proc
+
+
+def _ensure_database(server_url: str, name: str) -> str:
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    if not localdb.answers(url):
+        localdb.create_database(server_url, name)
+    return url
+
+
+def setup_for(state_dir: Path, server_url: str, plans_dir: Path, results_dir: Path) -> AirflowSetup:
+    """An AirflowSetup on the server's ``servetune_airflow`` and ``servetune`` databases (created if missing)."""
+    return AirflowSetup(
+        home=state_dir / "airflow",
+        metadata_url=_ensure_database(server_url, "servetune_airflow"),
+        warehouse_url=_ensure_database(server_url, "servetune"),
+        plans_dir=plans_dir,
+        results_dir=results_dir,
+    )
+
+
+def prepare(setup: AirflowSetup) -> AirflowSetup:
+    """Migrate both databases (Alembic for the warehouse, Airflow's own) and create the GPU pools."""
+    from servetune.warehouse import migrate
+
+    setup.home.mkdir(parents=True, exist_ok=True)
+    setup.results_dir.mkdir(parents=True, exist_ok=True)
+    migrate.upgrade(setup.warehouse_url)
+    setup.airflow("db", "migrate")
+    setup.airflow("dags", "reserialize")  # every DAG known to the DB, with its asset schedule
+    for pool, slots, what in _pools(setup.plans_dir):
+        setup.airflow("pools", "set", pool, str(slots), what)
+    return setup
+
+
+def _pools(plans_dir: Path) -> list[tuple[str, int, str]]:
+    """One pool of one slot per GPU runner named by the plans, so no two trials share a GPU."""
+    sys.path.insert(0, str(REPO))
+    from operators.config import runner_pools  # the Airflow side's own naming, no Airflow import
+
+    return runner_pools(plans_dir)
+
+
+app = typer.Typer(help="Run servetune's DAGs with a real Airflow (metadata and warehouse in PostgreSQL).")
+
+
+@app.command("env")
+def env_cmd(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow home and results live here")) -> None:
+    """Print the environment (as shell exports, passwords redacted) the DAGs run with."""
+    server_url, cluster = localdb.resolve_server()
+    try:
+        setup = AirflowSetup(state_dir / "airflow", make_url(server_url).set(database="servetune_airflow")
+                             .render_as_string(hide_password=False),
+                             make_url(server_url).set(database="servetune").render_as_string(hide_password=False),
+                             REPO / "plans", state_dir / "results")
+        for k, v in sorted(setup.env().items()):
+            if k.startswith(("AIRFLOW", "SERVETUNE")):
+                v = localdb.redact(v) if "://" in v else v
+                typer.echo(f"export {k}={v}")
+    finally:
+        if cluster:
+            cluster.stop()
+
+
+@app.command("standalone")
+def standalone(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow home and results"),
+               plans_dir: Path = typer.Option(REPO / "plans" / "weekly", help="plans the weekly DAG runs")) -> None:
+    """`airflow standalone` bound to 127.0.0.1 with servetune's DAGs and no example DAGs (Ctrl-C stops)."""
+    server_url, cluster = localdb.resolve_server()
+    try:
+        setup = prepare(setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), (state_dir / "results").resolve()))
+        console.print("[bold]airflow standalone[/] on http://127.0.0.1:8080 (credentials in "
+                      f"{setup.home}/simple_auth_manager_passwords.json.generated)")
+        setup.airflow("standalone", check=False, quiet=False)
+    finally:
+        if cluster:
+            cluster.stop()
+
+
+def demo(
+    plans_dir: Path = typer.Option(REPO / "plans" / "weekly", help="plans folder the weekly DAG maps over"),
+    state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow home, results and reports"),
+) -> None:
+    """The main job: run `servetune_weekly` through real Airflow against the simulated engine.
+
+    Uses SERVETUNE_DATABASE_URL's server when set, else PostgreSQL on 127.0.0.1:5432, else a private
+    cluster started (and stopped) here. Prints the recommendation and the report path.
+    """
+    t_start = time.monotonic()
+    server_url, cluster = localdb.resolve_server()
+    run_dir = (state_dir / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    try:
+        console.print(f"[bold]servetune demo[/]: PostgreSQL at {localdb.redact(server_url)}"
+                      + (" (private cluster, stopped at the end)" if cluster else ""))
+        setup = prepare(setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), run_dir / "results"))
+        console.print("running DAG [bold]servetune_weekly[/] with `airflow dags test` ...")
+        proc = setup.airflow("dags", "test", "servetune_weekly", check=False)
+        (run_dir / "airflow-dags-test.log").write_text(proc.stdout or "")
+        experiments = sorted((run_dir / "results").glob("*/experiment.json"))
+        if proc.returncode != 0 or not experiments:
+            tail = "\n".join((proc.stdout or "").splitlines()[-30:])
+            console.print(f"[red]the DAG run failed[/] (log: {run_dir / 'airflow-dags-test.log'})\n{tail}")
+            raise typer.Exit(1)
+        for exp_file in experiments:
+            _print_outcome(exp_file.parent, setup.warehouse_url)
+        console.print(f"done in {time.monotonic() - t_start:.0f} s; Airflow log: {run_dir / 'airflow-dags-test.log'}")
+    finally:
+        if cluster:
+            cluster.stop()
+
+
+def _print_outcome(exp_dir: Path, warehouse_url: str) -> None:
+    from sqlalchemy import text
+
+    from servetune.warehouse.db import engine
+
+    exp = orjson.loads((exp_dir / "experiment.json").read_bytes())
+    rec_file = exp_dir / "recommendation.json"
+    rec = orjson.loads(rec_file.read_bytes()) if rec_file.exists() else None
+    with engine(warehouse_url).connect() as conn:
+        counts = conn.execute(text(
+            "select count(*) filter (where status = 'ok'), count(*) filter (where status = 'rejected'),"
+            " count(*) from trials where experiment_id = :e"), {"e": exp["experiment_id"]}).one()
+    t = Table(title=f"experiment {exp['experiment_id']} ({exp.get('model')}, status {exp.get('status')})")
+    t.add_column("what")
+    t.add_column("value")
+    if rec:
+        t.add_row("recommended flags", " ".join(f"--{k} {v}" if v is not None else f"--{k}"
+                                               for k, v in rec["config"].items()))
+        t.add_row("recommended concurrency", str(rec["concurrency"]))
+        for key in ("goodput_rps", "output_tokens_per_s", "p99_ttft_ms", "p99_tpot_ms", "prefix_hit_rate"):
+            v = rec.get(key)
+            t.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
+        t.add_row("evidence trials", ", ".join(rec["evidence_trial_ids"][:4]))
+    else:
+        t.add_row("recommendation", "none (see experiment.json)")
+    t.add_row("warehouse trials (accepted / rejected / all)", f"{counts[0]} / {counts[1]} / {counts[2]}")
+    report = exp_dir / "report" / "report.html"
+    t.add_row("report", str(report) if report.exists() else "not written")
+    console.print(t)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="airflow")
+    root.command("demo")(demo)

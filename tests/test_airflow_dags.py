@@ -1,0 +1,128 @@
+"""The DAGs under a real Airflow 3 (metadata DB and warehouse in PostgreSQL), run with `airflow dags test`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import orjson
+import psutil
+import psycopg
+import pytest
+from sqlalchemy import create_engine, text
+
+from airflow_fixtures import template_file, write_plan
+from fake_engines.helpers import FAKE_ENGINES
+from servetune import localdb
+
+pytestmark = pytest.mark.slow
+
+DAG_IDS = {"servetune_weekly", "servetune_on_change", "servetune_watch"}
+
+
+def _rows(url: str, sql: str, **params):
+    eng = create_engine(url)
+    try:
+        with eng.connect() as conn:
+            return conn.execute(text(sql), params).all()
+    finally:
+        eng.dispose()
+
+
+def test_every_dag_imports_without_errors(airflow_setup):
+    errors = airflow_setup.airflow("dags", "list-import-errors", "--local", "-o", "json", check=False)
+    assert errors.returncode == 0, errors.stdout
+    assert json.loads(errors.stdout.strip().splitlines()[-1] or "[]") == []
+    listed = airflow_setup.airflow("dags", "list", "--local", "-o", "json")
+    ids = {d["dag_id"] for d in json.loads(listed.stdout.strip().splitlines()[-1])}
+    assert DAG_IDS <= ids
+
+
+def test_weekly_campaign_runs_validates_and_loads(airflow_setup):
+    proc = airflow_setup.airflow("dags", "test", "servetune_weekly", check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    (exp_dir,) = [p.parent for p in airflow_setup.results_dir.glob("*/experiment.json")]
+    exp = orjson.loads((exp_dir / "experiment.json").read_bytes())
+    assert exp["status"] == "done" and exp["trigger"] == "manual"
+    rec = orjson.loads((exp_dir / "recommendation.json").read_bytes())
+    assert rec["concurrency"] >= 2 and rec["evidence_trial_ids"]
+    # every trial on disk is in the warehouse with its checklist verdict
+    on_disk = {p.stem for p in (exp_dir / "trials").glob("*.json")}
+    wh = airflow_setup.warehouse_url
+    rows = _rows(wh, "select trial_id, status from trials where experiment_id = :e", e=exp["experiment_id"])
+    assert {r[0] for r in rows} == on_disk
+    assert {r[1] for r in rows} <= {"ok", "rejected", "failed"} and any(r[1] == "ok" for r in rows)
+    validated = _rows(wh, "select count(distinct trial_id) from validations v join trials t using (trial_id)"
+                          " where t.experiment_id = :e", e=exp["experiment_id"])[0][0]
+    assert validated == sum(1 for r in rows if r[1] != "failed")
+    stored = _rows(wh, "select recommendation->>'concurrency' from experiments where experiment_id = :e",
+                   e=exp["experiment_id"])
+    assert stored == [(str(rec["concurrency"]),)]
+    assert (exp_dir / "report" / "report.html").is_file()
+
+    # a retried load task leaves no duplicates
+    from operators import tasks
+
+    before = _rows(wh, "select count(*) from request_records")[0][0]
+    exp_ref = {"experiment_id": exp["experiment_id"], "out_dir": str(exp_dir)}
+    again = tasks.load(exp_ref, wh)
+    assert again["inserted"] == 0
+    assert _rows(wh, "select count(*) from request_records")[0][0] == before
+
+
+def test_failing_trial_still_tears_down_and_is_recorded(airflow_setup):
+    # The engine dies at start with a CUDA OOM (the fake SGLang of tests/fake_engines, launched through
+    # the real sglang argv path): the trial fails with its reason, the teardown runs, no engine process
+    # is left, and the warehouse records the failure.
+    for f in airflow_setup.plans_dir.glob("*.yaml"):
+        f.unlink()
+    write_plan(airflow_setup.plans_dir, "broken", model="/models/fake",
+               engine={"kind": "sglang", "model": "/models/fake", "python": sys.executable, "ready_timeout_s": 30,
+                       "env": {"PYTHONPATH": str(FAKE_ENGINES), "FAKE_ENGINE_MODE": "oom"}})
+    proc = airflow_setup.airflow("dags", "test", "servetune_weekly", check=False)
+    (exp_dir,) = [p.parent for p in airflow_setup.results_dir.glob("*/experiment.json")]
+    exp = orjson.loads((exp_dir / "experiment.json").read_bytes())
+    assert exp["status"] == "failed", proc.stdout[-3000:]
+    rows = _rows(airflow_setup.warehouse_url,
+                 "select status, failure_reason from trials where experiment_id = :e", e=exp["experiment_id"])
+    assert rows and all(r[0] == "failed" and r[1] for r in rows)
+    assert _rows(airflow_setup.warehouse_url, "select status from experiments where experiment_id = :e",
+                 e=exp["experiment_id"]) == [("failed",)]
+    assert "teardown" in proc.stdout
+    assert "cuda_oom" in " ".join(r[1] for r in rows).lower() or "out of memory" in " ".join(r[1] for r in rows)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "sglang.launch_server" in (p.info["cmdline"] or [])]
+
+
+def test_watcher_emits_only_on_change_and_on_change_dag_runs(airflow_setup, tmp_path):
+    for f in airflow_setup.plans_dir.glob("*.yaml"):
+        f.unlink()
+    template = template_file(tmp_path / "templates")
+    write_plan(airflow_setup.plans_dir, "watched", prompt_template=str(template))
+    airflow_setup.airflow("dags", "reserialize")  # what the dag-processor does when plans change
+
+    def events() -> list[tuple[str, int]]:
+        with psycopg.connect(localdb.libpq_dsn(airflow_setup.metadata_url)) as conn:
+            return conn.execute("select a.uri, count(e.id) from asset a left join asset_event e"
+                                " on e.asset_id = a.id group by a.uri").fetchall()
+
+    def template_events() -> int:
+        return sum(n for uri, n in events() if uri.startswith("servetune://prompt-template/"))
+
+    assert airflow_setup.airflow("dags", "test", "servetune_watch", check=False).returncode == 0
+    assert template_events() == 0  # first sighting: recorded as the baseline, no event
+    assert airflow_setup.airflow("dags", "test", "servetune_watch", check=False).returncode == 0
+    assert template_events() == 0  # nothing changed: no event
+
+    template.write_text("{{ system }}\n### a new template\n{{ user }}\n")
+    assert airflow_setup.airflow("dags", "test", "servetune_watch", check=False).returncode == 0
+    assert template_events() == 1
+    with psycopg.connect(localdb.libpq_dsn(airflow_setup.metadata_url)) as conn:
+        queued = conn.execute("select target_dag_id from asset_dag_run_queue").fetchall()
+    assert ("servetune_on_change",) in queued  # the scheduler will start the on-change DAG
+
+    proc = airflow_setup.airflow("dags", "test", "servetune_on_change", "-c",
+                                 json.dumps({"plans": ["watched.yaml"]}), check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    exps = [orjson.loads(p.read_bytes()) for p in airflow_setup.results_dir.glob("*/experiment.json")]
+    assert [e["trigger"] for e in exps] == ["on_change"]
+    assert _rows(airflow_setup.warehouse_url, "select count(*) from asset_fingerprints")[0][0] == 3
