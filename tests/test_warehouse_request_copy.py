@@ -112,3 +112,10 @@ def test_bad_values_are_refused_by_name_and_leave_nothing(wh, field, value, mess
                                  "(SELECT count(*) FROM request_records WHERE trial_id = :t)"), {"t": trial.trial_id})
         assert left.scalar() == 0
     assert not {t.name for t in threading.enumerate()} - before  # the encoder thread is gone
+
+
+def test_a_list_in_a_scalar_field_is_refused_by_name():
+    records = [RequestRecord(request_id=i) for i in range(4)]
+    records[2].ttft_ms = [1.0, 2.0]  # type: ignore[assignment]
+    with pytest.raises(ValueError, match=r"request 2: ttft_ms must be a number, got \[1.0, 2.0\]"):
+        list(copy_stream("t", records, background=False))

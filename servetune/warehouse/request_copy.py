@@ -25,16 +25,19 @@ from servetune.records import RequestRecord
 SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # magic, flags, header-extension length
 TRAILER = b"\xff\xff"
 BATCH_ROWS = 32_768  # ~18 MB of COPY data with 16-chunk records: big enough for numpy, small enough to pipeline
+FIRST_BATCH_ROWS = 4_096
 
-# Columns in the order they go on the wire (COPY names them, so any order will do): fixed-width
-# scalars first, then text, then the arrays, so each row is one head slice plus one tail slice.
+# Columns in the order they go on the wire (COPY names them, so any order will do): a head of
+# byte-sized parts (trial id, the one-byte bool, text), then a tail in which every part is whole
+# 4-byte words (int4/float8 fields: a length word, then 1-2 value words or nothing for NULL; the
+# arrays), built as one aligned int32 array. Each row is then one head slice plus one tail slice.
 FLOAT_FIELDS = ("t_send_s", "queue_ms", "ttft_ms", "e2e_ms")
 INT_FIELDS = ("prompt_tokens", "completion_tokens", "cached_tokens", "client_completion_tokens",
               "requested_input_tokens", "requested_output_tokens", "prefix_group", "n_images", "turn",
               "http_status")
 TEXT_FIELDS = ("token_count_source", "error_class", "error_message")
-WIRE_COLUMNS: tuple[str, ...] = ("trial_id", "request_id", "warmup", *FLOAT_FIELDS, "tpot_ms", *INT_FIELDS,
-                                 *TEXT_FIELDS, "chunk_offsets_ms", "chunk_tokens")
+WIRE_COLUMNS: tuple[str, ...] = ("trial_id", "warmup", *TEXT_FIELDS, "request_id", *FLOAT_FIELDS, "tpot_ms",
+                                 *INT_FIELDS, "chunk_offsets_ms", "chunk_tokens")
 
 _F8, _I4, _BOOL = np.dtype(">f8"), np.dtype(">i4"), np.dtype("?")
 _FLOAT8_OID, _INT4_OID = 701, 23
@@ -72,15 +75,16 @@ def _scalar_column(records: Sequence[RequestRecord], field: str, values: list, k
     in an integer column, an int past int4) is refused by name rather than coerced.
     """
     n = len(values)
-    nulls = values.count(None)
-    if nulls == n:
-        return np.zeros(n, np.int64), np.ones(n, bool)
     null = None
-    present = values
-    if nulls:
-        null = np.array([v is None for v in values])
-        present = [v for v in values if v is not None]
-    arr = np.array(present)
+    try:
+        arr = np.array(values)  # one pass; a None anywhere makes it an object array
+        if arr.dtype.kind == "O" and None in values:
+            null = np.array([v is None for v in values])
+            if null.all():
+                return np.zeros(n, np.int64), null
+            arr = np.array([v for v in values if v is not None])
+    except (TypeError, ValueError, OverflowError):  # a list or other odd object among the values
+        arr = np.array([], object)
     allowed = {"float": "fiu", "int": "iu", "bool": "b"}[kind]
     if arr.dtype.kind not in allowed or arr.ndim != 1:
         check = {"float": _is_number, "int": _is_int, "bool": lambda v: v is None or isinstance(v, bool)}[kind]
@@ -104,7 +108,7 @@ def _fixed_slots(values: np.ndarray, null: np.ndarray | None, dtype: np.dtype) -
     """Each row's field as (int32 length, big-endian value) bytes, and how many of them it really uses.
 
     A NULL row keeps a full-width slot of which only the length (-1) counts: the next field of the
-    row is written over the rest, which is why fields are laid out strictly in wire order.
+    row is written over the rest afterwards.
     """
     n = len(values)
     slots = np.empty(n, dtype=[("len", ">i4"), ("value", dtype)])
@@ -134,8 +138,8 @@ def _array_units(records: Sequence[RequestRecord], field: str, arrays: list, oid
 
     Every part of a one-dimensional float8[]/int4[] value is a multiple of 4 bytes (header words,
     then a length word and a 1- or 2-word value per element), so the whole column is built as one
-    big-endian int32 array by scatters. Returns each row's size in units and a writer that lays the
-    rows out at given unit offsets of the tail buffer.
+    big-endian int32 array by scatters. Returns each row's size in words and a writer that lays the
+    rows out at given word offsets of the tail.
     """
     n = len(arrays)
     null = np.array([a is None for a in arrays]) if None in arrays else None
@@ -143,7 +147,8 @@ def _array_units(records: Sequence[RequestRecord], field: str, arrays: list, oid
         lens = np.fromiter(map(len, arrays), np.int64, n) if null is None else \
             np.array([0 if a is None else len(a) for a in arrays], np.int64)
         total = int(lens.sum())
-        values = np.fromiter(chain.from_iterable(a for a in arrays if a is not None), np.float64, total)
+        present = arrays if null is None else [a for a in arrays if a is not None]
+        values = np.fromiter(chain.from_iterable(present), np.float64, total)
     except _ARRAY_ERRORS:
         raise _array_error(records, arrays, field, _is_number, "numbers") from None
     if np.isnan(values).any() and any(None in a for a in arrays if a):  # fromiter reads None as NaN
@@ -210,41 +215,35 @@ def encode_batch(trial_id: str, records: Sequence[RequestRecord]) -> bytes:
     col = {f: list(map(attrgetter(f), records)) for f in
            ("request_id", "warmup", *FLOAT_FIELDS, *INT_FIELDS, *TEXT_FIELDS, "chunk_offsets_ms", "chunk_tokens")}
 
-    fixed: list[tuple[np.ndarray, np.ndarray | None, np.dtype]] = []
-    rid, rid_null = _scalar_column(records, "request_id", col["request_id"], "int")
-    fixed.append((rid, rid_null, _I4))
-    fixed.append((*_scalar_column(records, "warmup", col["warmup"], "bool"), _BOOL))
+    warmup, warmup_null = _scalar_column(records, "warmup", col["warmup"], "bool")
     floats = {f: _scalar_column(records, f, col[f], "float") for f in FLOAT_FIELDS}
-    ints = {f: _scalar_column(records, f, col[f], "int") for f in INT_FIELDS}
-    fixed += [(*floats[f], _F8) for f in FLOAT_FIELDS]
-
+    ints = {f: _scalar_column(records, f, col[f], "int") for f in ("request_id", *INT_FIELDS)}
     offsets_units, write_offsets = _array_units(records, "chunk_offsets_ms", col["chunk_offsets_ms"], _FLOAT8_OID)
     tokens_units, write_tokens = _array_units(records, "chunk_tokens", col["chunk_tokens"], _INT4_OID)
     # output tokens as RequestRecord.output_tokens: server usage, else the sum of chunk tokens
     completion, completion_null = ints["completion_tokens"]
-    out = completion.astype(np.int64)
+    out_tokens = completion.astype(np.int64)
     if completion_null is not None:
         chunk_sums = np.array([sum(t) if t else -1 for t in col["chunk_tokens"]], np.int64)
-        out = np.where(completion_null, chunk_sums, out)
-    fixed.append((*_tpot(floats["ttft_ms"][0], floats["e2e_ms"][0], out,
-                         [floats["ttft_ms"][1], floats["e2e_ms"][1]]), _F8))
-    fixed += [(*ints[f], _I4) for f in INT_FIELDS]
+        out_tokens = np.where(completion_null, chunk_sums, out_tokens)
+    tpot = _tpot(floats["ttft_ms"][0], floats["e2e_ms"][0], out_tokens, [floats["ttft_ms"][1], floats["e2e_ms"][1]])
+    word_fields = [_word_slots(*ints["request_id"], _I4), *(_word_slots(*floats[f], _F8) for f in FLOAT_FIELDS),
+                   _word_slots(*tpot, _F8), *(_word_slots(*ints[f], _I4) for f in INT_FIELDS)]
     texts = [_text_parts(records, f, col[f]) for f in TEXT_FIELDS]
 
-    # head: field count, trial id (the same for every row), fixed-width fields, text
+    # head, in bytes: field count and trial id (the same every row), warmup, the text columns
     tid = trial_id.encode()
     prefix = np.frombuffer(len(WIRE_COLUMNS).to_bytes(2, "big") + len(tid).to_bytes(4, "big") + tid, np.uint8)
-    slots = [_fixed_slots(v, null, dtype) for v, null, dtype in fixed]
-    head_len = len(prefix) + sum(s for _, s in slots) + sum(4 + data_len for _, _, data_len in texts)
+    warmup_slots, warmup_size = _fixed_slots(warmup, warmup_null, _BOOL)
+    head_len = len(prefix) + warmup_size + sum(4 + data_len for _, _, data_len in texts)
     head_off = np.zeros(n + 1, np.int64)
     np.cumsum(head_len, out=head_off[1:])
-    head = np.empty(int(head_off[-1]) + 16, np.uint8)  # slack for the last row's NULL-slot overhang
+    head = np.empty(int(head_off[-1]) + 8, np.uint8)
     pos = head_off[:-1].copy()
     _scatter(head, pos, np.broadcast_to(prefix, (n, len(prefix))))
     pos += len(prefix)
-    for field_slots, sizes in slots:
-        _scatter(head, pos, field_slots)
-        pos += sizes
+    _scatter(head, pos, warmup_slots)  # a NULL's unused value byte is overwritten by the next field
+    pos += warmup_size
     for data, lens, data_len in texts:
         _scatter(head, pos, lens.astype(_I4).view(np.uint8).reshape(n, 4))
         pos += 4
@@ -253,13 +252,17 @@ def encode_batch(trial_id: str, records: Sequence[RequestRecord]) -> bytes:
             head[np.repeat(pos - starts, data_len) + np.arange(data.size)] = data
         pos += data_len
 
-    # tail: the two arrays, built in 4-byte units
-    tail_units = offsets_units + tokens_units
+    # tail, in 4-byte words: every int4/float8 field, then the two arrays
+    tail_units = sum(units for _, _, units in word_fields) + offsets_units + tokens_units
     tail_off = np.zeros(n + 1, np.int64)
     np.cumsum(tail_units, out=tail_off[1:])
     tail = np.empty(int(tail_off[-1]), _I4)
-    write_offsets(tail, tail_off[:-1])
-    write_tokens(tail, tail_off[:-1] + offsets_units)
+    at = tail_off[:-1].copy()
+    for values, null, units in word_fields:
+        _write_word_slot(tail, at, values, null)
+        at += units
+    write_offsets(tail, at)
+    write_tokens(tail, at + offsets_units)
 
     head_bytes, tail_bytes = head.tobytes(), tail.tobytes()
     hb, tb = head_off.tolist(), (tail_off * 4).tolist()
@@ -268,33 +271,61 @@ def encode_batch(trial_id: str, records: Sequence[RequestRecord]) -> bytes:
     return b"".join(chain.from_iterable(zip(heads, tails)))
 
 
+def _word_slots(values: np.ndarray, null: np.ndarray | None, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """An int4/float8 column as big-endian value words (n x 1 or n x 2), its NULLs, each row's words."""
+    k = dtype.itemsize // 4
+    value_words = values.astype(dtype).view(_I4).reshape(len(values), k)
+    units = np.full(len(values), 1 + k, np.int64)
+    if null is not None:
+        units[null] = 1
+    return value_words, null, units
+
+
+def _write_word_slot(words: np.ndarray, at: np.ndarray, values: np.ndarray, null: np.ndarray | None) -> None:
+    """Each row's length word (-1 for NULL) and value words at word offsets ``at``."""
+    k = values.shape[1]
+    if null is not None:
+        words[at] = np.where(null, -1, 4 * k)
+        at, values = at[~null], values[~null]
+    else:
+        words[at] = 4 * k
+    for j in range(k):
+        words[at + 1 + j] = values[:, j]
+
+
 def copy_stream(trial_id: str, records: Sequence[RequestRecord], hasher: Any = None, *,
                 background: bool = True, batch_rows: int = BATCH_ROWS) -> Iterator[bytes]:
     """The whole binary COPY stream (signature, tuples, trailer) in blocks, fed to ``hasher`` in order.
 
     With ``background`` the batches are encoded in a worker thread, two ahead of the consumer, so
-    encoding overlaps with sending (psycopg releases the GIL while it waits on the socket).
+    encoding overlaps with sending (psycopg releases the GIL while it waits on the socket). The
+    bytes, and so the digest, do not depend on how the records are batched.
     """
     hasher = hasher if hasher is not None else hashlib.sha256()
+    first = min(batch_rows, FIRST_BATCH_ROWS)  # a small first batch gets the server going sooner
+    bounds = [0, *range(first, len(records), batch_rows), len(records)] if records else []
 
-    def block(start: int) -> bytes:
-        data = encode_batch(trial_id, records[start:start + batch_rows])
-        if start == 0:
-            data = SIGNATURE + data
-        if start + batch_rows >= len(records):
-            data += TRAILER
+    def block(i: int) -> bytes:
+        data = encode_batch(trial_id, records[bounds[i]:bounds[i + 1]])
         hasher.update(data)  # batches run one at a time, in order, so the digest is deterministic
         return data
 
-    starts = range(0, max(len(records), 1), batch_rows)
+    hasher.update(SIGNATURE)
+    yield SIGNATURE
+    yield from _blocks(block, range(len(bounds) - 1), background)
+    hasher.update(TRAILER)
+    yield TRAILER
+
+
+def _blocks(block: Callable[[int], bytes], batches: range, background: bool) -> Iterator[bytes]:
     if not background:
-        yield from map(block, starts)
+        yield from map(block, batches)
         return
     with ThreadPoolExecutor(1, thread_name_prefix="servetune-copy-encode") as pool:
         pending: deque[Future[bytes]] = deque()
         try:
-            for start in starts:
-                pending.append(pool.submit(block, start))
+            for i in batches:
+                pending.append(pool.submit(block, i))
                 if len(pending) > 2:
                     yield pending.popleft().result()
             while pending:
