@@ -99,6 +99,8 @@ async def run_trial_async(
     req: TrialRequest, *, preflight: Callable[[], None] | None = None, progress: Progress | None = None
 ) -> TrialResult:
     """Run one trial. Raises ``ValueError``/``TargetUnreachable`` before any request; else returns."""
+    sampling = {"ignore_eos": req.workload.ignore_eos, "temperature": req.workload.temperature}
+    req = req.model_copy(update={"target": req.target.model_copy(update=sampling)})  # the workload decides
     tok_path = req.tokenizer or req.workload.tokenizer
     tokenizer = load_tokenizer(tok_path) if tok_path else None
     batch = build_requests(req.workload, req.total_requests, tokenizer=tokenizer)

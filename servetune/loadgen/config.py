@@ -32,6 +32,9 @@ class Target(BaseModel):
     api_key_env: str = "SERVETUNE_API_KEY"
     timeout_s: float = Field(default=600.0, gt=0, description="per request, whole stream included")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every request body")
+    ignore_eos: bool = Field(default=True, description="ask for exactly max_tokens (sent only when true: "
+                                                       "some OpenAI servers reject the field)")
+    temperature: float = Field(default=0.0, ge=0)
 
     @field_validator("url")
     @classmethod

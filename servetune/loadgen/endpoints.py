@@ -18,10 +18,6 @@ from servetune.workload.request import WorkloadRequest
 from .config import Target
 from .sse import SseEvent
 
-DEFAULT_TEMPERATURE = 0.0
-DEFAULT_IGNORE_EOS = True  # exact output lengths, as the workload asked for
-
-
 class TokenCounter(Protocol):
     def count(self, text: str) -> int: ...
 
@@ -34,8 +30,8 @@ def request_body(target: Target, req: WorkloadRequest) -> bytes:
             "text": req.prompt_text(),
             "sampling_params": {
                 "max_new_tokens": req.output_tokens,
-                "temperature": DEFAULT_TEMPERATURE,
-                "ignore_eos": DEFAULT_IGNORE_EOS,
+                "temperature": target.temperature,
+                "ignore_eos": target.ignore_eos,
             },
             "stream": True,
         }
@@ -49,11 +45,12 @@ def request_body(target: Target, req: WorkloadRequest) -> bytes:
         )
         body.update(
             max_tokens=req.output_tokens,
-            temperature=DEFAULT_TEMPERATURE,
-            ignore_eos=DEFAULT_IGNORE_EOS,
+            temperature=target.temperature,
             stream=True,
             stream_options={"include_usage": True},
         )
+        if target.ignore_eos:
+            body["ignore_eos"] = True
         if target.model is not None:
             body["model"] = target.model
     for key, value in target.extra_body.items():
