@@ -4,8 +4,10 @@ A trial can hold a million records; per-row Python (psycopg's ``write_row``, tup
 microseconds a row, as much as the server's own ingest. Here each field is read once per batch from
 the records, checked and converted as a numpy array, and laid into the binary COPY tuple format
 (PostgreSQL docs, "COPY ... Binary Format") with vectorised scatters; the only per-row step left is
-joining each row's head (scalars and text) with its tail (the two chunk arrays). The bytes made are
-both what goes on the wire and what the loader's content hash covers, so they are made once.
+joining each row's head (trial id, bool, text) with its tail (numbers and the two chunk arrays).
+The bytes made are both what goes on the wire and what the loader's content hash covers, so they
+are made once; Postgres' own ``COPY ... TO STDOUT (FORMAT BINARY)`` of the loaded rows gives back the
+same bytes (bench/warehouse_load.py checks it).
 """
 
 from __future__ import annotations
