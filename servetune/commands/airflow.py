@@ -208,9 +208,9 @@ def _print_outcome(exp_dir: Path, warehouse_url: str) -> None:
     else:
         t.add_row("recommendation", "none (see experiment.json)")
     t.add_row("warehouse trials (accepted / rejected / all)", f"{counts[0]} / {counts[1]} / {counts[2]}")
-    report = exp_dir / "report" / "report.html"
-    t.add_row("report", str(report) if report.exists() else "not written")
     console.print(t)
+    report = exp_dir / "report" / "report.html"
+    console.print(f"report: {report}" if report.exists() else "report: not written", soft_wrap=True)
 
 
 def register(root: typer.Typer) -> None:

@@ -46,6 +46,21 @@ def _pydantic_line(exc: ValidationError, prefix: str = "") -> str:
     return "; ".join(parts)
 
 
+def _server_processes(pids: list[int] | None) -> list[int] | None:
+    """The given PIDs and their children (an engine's workers hold the GPU too)."""
+    if not pids:
+        return None
+    import psutil
+
+    out: list[int] = []
+    for pid in pids:
+        try:
+            out += [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+        except psutil.NoSuchProcess as exc:
+            raise BadInput(f"--server-pid: no process {pid}") from exc
+    return out
+
+
 def resolve_workload(value: str | None) -> WorkloadSpec:
     """A workload file (YAML/JSON) or the name of a preset; the default preset when None."""
     from servetune.workload.presets import PRESETS, get_preset
@@ -157,6 +172,8 @@ def bench(
     ] = "SERVETUNE_API_KEY",
     gpu_interval_ms: Annotated[float, typer.Option(help="NVML sampling interval")] = 100.0,
     gpus: Annotated[str | None, typer.Option(help="GPU indices to sample, e.g. 0,1 (default: all)")] = None,
+    server_pid: Annotated[list[int] | None, typer.Option(
+        help="PID of the server's own processes (repeatable): they do not make the GPU 'dirty'")] = None,
     flush_cache: Annotated[bool, typer.Option(help="POST /flush_cache before the warm-up")] = True,
     timeout_s: Annotated[float, typer.Option(help="per-request timeout, stream included")] = 600.0,
     seed: Annotated[int | None, typer.Option(help="override the workload's seed")] = None,
@@ -197,6 +214,7 @@ def bench(
                     "num_requests": requests,
                     "sla": sla_obj,
                     "gpu_indices": _gpu_list(gpus),
+                    "server_pids": _server_processes(server_pid),
                     "gpu_interval_ms": gpu_interval_ms,
                     "flush_cache": flush_cache,
                     "tokenizer": tokenizer,

@@ -49,6 +49,19 @@ def running_preflight(server: Any) -> Callable[[], None] | None:
     return check
 
 
+def _server_pids(server: Any) -> list[int] | None:
+    """The engine's own processes (leader and workers), so the clean-GPU check does not count them."""
+    pid = getattr(server, "pid", None)
+    if getattr(server, "host", "127.0.0.1") not in ("127.0.0.1", "localhost", "::1") or not pid:
+        return None  # a remote engine: its GPU is checked on its host by the runner
+    import psutil
+
+    try:
+        return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
+        return [pid]
+
+
 class LiveTrialRunner:
     """Real trials; restarts the server whenever the flags change; always stops what it started."""
 
@@ -111,6 +124,8 @@ class LiveTrialRunner:
             experiment_id=experiment_id,
             model_path=self.plan.model,
             prompt_template=self.plan.prompt_template,
+            gpu_indices=getattr(self.plan.runner, "gpus", None),
+            server_pids=_server_pids(self._server),
         )
         preflight = self._preflight if self._preflight is not None else running_preflight(self._server)
         try:
