@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
@@ -37,6 +37,7 @@ class AirflowSetup:
     warehouse_url: str
     plans_dir: Path
     results_dir: Path
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. the Celery executor's settings
 
     def env(self) -> dict[str, str]:
         meta = make_url(self.metadata_url).set(drivername="postgresql+psycopg2")
@@ -59,6 +60,7 @@ class AirflowSetup:
             "PYTHONPATH": str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
         })
         env.pop("SERVETUNE_DATABASE_URL", None)  # the DAGs read the Airflow connection
+        env.update(self.extra_env)
         return env
 
     def airflow(self, *args: str, check: bool = True, quiet: bool = True) -> subprocess.CompletedProcess:

@@ -1,0 +1,135 @@
+"""Scale-out: CeleryExecutor with one queue per GPU type, a real Celery worker per queue (Redis broker),
+the real scheduler, dag-processor and API server. A plan on an `h200`-type runner must run its campaign
+on the `gpu-h200` worker, and nowhere else."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from airflow_fixtures import write_plan
+from servetune import localdb
+
+pytestmark = pytest.mark.slow
+REDIS = ("127.0.0.1", 6379)
+
+
+def _redis_answers() -> bool:
+    try:
+        with socket.create_connection(REDIS, timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not _redis_answers(), reason="no Redis on 127.0.0.1:6379 to act as the Celery broker")
+def test_campaign_runs_on_the_worker_of_its_gpu_queue(airflow_setup, tmp_path):
+    for f in airflow_setup.plans_dir.glob("*.yaml"):
+        f.unlink()
+    write_plan(airflow_setup.plans_dir, "on-h200",
+               runner={"kind": "local", "gpu_type": "h200"},
+               stages={"correctness": {"requests": 1}, "baseline": {"concurrency": 2, "requests": 10, "warmup": 1},
+                       "ramp": {"levels": [4], "requests": 10, "warmup": 1, "bisect": False},
+                       "refine": {"enabled": False}})
+    api_port, log_port = _free_port(), _free_port()
+    meta = make_url(airflow_setup.metadata_url).set(drivername="postgresql+psycopg2")
+    airflow_setup.extra_env.update({
+        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+        "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:6379/{uuid.uuid4().int % 14 + 1}",
+        "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + meta.render_as_string(hide_password=False),
+        "AIRFLOW__API__PORT": str(api_port),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(log_port),
+        "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+    })
+    airflow_setup.airflow("dags", "reserialize")
+    for pool, slots, what in __import__("operators.config", fromlist=["runner_pools"]).runner_pools(
+            airflow_setup.plans_dir):
+        airflow_setup.airflow("pools", "set", pool, str(slots), what)
+
+    env = airflow_setup.env()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs: dict[str, subprocess.Popen] = {}
+
+    def start(name: str, *args: str) -> None:
+        out = (logs / f"{name}.log").open("w")
+        procs[name] = subprocess.Popen(["airflow", *args], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+
+    try:
+        start("api", "api-server", "--port", str(api_port))
+        start("scheduler", "scheduler")
+        start("dag-processor", "dag-processor")
+        start("worker-default", "celery", "worker", "--queues", "default", "--concurrency", "1",
+              "--celery-hostname", "default@servetune-test", "--skip-serve-logs")
+        start("worker-h200", "celery", "worker", "--queues", "gpu-h200", "--concurrency", "1",
+              "--celery-hostname", "h200@servetune-test")
+        time.sleep(20)
+        run_id = f"manual__celery_{uuid.uuid4().hex[:8]}"
+        airflow_setup.airflow("dags", "trigger", "servetune_weekly", "--run-id", run_id)
+        state = _wait_for_run(airflow_setup.metadata_url, run_id, timeout_s=420)
+        tail = {n: "\n".join((logs / f"{n}.log").read_text().splitlines()[-15:]) for n in procs}
+        assert state == "success", json.dumps(tail, indent=1)[-6000:]
+    finally:
+        for p in procs.values():
+            _stop(p)
+
+    with psycopg.connect(localdb.libpq_dsn(airflow_setup.metadata_url)) as conn:
+        rows = conn.execute("select task_id, queue, pool, state from task_instance where run_id = %s",
+                            (run_id,)).fetchall()
+    campaign = [r for r in rows if r[0].startswith("campaign_")]
+    assert campaign and all(r[1] == "gpu-h200" and r[2] == "servetune-local" for r in campaign), rows
+    assert all(r[3] == "success" for r in campaign), rows
+    h200_log = (logs / "worker-h200.log").read_text()
+    default_log = (logs / "worker-default.log").read_text()
+    for task in ("prepare", "ramp", "load", "teardown"):
+        assert f"task_id='campaign_local.{task}'" in h200_log
+        assert f"task_id='campaign_local.{task}'" not in default_log
+    exps = list(Path(airflow_setup.results_dir).glob("*/experiment.json"))
+    assert len(exps) == 1 and json.loads(exps[0].read_text())["status"] == "done"
+
+
+def _wait_for_run(metadata_url: str, run_id: str, timeout_s: float) -> str | None:
+    deadline = time.monotonic() + timeout_s
+    state = None
+    while time.monotonic() < deadline:
+        with psycopg.connect(localdb.libpq_dsn(metadata_url)) as conn:
+            row = conn.execute("select state from dag_run where run_id = %s", (run_id,)).fetchone()
+        state = row[0] if row else None
+        if state in ("success", "failed"):
+            return state
+        time.sleep(3)
+    return state
+
+
+def _stop(p: subprocess.Popen) -> None:
+    import os
+    import signal
+
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(timeout=10)
