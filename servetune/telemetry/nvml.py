@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from servetune.telemetry.cadence import run_every
+
 log = logging.getLogger(__name__)
 
 _NO_GPU_ERRORS = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded")
@@ -255,21 +257,7 @@ class GpuSampler:
             self._nv = None
 
     def _run(self) -> None:
-        interval_ns = int(self.interval_s * 1e9)
-        begin = time.perf_counter_ns()
-        k = 0
-        while True:
-            self._sample_all()
-            k += 1
-            now = time.perf_counter_ns()
-            due = begin + k * interval_ns
-            if now > due:  # sampling overran one or more ticks: skip them, keep the grid
-                late = (now - due) // interval_ns + 1
-                self._missed += int(late)
-                k += int(late)
-                due = begin + k * interval_ns
-            if self._stop.wait((due - now) / 1e9):
-                return
+        self._missed += run_every(self.interval_s, self._sample_all, self._stop)
 
     def _sample_all(self) -> None:
         nv = self._nv

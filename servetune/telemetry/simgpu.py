@@ -14,6 +14,8 @@ import time
 import urllib.request
 from typing import Any
 
+from servetune.telemetry.cadence import run_every
+
 
 class SimulatedGpuSampler:
     """Same interface and result shape as ``GpuSampler``, fed by the sim's ``/sim/gpu``."""
@@ -72,20 +74,7 @@ class SimulatedGpuSampler:
         }
 
     def _run(self) -> None:
-        interval_ns = int(self.interval_s * 1e9)
-        begin, k = time.perf_counter_ns(), 0
-        while True:
-            self._sample()
-            k += 1
-            now = time.perf_counter_ns()
-            due = begin + k * interval_ns
-            if now > due:
-                late = (now - due) // interval_ns + 1
-                self._missed += int(late)
-                k += int(late)
-                due = begin + k * interval_ns
-            if self._stop.wait((due - now) / 1e9):
-                return
+        self._missed += run_every(self.interval_s, self._sample, self._stop)
 
     def _sample(self) -> None:
         try:
