@@ -88,7 +88,7 @@ def _campaign(exp: dict[str, Any]):
     from servetune.tuning.live import LiveTrialRunner
 
     plan = _plan(exp)
-    runner = LiveTrialRunner(plan, log_dir=_exp_dir(exp) / "logs")
+    runner = LiveTrialRunner(plan, log_dir=_exp_dir(exp) / "logs", owner=exp["experiment_id"])
     return Campaign.resume(plan, runner, _exp_dir(exp), trigger=exp["trigger"], dag_run_id=exp["run_id"],
                            experiment_id=exp["experiment_id"])
 
@@ -142,9 +142,9 @@ def report(exp: dict[str, Any]) -> str:
 
 def teardown(exp: dict[str, Any]) -> dict[str, Any]:
     """Always runs: no server of this experiment may outlive the run, and an unfinished one is marked failed."""
-    from servetune.tuning.live import stop_leftover_servers
+    from servetune.runners.sweep import sweep
 
-    stopped = stop_leftover_servers(_exp_dir(exp) / "logs")
+    stopped = sweep(exp["experiment_id"])
     exp_file = _exp_dir(exp) / "experiment.json"
     status = None
     if exp_file.exists():

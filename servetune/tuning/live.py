@@ -25,14 +25,19 @@ log = logging.getLogger(__name__)
 Provisioner = Callable[[Flags], contextlib.AbstractContextManager[Any]]
 
 
-def engine_provisioner(plan: TuningPlan, *, log_dir: Path | None = None) -> Provisioner:
+def engine_provisioner(plan: TuningPlan, *, log_dir: Path | None = None, owner: str | None = None) -> Provisioner:
     """Start servers with servetune.runners.provision: the plan's engine with the trial's flags, on its runner
     (which refuses a dirty environment before launch when the runner's ``check_clean`` is on)."""
     from servetune.runners import provision
     from servetune.tuning.knobs import with_flags
 
     def start(flags: Flags) -> contextlib.AbstractContextManager[Any]:
-        return provision(with_flags(plan.engine, flags), plan.runner, log_dir=log_dir)
+        engine = with_flags(plan.engine, flags)
+        if owner:  # servetune.runners.sweep finds it by this tag, whatever happens to us
+            from servetune.runners.sweep import OWNER_ENV
+
+            engine = engine.model_copy(update={"env": {**engine.env, OWNER_ENV: owner}})
+        return provision(engine, plan.runner, log_dir=log_dir)
 
     return start
 
@@ -66,10 +71,11 @@ class LiveTrialRunner:
     """Real trials; restarts the server whenever the flags change; always stops what it started."""
 
     def __init__(self, plan: TuningPlan, *, provisioner: Provisioner | None = None,
-                 preflight: Callable[[], None] | None = None, log_dir: Path | None = None) -> None:
+                 preflight: Callable[[], None] | None = None, log_dir: Path | None = None,
+                 owner: str | None = None) -> None:
         self.plan = plan
         self.url = plan.engine.url if plan.engine.kind == "external" else None  # type: ignore[union-attr]
-        self._provisioner = provisioner or engine_provisioner(plan, log_dir=log_dir)
+        self._provisioner = provisioner or engine_provisioner(plan, log_dir=log_dir, owner=owner)
         self._preflight = preflight
         self._stack: contextlib.ExitStack | None = None
         self._server: Any = None
