@@ -29,7 +29,7 @@ from servetune.telemetry.prometheus import MetricsScraper
 from servetune.workload import build_requests
 from servetune.workload.spec import Fixed, Images, SharedPrefix, Uniform, WorkloadSpec
 
-SAMPLE = Path("/work/shared/docs/sglang-metrics-sample-0.5.23.txt")
+SAMPLE = Path(__file__).parent / "data" / "sglang-metrics-sample-0.5.23.txt"
 REPO = Path(__file__).resolve().parents[1]
 
 
