@@ -3,28 +3,21 @@
 from __future__ import annotations
 
 from typing import Literal
-from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from servetune.engines.common import EngineBase
+from servetune.loadgen.config import HttpBaseUrl
 
 
 class ExternalConfig(EngineBase):
     kind: Literal["external"] = "external"
-    url: str = Field(description="base URL, e.g. http://10.0.0.5:30000")
+    url: HttpBaseUrl = Field(description="base URL, e.g. http://10.0.0.5:30000")
     model: str | None = Field(default=None, description="model name requests carry")
     health_paths: tuple[str, ...] = ("/health_generate", "/health")
     info_paths: tuple[str, ...] = ("/server_info", "/v1/models")
     ready_timeout_s: float = Field(default=30.0, gt=0)
 
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, v: str) -> str:
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"url must be http(s)://host[:port], got {v!r}")
-        return v.rstrip("/")
 
     @property
     def launches(self) -> bool:

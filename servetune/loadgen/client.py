@@ -68,18 +68,6 @@ async def preflight(session: aiohttp.ClientSession, target: Target) -> None:
         raise TargetUnreachable(f"target {target.url} is unreachable ({cause}); no request was sent") from exc
 
 
-def _new_record(req: WorkloadRequest, warmup: bool) -> RequestRecord:
-    return RequestRecord(
-        request_id=req.index,
-        requested_input_tokens=req.input_tokens,
-        requested_output_tokens=req.output_tokens,
-        prefix_group=req.prefix_group,
-        n_images=len(req.images),
-        turn=req.turn,
-        warmup=warmup,
-    )
-
-
 async def run_load(
     target: Target,
     requests: list[WorkloadRequest],
@@ -98,7 +86,7 @@ async def run_load(
         )
     count = token_counter(tokenizer)
     n_warm = load.warmup_requests
-    records = [_new_record(r, i < n_warm) for i, r in enumerate(requests)]
+    records = [r.new_record(i < n_warm) for i, r in enumerate(requests)]
     bodies = [request_body(target, r) for r in requests]
     url = target.request_url
     endpoint = target.endpoint

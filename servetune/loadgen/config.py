@@ -7,10 +7,10 @@ travels in configs, results and logs; the secret is read at run time by ``api_ke
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 Endpoint = Literal["chat", "completions", "generate"]
 
@@ -21,12 +21,23 @@ ENDPOINT_PATHS: dict[str, str] = {
 }
 
 
+def http_base_url(v: str) -> str:
+    """An http(s)://host[:port] base URL without a trailing slash, or a ValueError saying what is wrong."""
+    parts = urlsplit(v)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"url must be http(s)://host[:port], got {v!r}")
+    return v.rstrip("/")
+
+
+HttpBaseUrl = Annotated[str, AfterValidator(http_base_url)]
+
+
 class Target(BaseModel):
     """A serving endpoint to stream from."""
 
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(description="base URL, e.g. http://127.0.0.1:30000 (no endpoint path)")
+    url: HttpBaseUrl = Field(description="base URL, e.g. http://127.0.0.1:30000 (no endpoint path)")
     endpoint: Endpoint = "chat"
     model: str | None = None
     api_key_env: str = "SERVETUNE_API_KEY"
@@ -36,13 +47,6 @@ class Target(BaseModel):
                                                        "some OpenAI servers reject the field)")
     temperature: float = Field(default=0.0, ge=0)
 
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, v: str) -> str:
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"url must be http(s)://host[:port], got {v!r}")
-        return v.rstrip("/")
 
     @property
     def request_url(self) -> str:

@@ -43,18 +43,6 @@ def build_prompt(req: WorkloadRequest, endpoint: str, args: SimArgs) -> tk.Promp
     return tk.text_prompt(req.prompt_text(), req.images if endpoint == "generate" else (), args.model)
 
 
-def _record(req: WorkloadRequest, warmup: bool) -> RequestRecord:
-    return RequestRecord(
-        request_id=req.index,
-        requested_input_tokens=req.input_tokens,
-        requested_output_tokens=req.output_tokens,
-        prefix_group=req.prefix_group,
-        n_images=len(req.images),
-        turn=req.turn,
-        warmup=warmup,
-    )
-
-
 def simulate(
     args: SimArgs | Mapping[str, Any],
     requests: Sequence[WorkloadRequest],
@@ -102,7 +90,7 @@ class _Run:
         self.sched = Scheduler(args)
         self.tel = SimTelemetry(args, self.sched, scrape_interval_s)
         n_warm = load.warmup_requests
-        self.records = [_record(r, i < n_warm) for i, r in enumerate(requests)]
+        self.records = [r.new_record(i < n_warm) for i, r in enumerate(requests)]
         self.sent_at: dict[int, float] = {}
         self.window_start = 0.0
         self.drain_end = 0.0

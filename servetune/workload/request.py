@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from servetune.records import RequestRecord
+
 
 @dataclass(slots=True)
 class WorkloadRequest:
@@ -17,6 +19,12 @@ class WorkloadRequest:
     history: list[dict[str, str]] = field(default_factory=list)  # earlier turns, chat messages
     conversation: int = -1
     turn: int = 0
+
+    def new_record(self, warmup: bool) -> RequestRecord:
+        """The record of sending this request, with what was asked for (filled in by whoever sends it)."""
+        return RequestRecord(request_id=self.index, requested_input_tokens=self.input_tokens,
+                             requested_output_tokens=self.output_tokens, prefix_group=self.prefix_group,
+                             n_images=len(self.images), turn=self.turn, warmup=warmup)
 
     def chat_messages(self) -> list[dict]:
         """OpenAI chat messages; images become ``image_url`` content parts."""
