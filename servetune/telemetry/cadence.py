@@ -27,3 +27,26 @@ def run_every(interval_s: float, sample: Callable[[], None], stop: threading.Eve
             due = begin + k * interval_ns
         if stop.wait((due - now) / 1e9):
             return missed
+
+
+class SamplingThread:
+    """``sample`` on a steady cadence in a daemon thread, from ``start()`` until ``stop()``."""
+
+    def __init__(self, interval_s: float, sample: Callable[[], None], name: str):
+        self._stop = threading.Event()
+        self._missed = 0
+
+        def loop() -> None:
+            self._missed = run_every(interval_s, sample, self._stop)
+
+        self._thread = threading.Thread(target=loop, name=name, daemon=True)
+
+    def start(self) -> SamplingThread:
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        """Stop and join; the ticks missed because a sample overran."""
+        self._stop.set()
+        self._thread.join()
+        return self._missed

@@ -10,13 +10,12 @@ indices, not CUDA_VISIBLE_DEVICES ordinals.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from servetune.telemetry.cadence import run_every
+from servetune.telemetry.cadence import SamplingThread
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +176,7 @@ class GpuSampler:
         self._samples: list[dict[str, Any]] = []
         self._missed = 0
         self._errors = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: SamplingThread | None = None
         self._nv: Any = None
         self._handles: list[tuple[int, Any]] = []
         self._t0_ns = 0
@@ -209,14 +207,12 @@ class GpuSampler:
             self._shutdown()
             return self._give_up("error", f"{type(exc).__name__}: {exc}")
         self._state = "ok"
-        self._thread = threading.Thread(target=self._run, name="servetune-gpu-sampler", daemon=True)
-        self._thread.start()
+        self._thread = SamplingThread(self.interval_s, self._sample_all, "servetune-gpu-sampler").start()
         return self
 
     def stop(self) -> dict[str, Any]:
         if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
+            self._missed += self._thread.stop()
             self._thread = None
             self._sample_all()  # one reading at the very end, so the curve covers the window
             self._shutdown()
@@ -255,9 +251,6 @@ class GpuSampler:
             with suppress(Exception):  # shutting down is best effort
                 self._nv.nvmlShutdown()
             self._nv = None
-
-    def _run(self) -> None:
-        self._missed += run_every(self.interval_s, self._sample_all, self._stop)
 
     def _sample_all(self) -> None:
         nv = self._nv

@@ -9,12 +9,11 @@ demo's result is complete and never passes for a measurement.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.request
 from typing import Any
 
-from servetune.telemetry.cadence import run_every
+from servetune.telemetry.cadence import SamplingThread
 
 
 class SimulatedGpuSampler:
@@ -33,8 +32,7 @@ class SimulatedGpuSampler:
         self._reason: str | None = None
         self._state = "idle"
         self._last: tuple[float, float] | None = None  # (model time, busy time) of the previous reading
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: SamplingThread | None = None
         self._t0_ns = 0
 
     def _read(self) -> dict[str, Any]:
@@ -52,14 +50,12 @@ class SimulatedGpuSampler:
         self._devices = [{k: d[k] for k in ("index", "name", "uuid", "mem_total")} for d in first["devices"]]
         self._state = "simulated"
         self._record(first)
-        self._thread = threading.Thread(target=self._run, name="servetune-sim-gpu", daemon=True)
-        self._thread.start()
+        self._thread = SamplingThread(self.interval_s, self._sample, "servetune-sim-gpu").start()
         return self
 
     def stop(self) -> dict[str, Any]:
         if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
+            self._missed += self._thread.stop()
             self._thread = None
             self._sample()
         return {
@@ -72,9 +68,6 @@ class SimulatedGpuSampler:
             "missed_ticks": self._missed,
             "sample_errors": self._errors,
         }
-
-    def _run(self) -> None:
-        self._missed += run_every(self.interval_s, self._sample, self._stop)
 
     def _sample(self) -> None:
         try:
