@@ -19,6 +19,7 @@ import numpy as np
 from servetune.records import RequestRecord
 from servetune.result import Percentiles, TrialSummary
 from servetune.sla import SLA
+from servetune.validity import SteadyWindow, ValidityRules, assess, load_mode, steady_window
 
 log = logging.getLogger(__name__)
 
@@ -49,33 +50,60 @@ def percentiles(values: Iterable[float] | np.ndarray) -> Percentiles:
 def summarize(
     records: Sequence[RequestRecord],
     *,
-    window: tuple[float, float] | None,
+    load: dict[str, Any] | None,
     sla: SLA | None,
     gpu: dict[str, Any] | None,
     server: dict[str, Any] | None,
     lengths_exact: bool,
+    rules: ValidityRules | None = None,
+    window: tuple[float, float] | None = None,
 ) -> TrialSummary:
-    """Compute the TrialSummary of one trial (definitions: docs/metrics.md)."""
+    """Compute the TrialSummary of one trial (definitions: docs/metrics.md).
+
+    One window for everything: the steady window of ``load`` (servetune.validity) unless the caller
+    states one; latencies, throughput and goodput all come from the measured requests that
+    completed inside it. Without a steady window the figures span first send .. last end and the
+    trial is INVALID.
+    """
+    rules = rules or ValidityRules()
     measured = [r for r in records if not r.warmup]
-    ok = [r for r in measured if r.ok]
+    ok_all = [r for r in measured if r.ok]
     failed = [r for r in measured if not r.ok]
 
     s = TrialSummary(
         requests_total=len(records),
         requests_measured=len(measured),
         requests_warmup=len(records) - len(measured),
-        requests_ok=len(ok),
+        requests_ok=len(ok_all),
         requests_failed=len(failed),
         error_rate=len(failed) / len(measured) if measured else 0.0,
         errors_by_class=dict(Counter(str(r.error_class) for r in failed)),
         lengths_exact=lengths_exact,
-        token_count_sources=dict(Counter(r.token_count_source for r in ok if r.token_count_source)),
+        token_count_sources=dict(Counter(r.token_count_source for r in ok_all if r.token_count_source)),
+        validity_rules=rules.model_dump(),
     )
+    mode, conc, rate = load_mode(load)
+    s.scenario = "open_loop" if mode == "rate" else "closed_loop"
+    s.offered_concurrency, s.offered_rate = conc, rate
 
-    # latency distributions over successful measured requests
+    steady = steady_window(records, load) if window is None else SteadyWindow(*window, kind="stated")
+    ws: float | None = None
+    we: float | None = None
+    if steady.exists:
+        ws, we, source = steady.start_s, steady.end_s, "steady" if window is None else "stated"
+    else:
+        span = _whole_span(measured)
+        if span:
+            ws, we = span
+        source = "no_steady_window"
+    in_set = [r for r in measured
+              if ws is not None and we is not None and (e := _end_s(r)) is not None and ws <= e <= we]
+    ok = [r for r in in_set if r.ok]
+    s.completions_in_window = len(in_set)
+
+    # latency distributions over the successful requests that completed in the window
     s.ttft_ms = percentiles(r.ttft_ms for r in ok if r.ttft_ms is not None)
-    chunks = Chunks.of(ok)
-    s.itl_ms = percentiles(chunks.itl_gaps_ms())
+    s.itl_ms = percentiles(Chunks.of(ok).itl_gaps_ms())
     s.tpot_ms = percentiles(t for r in ok if (t := r.tpot_ms()) is not None)
     s.e2e_ms = percentiles(r.e2e_ms for r in ok if r.e2e_ms is not None)
     s.queue_ms = percentiles(r.queue_ms for r in ok)
@@ -84,9 +112,14 @@ def summarize(
     s.output_len = percentiles(r.completion_tokens for r in ok if r.completion_tokens is not None)
     s.cached_len = percentiles(r.cached_tokens for r in ok if r.cached_tokens is not None)
 
-    _throughput(s, measured, ok, chunks, window)
-    _goodput(s, measured, ok, sla)
+    if sla is not None:
+        s.sla = sla.request_bounds()
+    if ws is not None and we is not None and we > ws:
+        s.window_start_s, s.window_end_s, s.window_s, s.window_source = ws, we, we - ws, source
+        _throughput(s, ok_all, ok, ws, we)
+        _goodput(s, in_set, ok, sla)
     s.prefix_hit_rate = prefix_hit_rate(measured)
+    _validity(s, records, steady, load, rules, ok)
     _server_signals(s, server)
     _gpu(s, gpu)
     return s
@@ -101,6 +134,15 @@ def _end_s(r: RequestRecord) -> float | None:
 
 def _first_token_s(r: RequestRecord) -> float | None:
     return None if r.ttft_ms is None else r.t_send_s + r.ttft_ms / 1000.0
+
+
+def _whole_span(measured: Sequence[RequestRecord]) -> tuple[float, float] | None:
+    """First measured send .. last measured end: what a trial without a steady window spans."""
+    sends = [r.t_send_s for r in measured]
+    ends = [e for r in measured if (e := _end_s(r)) is not None]
+    if not sends or not ends or max(ends) <= min(sends):
+        return None
+    return min(sends), max(ends)
 
 
 class Chunks:
@@ -152,55 +194,42 @@ def _chunk_tokens(r: RequestRecord) -> list[int]:
     return [toks[i] if i < len(toks) else 1 for i in range(n)]
 
 
-def resolve_window(
-    window: tuple[float, float] | None, measured: Sequence[RequestRecord]
-) -> tuple[float, float, str] | None:
-    """The stated window, or [first measured send, last measured end] when it is missing or empty.
-
-    "Empty" includes a window in which no measured request ended: a closed loop whose requests
-    all start at once (requests <= concurrency) has no steady state to measure.
-    """
-    if window is not None:
-        start, end = window
-        if start is not None and end is not None and end > start:
-            if not measured or any(start <= e <= end for r in measured if (e := _end_s(r)) is not None):
-                return float(start), float(end), "stated"
-    sends = [r.t_send_s for r in measured]
-    ends = [e for r in measured if (e := _end_s(r)) is not None]
-    if not sends or not ends or max(ends) <= min(sends):
-        return None
-    log.warning("measurement window %s is missing or empty; falling back to first send .. last end", window)
-    return min(sends), max(ends), "fallback"
-
-
 def _throughput(
-    s: TrialSummary,
-    measured: Sequence[RequestRecord],
-    ok: Sequence[RequestRecord],
-    chunks: Chunks,
-    window: tuple[float, float] | None,
+    s: TrialSummary, ok_all: Sequence[RequestRecord], ok: Sequence[RequestRecord], ws: float, we: float
 ) -> None:
-    resolved = resolve_window(window, measured)
-    if resolved is None:
-        return
-    ws, we, source = resolved
-    s.window_start_s, s.window_end_s, s.window_s = ws, we, we - ws
-    s.window_source = source
+    """Requests completed in the window, and the tokens that arrived in it, over its length."""
     span = we - ws
-
-    def inside(t: float | None) -> bool:
-        return t is not None and ws <= t <= we
-
-    completed = sum(1 for r in ok if inside(_end_s(r)))
-    out_tokens, decode_tokens = chunks.in_window(ws, we)
-    with_usage = [r for r in ok if r.prompt_tokens is not None]
-    s.request_throughput = completed / span
+    out_tokens, decode_tokens = Chunks.of(ok_all).in_window(ws, we)
+    s.request_throughput = len(ok) / span
     s.output_tokens_per_s = out_tokens / span
     s.decode_tokens_per_s = decode_tokens / span  # the first token of each request belongs to prefill
+    with_usage = [r for r in ok_all if r.prompt_tokens is not None]
     if with_usage:
-        in_tokens = sum(r.prompt_tokens for r in with_usage if inside(_first_token_s(r)))
+        in_tokens = sum(r.prompt_tokens or 0 for r in with_usage
+                        if (t := _first_token_s(r)) is not None and ws <= t <= we)
         s.input_tokens_per_s = in_tokens / span
         s.total_tokens_per_s = s.input_tokens_per_s + s.output_tokens_per_s
+
+
+def _validity(s: TrialSummary, records: Sequence[RequestRecord], steady: SteadyWindow, load: dict[str, Any] | None,
+              rules: ValidityRules, ok: Sequence[RequestRecord]) -> None:
+    """The rules of servetune.validity on this summary's window and set."""
+    outs = [o for r in ok if (o := r.output_tokens) is not None]
+    mean_out = float(np.mean(outs)) if outs else None
+    per_request = None
+    if s.request_throughput and s.output_tokens_per_s is not None:
+        per_request = s.output_tokens_per_s / s.request_throughput
+    s.tokens_per_request = per_request
+    a = assess(records, steady, load, rules, completions=s.completions_in_window,
+               tokens_per_request=per_request, mean_output=mean_out)
+    s.valid, s.invalid_reasons = a.valid, a.reasons
+    s.completions_needed = a.completions_needed
+    s.in_flight_target, s.in_flight_mean, s.in_flight_min = a.in_flight_target, a.in_flight_mean, a.in_flight_min
+    s.in_flight_min_fraction = (a.in_flight_min / a.in_flight_target
+                                if a.in_flight_min is not None and a.in_flight_target else None)
+    s.dispatch_fraction, s.scheduled_rate = a.dispatch_fraction, a.scheduled_rate
+    s.completion_fraction, s.sustained = a.completion_fraction, a.sustained
+    s.throughput_mismatch = a.throughput_mismatch
 
 
 # --- goodput ------------------------------------------------------------------------------
@@ -223,20 +252,15 @@ def meets_bounds(r: RequestRecord, bounds: dict[str, float]) -> bool:
     return True
 
 
-def _goodput(
-    s: TrialSummary, measured: Sequence[RequestRecord], ok: Sequence[RequestRecord], sla: SLA | None
-) -> None:
+def _goodput(s: TrialSummary, in_set: Sequence[RequestRecord], ok: Sequence[RequestRecord], sla: SLA | None) -> None:
+    """The window's requests that met every per-request bound, over the same window."""
     if sla is None:
         return
-    bounds = sla.request_bounds()
-    s.sla = bounds
-    good = [r for r in ok if meets_bounds(r, bounds)]
-    if measured:
-        s.goodput_fraction = len(good) / len(measured)
+    good = sum(1 for r in ok if meets_bounds(r, s.sla))
+    if in_set:
+        s.goodput_fraction = good / len(in_set)
     if s.window_s:
-        ws, we = s.window_start_s, s.window_end_s
-        in_window = sum(1 for r in good if (e := _end_s(r)) is not None and ws <= e <= we)
-        s.goodput_rps = in_window / s.window_s
+        s.goodput_rps = good / s.window_s
 
 
 # --- prefix cache -------------------------------------------------------------------------
@@ -261,7 +285,8 @@ def _server_signals(s: TrialSummary, server: dict[str, Any] | None) -> None:
         return
     from servetune.telemetry.prometheus import derive_signals
 
-    sig = derive_signals(server)
+    window = (s.window_start_s, s.window_end_s) if s.window_start_s is not None else None
+    sig = derive_signals(server, window=window)  # type: ignore[arg-type]
     s.prefix_hit_rate_server = sig.get("prefix_hit_rate_server")
     s.cache_hit_rate_gauge = sig.get("cache_hit_rate_gauge")
     s.server_token_usage_max = sig.get("token_usage_max")
@@ -270,6 +295,7 @@ def _server_signals(s: TrialSummary, server: dict[str, Any] | None) -> None:
     s.server_running_reqs_mean = sig.get("running_reqs_mean")
     s.server_retractions = sig.get("retractions")
     s.server_samples = int(sig.get("samples") or 0)
+    s.server_samples_in_window = int(sig.get("samples_in_window") or 0)
 
 
 # --- GPU memory curve ---------------------------------------------------------------------

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from servetune.engines import EngineConfig
 from servetune.runners import LocalRunnerConfig, RunnerConfig
 from servetune.sla import SLA
+from servetune.validity import ValidityRules
 from servetune.workload.spec import WorkloadSpec
 
 FlagValue = int | float | str | bool
@@ -35,17 +36,19 @@ class BaselineStage(_Strict):
     """Step 2: a low-concurrency run whose figures are the reference for everything after."""
 
     concurrency: int = Field(default=8, ge=1)
-    requests: int = Field(default=200, ge=1, description="measured requests after warm-up")
+    requests: int = Field(default=200, ge=1, description="measured requests after warm-up: a floor (servetune.tuning.sizing)")
     warmup: int = Field(default=16, ge=0)
+    duration_s: float | None = Field(default=None, gt=0, description="steady window to aim for (>= validation.min_window_s)")
 
 
 class RampStage(_Strict):
     """Steps 3-4: raise concurrency level by level until the SLA, memory or errors break, or gains stall."""
 
     levels: list[int] = Field(default_factory=lambda: [16, 32, 48, 64, 96, 128], min_length=1)
-    requests: int = Field(default=200, ge=1, description="measured requests per level after warm-up")
+    requests: int = Field(default=200, ge=1, description="measured requests per level after warm-up: a floor")
     warmup: int = Field(default=16, ge=0)
-    min_gain: float = Field(default=0.05, ge=0, le=1, description="a level gaining less throughput is a plateau")
+    duration_s: float | None = Field(default=None, gt=0, description="steady window to aim for (>= validation.min_window_s)")
+    min_gain: float = Field(default=0.05, ge=0, le=1, description="a level gaining less goodput (beyond the noise) is a plateau")
     bisect: bool = Field(default=True, description="bisect between the last passing and first failing level")
     bisect_min_step: int = Field(default=4, ge=1, description="stop bisecting when the gap is this small")
 
@@ -85,8 +88,8 @@ class RefineStage(_Strict):
     set_max_running: bool = Field(default=True, description="try max-running-requests = the ceiling level last")
     max_running_flag: str = Field(default="max-running-requests", description="vLLM: max-num-seqs")
     extend_levels: int = Field(default=2, ge=0, description="levels above the ceiling tried with the tuned config")
-    min_improvement: float = Field(default=0.02, ge=0, le=1, description="gain a change needs to be kept")
-    tie_tolerance: float = Field(default=0.01, ge=0, le=1, description="goodputs this close tie; signals decide")
+    min_improvement: float = Field(
+        default=0.02, ge=0, le=1, description="gain a change needs to be kept, and it must exceed the noise too")
     requests: int | None = Field(default=None, ge=1, description="default: ramp.requests")
     warmup: int | None = Field(default=None, ge=0, description="default: ramp.warmup")
 
@@ -124,14 +127,35 @@ class Budget(_Strict):
 
     max_gpu_minutes: float = Field(default=240.0, gt=0)
     restart_cost_s: float = Field(default=60.0, ge=0, description="GPU time charged per server (re)start")
+    max_requests_per_trial: int = Field(default=20000, ge=1, description="cap on a trial sized to be valid")
 
 
-class ValidationSection(_Strict):
-    """How the report checklist judges this plan's trials (servetune.validation)."""
+class ValidationSection(ValidityRules):
+    """How this plan's trials are judged: the validity rules (servetune.validity) and the checklist."""
 
     min_measured: int = Field(default=200, ge=1, description="fewer measured requests: the trial is rejected")
     waive: list[Literal["gpu_memory_curve", "clean_gpu"]] = Field(
         default_factory=list, description="checklist items this runner cannot satisfy (e.g. a CPU-only engine)")
+
+    def rules(self) -> ValidityRules:
+        return ValidityRules(**{k: getattr(self, k) for k in ValidityRules.model_fields})
+
+
+class RepeatsSection(_Strict):
+    """Repeats of the trials that decide something (the ceiling's last pass and first fail, a refinement
+    winner and the config it replaces), each with its own workload seed."""
+
+    count: int | None = Field(default=None, ge=1, le=20,
+                              description="repeats per decisive trial; default 3 on live engines, 1 in virtual time")
+    max: int = Field(default=5, ge=1, le=30, description="a marginal level (its SLA verdict flips) gets up to this many")
+    invalid_retries: int = Field(default=1, ge=0, le=5,
+                                 description="an INVALID trial is re-run this many times, resized from its own rate")
+
+    @model_validator(mode="after")
+    def _max_at_least_count(self) -> RepeatsSection:
+        if self.count is not None and self.max < self.count:
+            raise ValueError(f"max ({self.max}) must be >= count ({self.count})")
+        return self
 
 
 class SimEstimate(_Strict):
@@ -154,6 +178,7 @@ class TuningPlan(_Strict):
     stages: Stages = Field(default_factory=Stages)
     budget: Budget = Field(default_factory=Budget)
     validation: ValidationSection = Field(default_factory=ValidationSection)
+    repeats: RepeatsSection = Field(default_factory=RepeatsSection)
     on_trial_failure: Literal["continue", "stop"] = Field(
         default="continue", description="a failed trial counts as a failing level (continue) or ends the run"
     )
@@ -209,6 +234,17 @@ class TuningPlan(_Strict):
     def refine_requests(self) -> tuple[int, int]:
         r = self.stages.refine
         return (r.requests or self.stages.ramp.requests, self.stages.ramp.warmup if r.warmup is None else r.warmup)
+
+    def with_repeats(self, default: int) -> TuningPlan:
+        """The plan with ``repeats.count`` resolved (the runner's default when the plan leaves it unset)."""
+        if self.repeats.count is not None:
+            return self
+        count = min(default, self.repeats.max)
+        return self.model_copy(update={"repeats": self.repeats.model_copy(update={"count": count})})
+
+    @property
+    def repeat_count(self) -> int:
+        return self.repeats.count or 1
 
 
 def _first_line(exc: Exception) -> str:

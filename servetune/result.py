@@ -53,7 +53,26 @@ class TrialSummary(BaseModel):
     window_start_s: float | None = None
     window_end_s: float | None = None
     window_s: float | None = None
-    window_source: str | None = None  # stated (by the load generator) | fallback (first send..last end)
+    window_source: str | None = None  # steady (servetune.validity) | stated (by the caller) | no_steady_window
+    # validity (servetune.validity): is this a measurement of the load it states?
+    valid: bool | None = None  # None: computed before validity existed
+    invalid_reasons: list[str] = []
+    validity_rules: dict[str, float] = {}  # the ValidityRules applied
+    scenario: str | None = None  # closed_loop (concurrency) | open_loop (rate)
+    offered_concurrency: int | None = None
+    offered_rate: float | None = None  # req/s asked for (open loop)
+    completions_in_window: int = 0  # measured requests that completed inside the window: the summary's set
+    completions_needed: int = 0
+    in_flight_target: float | None = None  # closed loop: the streams
+    in_flight_mean: float | None = None  # time-weighted over the window
+    in_flight_min: float | None = None  # lowest of up to 20 bins of the window
+    in_flight_min_fraction: float | None = None  # in_flight_min / in_flight_target
+    dispatch_fraction: float | None = None  # open loop: achieved / scheduled dispatch rate
+    scheduled_rate: float | None = None  # open loop: the arrival schedule's own rate over the trial
+    completion_fraction: float | None = None  # open loop: completions / arrivals in the window
+    sustained: bool | None = None  # open loop: the server kept up (completion_fraction >= the rule)
+    tokens_per_request: float | None = None  # output_tokens_per_s / request_throughput
+    throughput_mismatch: float | None = None  # tokens_per_request / mean output length - 1
     # latency distributions (ms): prefill (TTFT) and decode (ITL, TPOT) kept apart
     ttft_ms: Percentiles = Percentiles()
     itl_ms: Percentiles = Percentiles()
@@ -99,6 +118,7 @@ class TrialSummary(BaseModel):
     server_running_reqs_mean: float | None = None
     server_retractions: float | None = None
     server_samples: int = 0
+    server_samples_in_window: int = 0  # scrapes inside the window (the gauges above use those when any)
 
 
 @dataclass

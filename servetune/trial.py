@@ -30,6 +30,7 @@ from servetune.telemetry.nvml import GpuSampler
 from servetune.telemetry.prometheus import MetricsScraper
 from servetune.telemetry.server_info import fetch_server_info
 from servetune.telemetry.simgpu import SimulatedGpuSampler
+from servetune.validity import ValidityRules
 from servetune.workload import build_requests, load_tokenizer
 from servetune.workload.spec import WorkloadSpec
 
@@ -65,6 +66,9 @@ class TrialRequest(BaseModel):
     prompt_template: str | None = Field(default=None, description="for the environment fingerprint")
     server_pids: list[int] | None = Field(
         default=None, description="PIDs of the server under test: GPU processes outside them are foreign"
+    )
+    validity: ValidityRules = Field(
+        default_factory=ValidityRules, description="what the trial needs to be VALID (servetune.validity)"
     )
 
     @model_validator(mode="after")
@@ -155,7 +159,8 @@ async def run_trial_async(
         }
     result.summary = summarize(
         result.records,
-        window=(outcome.window_start_s, outcome.window_end_s) if outcome else None,
+        load=result.load,
+        rules=req.validity,
         sla=req.sla,
         gpu=result.gpu,
         server=server,
@@ -173,7 +178,7 @@ async def run_trial_async(
 def _failed(result: TrialResult, reason: str, req: TrialRequest, lengths_exact: bool) -> TrialResult:
     result.status, result.failure_reason = "failed", reason
     result.summary = summarize(
-        [], window=None, sla=req.sla, gpu=None, server=None, lengths_exact=lengths_exact
+        [], load=result.load, rules=req.validity, sla=req.sla, gpu=None, server=None, lengths_exact=lengths_exact
     )
     return result
 

@@ -70,7 +70,7 @@ def test_percentiles_use_linear_interpolation():
 
 
 def test_counts_and_errors():
-    s = summarize(_records(), window=(1.0, 2.0), sla=None, gpu=None, server=None, lengths_exact=True)
+    s = summarize(_records(), load=None, window=(1.0, 2.0), sla=None, gpu=None, server=None, lengths_exact=True)
     assert (s.requests_total, s.requests_warmup, s.requests_measured) == (4, 1, 3)
     assert (s.requests_ok, s.requests_failed) == (2, 1)
     assert s.error_rate == approx(1 / 3)
@@ -80,7 +80,7 @@ def test_counts_and_errors():
 
 
 def test_latency_distributions_exclude_warmup_and_failures():
-    s = summarize(_records(), window=(1.0, 2.0), sla=None, gpu=None, server=None, lengths_exact=False)
+    s = summarize(_records(), load=None, window=(1.0, 2.5), sla=None, gpu=None, server=None, lengths_exact=False)
     assert s.ttft_ms.count == 2 and s.ttft_ms.p50 == approx(150.0) and s.ttft_ms.p99 == approx(199.0)
     assert s.e2e_ms.min == 400.0 and s.e2e_ms.max == 600.0
     assert s.queue_ms.mean == approx(10.0)
@@ -93,7 +93,7 @@ def test_latency_distributions_exclude_warmup_and_failures():
 
 
 def test_itl_is_weighted_per_token_not_per_chunk():
-    s = summarize(_records(), window=(1.0, 2.0), sla=None, gpu=None, server=None, lengths_exact=False)
+    s = summarize(_records(), load=None, window=(1.0, 2.5), sla=None, gpu=None, server=None, lengths_exact=False)
     # a: gap 100 over 2 tokens -> 50, 50; gap 200 over 3 tokens -> 66.67 x3; b: one gap of 400
     assert s.itl_ms.count == 6
     assert s.itl_ms.mean == approx(700 / 6)  # per-chunk counting would give (100+200+400)/3
@@ -103,7 +103,7 @@ def test_itl_is_weighted_per_token_not_per_chunk():
 
 
 def test_throughput_counts_what_falls_in_the_window():
-    s = summarize(_records(), window=(1.0, 2.0), sla=None, gpu=None, server=None, lengths_exact=False)
+    s = summarize(_records(), load=None, window=(1.0, 2.0), sla=None, gpu=None, server=None, lengths_exact=False)
     assert (s.window_start_s, s.window_end_s, s.window_s, s.window_source) == (1.0, 2.0, 1.0, "stated")
     assert s.request_throughput == approx(1.0)  # a ends at 1.4; b ends at 2.1 (outside)
     assert s.output_tokens_per_s == approx(7.0)  # a: 1+2+3 ; b: only its first chunk (at 1.7)
@@ -111,16 +111,26 @@ def test_throughput_counts_what_falls_in_the_window():
     assert s.input_tokens_per_s == approx(300.0)  # both first tokens (1.1, 1.7) are in the window
     assert s.total_tokens_per_s == approx(307.0)
 
-    half = summarize(_records(), window=(1.0, 1.5), sla=None, gpu=None, server=None, lengths_exact=False)
+    half = summarize(_records(), load=None, window=(1.0, 1.5), sla=None, gpu=None, server=None, lengths_exact=False)
     assert half.output_tokens_per_s == approx(6 / 0.5)
     assert half.input_tokens_per_s == approx(100 / 0.5)
 
 
-def test_degenerate_window_falls_back_to_send_and_end_times():
+def test_latencies_come_from_the_requests_that_completed_in_the_window():
+    s = summarize(_records(), load=None, window=(1.0, 2.0), sla=None, gpu=None, server=None, lengths_exact=False)
+    # b ends at 2.1 and the failed request at 2.3: only a is in the window's set
+    assert s.completions_in_window == 1 and s.ttft_ms.count == 1 and s.ttft_ms.p50 == approx(100.0)
+    assert s.request_throughput == approx(1.0) and s.tokens_per_request == approx(7.0)
+
+
+def test_no_steady_window_spans_send_to_end_and_is_invalid():
+    # four streams, but the last dispatch (2.0) comes before the fourth completion (2.3)
     for window in (None, (2.0, 2.0), (3.0, 1.0)):
-        s = summarize(_records(), window=window, sla=None, gpu=None, server=None, lengths_exact=False)
+        s = summarize(_records(), load={"mode": "concurrency", "concurrency": 4}, window=window, sla=None, gpu=None,
+                      server=None, lengths_exact=False)
         # first measured send 1.0; last measured end: the failed request at 2.0 + 0.3
-        assert (s.window_start_s, s.window_end_s, s.window_source) == (1.0, approx(2.3), "fallback")
+        assert (s.window_start_s, s.window_end_s, s.window_source) == (1.0, approx(2.3), "no_steady_window")
+        assert s.valid is False and s.invalid_reasons[0].startswith("no steady window")
         assert s.request_throughput == approx(2 / 1.3)
         assert s.output_tokens_per_s == approx(8 / 1.3)
 
@@ -129,7 +139,7 @@ def test_chunks_without_counts_carry_one_token():
     r = RequestRecord(
         request_id=1, t_send_s=0.0, ttft_ms=10.0, e2e_ms=30.0, chunk_offsets_ms=[10.0, 20.0, 30.0]
     )
-    s = summarize([r], window=(0.0, 1.0), sla=None, gpu=None, server=None, lengths_exact=False)
+    s = summarize([r], load=None, window=(0.0, 1.0), sla=None, gpu=None, server=None, lengths_exact=False)
     assert s.output_tokens_per_s == approx(3.0)
     assert s.decode_tokens_per_s == approx(2.0)
     assert s.input_tokens_per_s is None and s.total_tokens_per_s is None  # no usage: unknown, not 0
@@ -138,13 +148,15 @@ def test_chunks_without_counts_carry_one_token():
 
 def test_goodput_counts_requests_meeting_every_bound():
     recs = _records()
-    s = summarize(recs, window=(1.0, 2.0), sla=SLA(ttft_ms=150), gpu=None, server=None, lengths_exact=False)
+    s = summarize(recs, load=None, window=(1.0, 2.5), sla=SLA(ttft_ms=150), gpu=None, server=None, lengths_exact=False)
     assert s.sla == {"ttft_ms": 150.0}
     assert s.goodput_fraction == approx(1 / 3)  # only a; the failed request counts in the denominator
-    assert s.goodput_rps == approx(1.0)
+    assert s.goodput_rps == approx(1 / 1.5)
+    assert s.goodput_rps <= s.request_throughput
 
     both = summarize(
         recs,
+        load=None,
         window=(1.0, 2.5),
         sla=SLA(ttft_ms=1000, tpot_ms=100),
         gpu=None,
@@ -154,27 +166,25 @@ def test_goodput_counts_requests_meeting_every_bound():
     assert both.goodput_fraction == approx(1 / 3)  # b's TPOT is 400 ms
     assert both.goodput_rps == approx(1 / 1.5)
 
-    loose = summarize(
-        recs, window=(1.0, 2.5), sla=SLA(p99_e2e_ms=10_000), gpu=None, server=None, lengths_exact=False
+    loose = summarize(recs, load=None, window=(1.0, 2.5), sla=SLA(p99_e2e_ms=10_000), gpu=None, server=None, lengths_exact=False
     )
     assert loose.sla == {"e2e_ms": 10_000.0}  # the p99 bound stands in for the per-request one
     assert loose.goodput_fraction == approx(2 / 3)
     assert loose.goodput_rps == approx(2 / 1.5)
 
-    none = summarize(recs, window=(1.0, 2.0), sla=None, gpu=None, server=None, lengths_exact=False)
+    none = summarize(recs, load=None, window=(1.0, 2.0), sla=None, gpu=None, server=None, lengths_exact=False)
     assert none.goodput_rps is None and none.goodput_fraction is None and none.sla == {}
 
 
 def test_prefix_hit_rate_is_none_when_unknown_and_zero_when_zero():
     recs = _records()
     assert prefix_hit_rate([r for r in recs if not r.warmup]) == approx(50 / 300)
-    s = summarize(recs, window=(1.0, 2.0), sla=None, gpu=None, server=None, lengths_exact=False)
+    s = summarize(recs, load=None, window=(1.0, 2.0), sla=None, gpu=None, server=None, lengths_exact=False)
     assert s.prefix_hit_rate == approx(50 / 300)  # the warm-up request's 100% hit is not counted
 
     unknown = [RequestRecord(request_id=i, ttft_ms=1, e2e_ms=2, prompt_tokens=10) for i in range(3)]
     assert (
-        summarize(
-            unknown, window=(0, 1), sla=None, gpu=None, server=None, lengths_exact=False
+        summarize(unknown, load=None, window=(0, 1), sla=None, gpu=None, server=None, lengths_exact=False
         ).prefix_hit_rate
         is None
     )
@@ -182,7 +192,7 @@ def test_prefix_hit_rate_is_none_when_unknown_and_zero_when_zero():
         RequestRecord(request_id=i, ttft_ms=1, e2e_ms=2, prompt_tokens=10, cached_tokens=0) for i in range(3)
     ]
     assert (
-        summarize(zero, window=(0, 1), sla=None, gpu=None, server=None, lengths_exact=False).prefix_hit_rate
+        summarize(zero, load=None, window=(0, 1), sla=None, gpu=None, server=None, lengths_exact=False).prefix_hit_rate
         == 0.0
     )
 
@@ -207,7 +217,7 @@ def _gpu_dict() -> dict:
 
 
 def test_gpu_memory_curve_sums_gpus_per_sweep():
-    s = summarize([], window=None, sla=None, gpu=_gpu_dict(), server=None, lengths_exact=False)
+    s = summarize([], load=None, window=None, sla=None, gpu=_gpu_dict(), server=None, lengths_exact=False)
     assert s.gpu_state == "ok" and s.gpu_samples == 3 and s.gpu_sample_interval_ms == 100.0
     assert s.gpu_mem_idle_bytes == 30  # sum at the first sweep
     assert s.gpu_mem_peak_bytes == 90
@@ -227,8 +237,7 @@ def test_gpu_sweeps_split_on_repeated_index_even_with_distinct_timestamps():
 def test_gpu_clean_at_start_needs_the_samplers_verdict():
     def with_procs(procs):
         gpu = _gpu_dict() | {"processes_at_start": procs}
-        return summarize(
-            [], window=None, sla=None, gpu=gpu, server=None, lengths_exact=False
+        return summarize([], load=None, window=None, sla=None, gpu=gpu, server=None, lengths_exact=False
         ).gpu_clean_at_start
 
     assert with_procs([]) is True
@@ -240,7 +249,7 @@ def test_gpu_clean_at_start_needs_the_samplers_verdict():
 def test_no_gpu_is_passed_through():
     s = summarize(
         [],
-        window=None,
+        load=None,
         sla=None,
         gpu={"state": "no_gpu", "samples": [], "processes_at_start": []},
         server=None,
@@ -254,7 +263,7 @@ def test_all_failed():
     recs = [
         RequestRecord(request_id=i, t_send_s=0.1 * i, e2e_ms=5.0, error_class="connection") for i in range(4)
     ]
-    s = summarize(recs, window=(0.0, 1.0), sla=SLA(ttft_ms=100), gpu=None, server=None, lengths_exact=False)
+    s = summarize(recs, load=None, window=(0.0, 1.0), sla=SLA(ttft_ms=100), gpu=None, server=None, lengths_exact=False)
     assert (s.requests_measured, s.requests_ok, s.requests_failed, s.error_rate) == (4, 0, 4, 1.0)
     assert s.errors_by_class == {"connection": 4}
     assert s.ttft_ms.count == 0 and s.ttft_ms.p99 is None and s.itl_ms.count == 0
@@ -265,7 +274,7 @@ def test_all_failed():
 
 
 def test_no_records():
-    s = summarize([], window=None, sla=SLA(ttft_ms=100), gpu=None, server=None, lengths_exact=False)
+    s = summarize([], load=None, window=None, sla=SLA(ttft_ms=100), gpu=None, server=None, lengths_exact=False)
     assert (s.requests_total, s.requests_measured, s.error_rate) == (0, 0, 0.0)
     assert s.window_s is None and s.request_throughput is None
     assert s.goodput_fraction is None and s.goodput_rps is None
@@ -273,25 +282,25 @@ def test_no_records():
 
 
 def test_summary_survives_the_result_json_round_trip(tmp_path):
-    s = summarize(
-        _records(), window=(1.0, 2.0), sla=SLA(ttft_ms=150), gpu=_gpu_dict(), server=None, lengths_exact=True
+    s = summarize(_records(), load=None, window=(1.0, 2.0), sla=SLA(ttft_ms=150), gpu=_gpu_dict(), server=None, lengths_exact=True
     )
     path = TrialResult(records=_records(), summary=s, load={"concurrency": 2}).save(tmp_path / "r.json")
     back = TrialResult.read(path)
     assert back.summary == s
 
 
-def test_window_in_which_nothing_ended_falls_back():
-    # all requests sent at once (requests <= concurrency): the loadgen's window is just the dispatch burst
+def test_a_burst_with_no_steady_state_is_invalid():
+    # all requests sent at once (requests <= concurrency): nothing but the start-up burst
     recs = [
         RequestRecord(
             request_id=i, t_send_s=1.0, ttft_ms=50.0, e2e_ms=500.0, chunk_offsets_ms=[50.0], chunk_tokens=[1]
         )
         for i in range(4)
     ]
-    s = summarize(recs, window=(1.0, 1.0001), sla=None, gpu=None, server=None, lengths_exact=False)
-    assert (s.window_start_s, s.window_end_s, s.window_source) == (1.0, 1.5, "fallback")
-    assert s.request_throughput == approx(8.0)
+    s = summarize(recs, load={"mode": "concurrency", "concurrency": 4}, sla=None, gpu=None, server=None,
+                  lengths_exact=False)
+    assert (s.window_start_s, s.window_end_s, s.window_source) == (1.0, 1.5, "no_steady_window")
+    assert s.request_throughput == approx(8.0) and s.valid is False
 
 
 def test_flat_chunk_arrays_agree_with_the_per_record_definition():

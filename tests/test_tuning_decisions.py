@@ -235,10 +235,13 @@ def test_refine_walks_radix_then_chunk_then_conservativeness_then_max_running() 
     assert len(refine) <= 9 < 16  # far from the 4 x 4 grid (x levels)
     rec = d.recommendation
     assert rec is not None and rec.concurrency == 32
-    assert rec.config == {"chunked-prefill-size": 2048, "schedule-conservativeness": 0.7, "max-running-requests": 32}
+    # max-running-requests = 32 ties (the surface ignores it): a tie goes to the simpler config, said so
+    assert rec.config == {"chunked-prefill-size": 2048, "schedule-conservativeness": 0.7}
+    assert rec.ties and "max-running-requests 32: a tie" in rec.ties[-1] and "kept the incumbent" in rec.ties[-1]
     assert any("chunked-prefill-size 2048" in line for line in rec.explanation)
     assert any("token_usage peaked at 0.95" in line for line in rec.explanation)
-    assert rec.evidence_trial_ids[0] == asked_id(asked, refine[-1]) and "t1" in rec.evidence_trial_ids
+    chosen = next(t for t in refine if t.flags == rec.config)
+    assert rec.evidence_trial_ids[0] == asked_id(asked, chosen) and "t1" in rec.evidence_trial_ids
     assert rec.goodput_rps is not None and abs(rec.goodput_rps - 3.2) < 1e-9
 
 

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from servetune.loadgen import TargetUnreachable
-from servetune.result import Percentiles, TrialResult
+from servetune.result import Percentiles, TrialResult, TrialSummary
 from servetune.sla import SLA
 from servetune.workload.spec import WorkloadSpec
 
@@ -131,8 +131,11 @@ def summary_tables(result: TrialResult) -> list[Table]:
         else f"- ({s.gpu_state})"
     )
     rows = [
+        ("validity", validity_text(s)),
         ("requests ok / measured", f"{s.requests_ok} / {s.requests_measured} (errors {s.error_rate:.1%})"),
-        ("window", f"{_num(s.window_s, '{:.2f}')} s ({s.window_source or '-'})"),
+        ("window", f"{_num(s.window_s, '{:.2f}')} s ({s.window_source or '-'}),"
+                   f" {s.completions_in_window} completed in it (needed {s.completions_needed})"),
+        ("in flight", in_flight_text(s)),
         ("requests/s", _num(s.request_throughput, "{:.2f}")),
         ("output tokens/s", _num(s.output_tokens_per_s)),
         ("decode tokens/s", _num(s.decode_tokens_per_s)),
@@ -147,6 +150,26 @@ def summary_tables(result: TrialResult) -> list[Table]:
     for name, value in rows:
         figs.add_row(name, value)
     return [lat, figs]
+
+
+def validity_text(s: TrialSummary) -> str:
+    """VALID, or INVALID with every reason (servetune.validity)."""
+    if s.valid is None:
+        return "- (not assessed)"
+    return "VALID" if s.valid else "INVALID: " + "; ".join(s.invalid_reasons)
+
+
+def in_flight_text(s: TrialSummary) -> str:
+    if s.in_flight_mean is None:
+        return "-"
+    text = f"mean {s.in_flight_mean:.1f}, lowest {s.in_flight_min or 0:.1f}"
+    if s.in_flight_target:
+        text += f" of {s.in_flight_target:.0f} streams"
+    if s.dispatch_fraction is not None:
+        text += f"; dispatched at {s.dispatch_fraction:.0%} of the schedule"
+    if s.sustained is not None:
+        text += "; server kept up" if s.sustained else f"; server fell behind ({s.completion_fraction or 0:.0%} completed)"
+    return text
 
 
 def bench(
@@ -177,6 +200,9 @@ def bench(
     flush_cache: Annotated[bool, typer.Option(help="POST /flush_cache before the warm-up")] = True,
     timeout_s: Annotated[float, typer.Option(help="per-request timeout, stream included")] = 600.0,
     seed: Annotated[int | None, typer.Option(help="override the workload's seed")] = None,
+    min_window_s: Annotated[float, typer.Option(help="validity: shortest steady window, seconds")] = 20.0,
+    min_completions: Annotated[int, typer.Option(help="validity: fewest completions in the window (and >= 4 per stream)")]
+    = 200,
 ) -> None:
     """Benchmark a running endpoint: one trial, its summary, and a JSON result with every record."""
     from servetune.trial import TrialRequest, run_trial
@@ -218,6 +244,7 @@ def bench(
                     "gpu_interval_ms": gpu_interval_ms,
                     "flush_cache": flush_cache,
                     "tokenizer": tokenizer,
+                    "validity": {"min_window_s": min_window_s, "min_completions": min_completions},
                 }
             )
         except ValidationError as exc:
@@ -232,6 +259,9 @@ def bench(
     for table in summary_tables(result):
         Console().print(table)
     console.print(f"result written to {path}")
+    if result.summary.valid is False:
+        console.print("[yellow]INVALID trial[/yellow] (it decides nothing):",
+                      escape("; ".join(result.summary.invalid_reasons)), highlight=False, soft_wrap=True)
     if result.status != "ok":
         console.print(
             "[red]trial failed:[/red]", escape(result.failure_reason or "?"), highlight=False, soft_wrap=True
@@ -250,6 +280,8 @@ _CLI_NAMES = {
     "target.timeout_s": "--timeout-s",
     "num_requests": "--requests",
     "gpu_interval_ms": "--gpu-interval-ms",
+    "validity.min_window_s": "--min-window-s",
+    "validity.min_completions": "--min-completions",
 }
 
 

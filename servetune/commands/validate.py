@@ -26,16 +26,27 @@ def register(app: typer.Typer) -> None:
         data_docs: Annotated[Path | None, typer.Option("--data-docs", help="build GX Data Docs into this folder")] = None,
         report_json: Annotated[Path | None, typer.Option("--json", help="write the ValidationReport here")] = None,
         show_all: Annotated[bool, typer.Option("--all", help="list passing expectations too")] = False,
+        min_window_s: Annotated[float | None, typer.Option(
+            "--min-window-s", min=0, help="shortest steady window (default: the rule the trial was measured under)")]
+        = None,
+        min_completions: Annotated[int | None, typer.Option(
+            "--min-completions", min=0, help="fewest completions in the window (default: the trial's rule)")] = None,
     ) -> None:
         """Check RESULT against the report checklist (Great Expectations suites in expectations/)."""
         from servetune.result import TrialResult
         from servetune.validation import validate as run_checklist
 
+        from servetune.validation.checklist import trial_rules
+
         err = Console(stderr=True)
         try:
             trial = TrialResult.read(result)
+            rules = trial_rules(trial)
+            overrides = {k: v for k, v in (("min_window_s", min_window_s), ("min_completions", min_completions))
+                         if v is not None}
+            rules = rules.model_copy(update=overrides)
             report = run_checklist(trial, min_measured=min_measured, expected_interval_ms=interval_ms,
-                                   waive=tuple(waive or ()), data_docs_dir=data_docs)
+                                   waive=tuple(waive or ()), data_docs_dir=data_docs, rules=rules)
         except (OSError, ValueError, KeyError) as exc:
             err.print(f"[red]validate:[/red] {escape(f'{result}: {exc}')}", soft_wrap=True)
             raise typer.Exit(BAD_INPUT) from None
@@ -49,6 +60,10 @@ def register(app: typer.Typer) -> None:
             table.add_row("[green]ok[/green]" if o.success else "[red]FAIL[/red]", o.checklist or o.suite,
                           o.expectation, o.column or "", escape(str(o.observed_value))[:80])
         Console().print(table)
+        s = trial.summary
+        if s.valid is False:
+            err.print(f"[red]INVALID[/red] (servetune.validity): {escape('; '.join(s.invalid_reasons))}",
+                      soft_wrap=True, highlight=False)
         if report_json:
             report_json.write_text(report.model_dump_json(indent=2))
         if report.data_docs:

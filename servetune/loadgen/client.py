@@ -41,8 +41,8 @@ class TargetUnreachable(ConnectionError):
 @dataclass(slots=True)
 class LoadOutcome:
     records: list[RequestRecord]  # one per request, in request order
-    window_start_s: float  # measured phase start, relative to t0
-    window_end_s: float  # last measured request dispatched (steady state ends)
+    window_start_s: float  # first measured dispatch, relative to t0 (the steady window: servetune.validity)
+    window_end_s: float  # last measured dispatch
     drain_end_s: float  # every request finished
 
 
@@ -198,15 +198,15 @@ async def run_load(
         gc.freeze()
         decoding = asyncio.create_task(decoder())
         try:
-            if n_warm:
-                await closed_loop(list(range(n_warm)), load.concurrency, send)
-            measured = list(range(n_warm, len(requests)))
-            offsets = arrival_offsets_s(load, len(measured))
-            window_start = clock()
+            # warm-up and measured requests are one load, without a pause between them: the warm-up
+            # is the first requests of the same closed loop or arrival schedule (servetune.validity)
+            everything = list(range(len(requests)))
+            start = clock()
             if load.mode == "rate":
-                await open_loop(measured, offsets, load.concurrency, send, start_ns=window_start)
+                offsets = arrival_offsets_s(load, len(everything))
+                await open_loop(everything, offsets, load.concurrency, send, start_ns=start)
             else:
-                await closed_loop(measured, load.concurrency, send)
+                await closed_loop(everything, load.concurrency, send)
             drain_end = clock()
             finished.append(None)
             wake.set()
@@ -214,8 +214,10 @@ async def run_load(
         finally:
             decoding.cancel()
             gc.unfreeze()
-    window_end_s = max(records[i].t_send_s for i in measured)
-    return LoadOutcome(records, (window_start - t0_ns) / 1e9, window_end_s, (drain_end - t0_ns) / 1e9)
+    measured = records[n_warm:]
+    first = min(r.t_send_s for r in measured)
+    last = max(r.t_send_s for r in measured)
+    return LoadOutcome(records, first, last, (drain_end - t0_ns) / 1e9)
 
 
 def run_load_sync(

@@ -1,10 +1,9 @@
 """Virtual time: run a whole workload through the scheduler model without waiting for it.
 
-``simulate`` follows the load generator's semantics (servetune.loadgen): warm-up requests first
-in a closed loop at the configured concurrency until all are done, then the measured requests
-either in a closed loop (each stream sends its next request the moment its previous one ends)
-or open loop (arrival offsets from ``loadgen.strategies.arrival_offsets_s``, capped in flight;
-lateness becomes ``queue_ms``). It returns a TrialResult of the same shape as a measured trial,
+``simulate`` follows the load generator's semantics (servetune.loadgen): one load over all
+requests, the warm-up ones first, either a closed loop (each stream sends its next request the
+moment its previous one ends) or an open loop (arrival offsets from
+``loadgen.strategies.arrival_offsets_s``, capped in flight; lateness becomes ``queue_ms``). It returns a TrialResult of the same shape as a measured trial,
 with ``target.engine = "sim"``: records, a synthesized GPU memory curve, server metrics in the
 scraper's shape, and the summary from ``servetune.metrics.summarize``. Deterministic: the same
 inputs give the same result (``seed`` only feeds the open-loop arrivals via ``load.seed`` when
@@ -26,6 +25,7 @@ from servetune.loadgen.strategies import arrival_offsets_s
 from servetune.records import ErrorClass, RequestRecord, TokenCountSource
 from servetune.result import TrialResult
 from servetune.sla import SLA
+from servetune.validity import ValidityRules
 from servetune.workload.request import WorkloadRequest
 
 from . import tokens as tk
@@ -49,6 +49,7 @@ def simulate(
     load: LoadConfig,
     *,
     sla: SLA | None = None,
+    rules: ValidityRules | None = None,
     seed: int = 0,
     endpoint: str = "chat",
     gpu_interval_ms: float = 100.0,
@@ -67,7 +68,7 @@ def simulate(
     wall0 = time.perf_counter()
     run = _Run(sim_args, list(requests), load, endpoint, seed, scrape_interval_s)
     run.execute()
-    return run.result(sla, gpu_interval_ms, time.perf_counter() - wall0)
+    return run.result(sla, rules, gpu_interval_ms, time.perf_counter() - wall0)
 
 
 class _Run:
@@ -92,25 +93,19 @@ class _Run:
         n_warm = load.warmup_requests
         self.records = [r.new_record(i < n_warm) for i, r in enumerate(requests)]
         self.sent_at: dict[int, float] = {}
-        self.window_start = 0.0
         self.drain_end = 0.0
         self.iterations: list[Iteration] = []
 
     # the client: pending sends as a heap of (due time, order, request index, queue seconds)
     def execute(self) -> None:
-        n_warm = self.load.warmup_requests
         c = self.load.concurrency
-        t = 0.0
-        if n_warm:
-            t = self._phase(list(range(n_warm)), t, closed=True, conc=c)
-        self.window_start = t
-        measured = list(range(n_warm, len(self.requests)))
+        everything = list(range(len(self.requests)))  # warm-up first, in the same load (as the loadgen)
         if self.load.mode == "rate":
             load = self.load if self.load.seed or not self.seed else self.load.model_copy(update={"seed": self.seed})
-            offsets = arrival_offsets_s(load, len(measured))
-            t = self._phase(measured, t, closed=False, conc=c, offsets=offsets)
+            offsets = arrival_offsets_s(load, len(everything))
+            t = self._phase(everything, 0.0, closed=False, conc=c, offsets=offsets)
         else:
-            t = self._phase(measured, t, closed=True, conc=c)
+            t = self._phase(everything, 0.0, closed=True, conc=c)
         self.drain_end = t
 
     def _phase(
@@ -233,24 +228,24 @@ class _Run:
             rec.cached_tokens = r.cached_tokens or 0
         self.tel.on_request_finished(r, t_send, streaming=True)
 
-    def result(self, sla: SLA | None, gpu_interval_ms: float, wall_s: float) -> TrialResult:
+    def result(self, sla: SLA | None, rules: ValidityRules | None, gpu_interval_ms: float,
+               wall_s: float) -> TrialResult:
         from servetune.metrics import summarize
 
         args, load = self.args, self.load
-        measured = [r for r in self.records if not r.warmup]
-        window_end = max((r.t_send_s for r in measured), default=self.window_start)
         gpu = self.tel.gpu_curve(self.iterations, self.drain_end, gpu_interval_ms)
         server = self.tel.server_telemetry(self.drain_end)
+        load_d = load.model_dump(mode="json")
+        load_d.update(requests=len(self.requests) - load.warmup_requests, seed_sim=self.seed)
         summary = summarize(
             self.records,
-            window=(self.window_start, window_end),
+            load=load_d,
+            rules=rules,
             sla=sla,
             gpu=gpu,
             server=server,
             lengths_exact=True,
         )
-        load_d = load.model_dump(mode="json")
-        load_d.update(requests=len(self.requests), seed_sim=self.seed)
         return TrialResult(
             target={
                 "engine": "sim",

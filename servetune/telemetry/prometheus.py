@@ -276,11 +276,19 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
-def derive_signals(server: dict[str, Any]) -> dict[str, Any]:
-    """The summary's server-side figures from a scraper's output (pure; missing data -> None)."""
+def derive_signals(server: dict[str, Any], *, window: tuple[float, float] | None = None) -> dict[str, Any]:
+    """The summary's server-side figures from a scraper's output (pure; missing data -> None).
+
+    Counters are deltas over the whole trial; the gauges (running, queued, token usage) use the
+    scrapes inside ``window`` when there are any, so they describe the same span as the summary.
+    """
     before: Snapshot = server.get("metrics_before") or {}
     after: Snapshot = server.get("metrics_after") or {}
-    samples: list[dict[str, Any]] = server.get("samples") or []
+    all_samples: list[dict[str, Any]] = server.get("samples") or []
+    samples = all_samples
+    if window is not None:
+        inside = [x for x in all_samples if window[0] <= x["t_s"] <= window[1]]
+        samples = inside or all_samples
     out: dict[str, Any] = {
         "prefix_hit_rate_server": None,
         "prefix_hit_rate_source": None,
@@ -293,7 +301,8 @@ def derive_signals(server: dict[str, Any]) -> dict[str, Any]:
         "retractions_source": None,
         "server_ttft_mean_s": None,
         "server_itl_mean_s": None,
-        "samples": len({s["t_s"] for s in samples}),
+        "samples": len({x["t_s"] for x in all_samples}),
+        "samples_in_window": len({x["t_s"] for x in samples}) if samples is not all_samples else 0,
     }
     if not before and not after:
         out["reason"] = server.get("metrics_reason") or "no /metrics snapshots"

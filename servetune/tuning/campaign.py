@@ -86,6 +86,7 @@ class Campaign:
     ) -> None:
         if trigger not in TRIGGERS:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
+        plan = plan.with_repeats(getattr(runner, "default_repeats", 1))
         self.plan, self.runner, self.out = plan, runner, Path(out_dir)
         self.previous, self.progress = previous, progress
         self.state = CampaignState()
@@ -231,6 +232,7 @@ def run_campaign(plan: TuningPlan, runner: TrialRunner, out_dir: str | Path, **k
 def dry_run(plan: TuningPlan, runner: TrialRunner, *, max_trials: int = 500) -> tuple[Decision, list[TrialOutcome],
                                                                                       list[TrialSpec]]:
     """The whole campaign against a (simulated) runner, in memory: what it would run, and the answer."""
+    plan = plan.with_repeats(getattr(runner, "default_repeats", 1))
     state = CampaignState()
     specs: list[TrialSpec] = []
     try:

@@ -1,125 +1,135 @@
-"""Judging one trial against the plan, and finding the concurrency ceiling from the ramp.
+"""Finding the concurrency ceiling from the ramp: the highest level that meets the SLA, keeps GPU
+memory under its limit, keeps errors under the threshold and still gains goodput.
 
-The ceiling (seed article 3.3, step 4) is the highest level that meets the SLA, keeps GPU
-memory under its limit, keeps errors under the threshold and still gains throughput.
+Every level's verdict is the pooled verdict of its valid trials (servetune.tuning.evidence). The
+two levels that decide the ceiling, the last passing and the first failing (or plateau) one, get
+``repeats`` each; a level whose verdict flips between repeats is marginal and gets more, and the
+walk is replayed with the pooled verdicts, so a repeat that overturns a verdict moves the ceiling.
+The ramp stops on goodput, the figure the plan asks for: a gain within the noise is a plateau.
 """
 
 from __future__ import annotations
 
 from servetune.plan import TuningPlan
-from servetune.sla import SLA
-from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialOutcome, TrialSpec, Verdict
+from servetune.stats import compare
+from servetune.tuning.evidence import Evidence, gather
+from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialOutcome, TrialSpec
+from servetune.tuning.verdict import judge
 
-
-def judge(outcome: TrialOutcome, sla: SLA) -> Verdict:
-    """Pass/fail of one trial: a failed trial, errors, the p99 bounds, then GPU memory."""
-    if outcome.status == "failed":
-        return Verdict(passed=False, kind="failed", reasons=[f"trial failed: {outcome.failure_reason or 'unknown'}"])
-    s = outcome.summary
-    if s.requests_measured == 0 or s.requests_ok == 0:
-        return Verdict(passed=False, kind="failed", reasons=["no successful measured request"])
-    reasons: list[str] = []
-    kind = "pass"
-    if s.error_rate > sla.max_error_rate:
-        reasons.append(f"error rate {s.error_rate:.3f} > {sla.max_error_rate}")
-        kind = "errors"
-    for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E")):
-        bound = getattr(sla, f"p99_{name}_ms")
-        value = getattr(s, f"{name}_ms").p99
-        if bound is not None and (value is None or value > bound):
-            shown = "missing" if value is None else f"{value:.1f} ms"
-            reasons.append(f"p99 {label} {shown} > {bound:g} ms")
-            kind = "sla" if kind == "pass" else kind
-    if sla.gpu_memory_limit is not None and s.gpu_mem_peak_fraction is not None:
-        if s.gpu_mem_peak_fraction > sla.gpu_memory_limit:
-            reasons.append(f"GPU memory peak {s.gpu_mem_peak_fraction:.3f} > limit {sla.gpu_memory_limit}")
-            kind = "memory" if kind == "pass" else kind
-    return Verdict(passed=not reasons, kind=kind, reasons=reasons)  # type: ignore[arg-type]
+__all__ = ["find_ceiling", "judge", "ramp_levels", "throughput", "gains"]
 
 
 def throughput(outcome: TrialOutcome) -> float:
-    """Throughput for the plateau test: output tokens/s, falling back to requests/s."""
-    s = outcome.summary
-    if s.output_tokens_per_s is not None:
-        return s.output_tokens_per_s
-    return s.request_throughput or 0.0
+    """The figure the ramp climbs on: goodput (requests/s inside the SLA)."""
+    return outcome.summary.goodput_rps or 0.0
+
+
+def gains(now: Evidence, before: Evidence, min_gain: float) -> bool:
+    """Does ``now`` gain goodput over ``before`` by more than ``min_gain`` and beyond the noise?"""
+    return compare(now.goodput, before.goodput, min_change=min_gain).outcome == "better"
 
 
 def ramp_levels(plan: TuningPlan) -> list[int]:
     return [plan.stages.baseline.concurrency, *plan.stages.ramp.levels]
 
 
-def _spec(plan: TuningPlan, flags: Flags, level: int, stage: str, reason: str) -> TrialSpec:
-    if stage == "baseline":
-        st = plan.stages.baseline
-        return TrialSpec(stage="baseline", concurrency=level, flags=flags, requests=st.requests,
-                         warmup=st.warmup, reason=reason)
-    rp = plan.stages.ramp
-    return TrialSpec(stage=stage, concurrency=level, flags=flags, requests=rp.requests,  # type: ignore[arg-type]
-                     warmup=rp.warmup, reason=reason)
+def _gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: int, stage: str, reason: str,
+            repeats: int = 1) -> TrialSpec | Evidence:
+    return gather(plan, state, flags, level, stage=stage, reason=reason, repeats=repeats)
 
 
 def find_ceiling(plan: TuningPlan, state: CampaignState, flags: Flags) -> TrialSpec | Ceiling:
     """Walk baseline + ramp levels (then bisect) for ``flags``: the next trial to run, or the ceiling."""
-    sla = plan.sla
     ramp = plan.stages.ramp
-    last_pass: TrialOutcome | None = None
-    stop: TrialOutcome | None = None
-    verdict: Verdict | None = None
+    last_pass: Evidence | None = None
+    stop: Evidence | None = None
     plateau = False
     for i, level in enumerate(ramp_levels(plan)):
-        o = state.lookup(flags, level)
-        if o is None:
-            stage = "baseline" if i == 0 else "ramp"
-            why = "baseline at low concurrency" if i == 0 else f"ramp: level {level}"
-            return _spec(plan, flags, level, stage, why)
-        v = judge(o, sla)
-        if not v.passed:
-            stop, verdict = o, v
+        stage = "baseline" if i == 0 else "ramp"
+        why = "baseline at low concurrency" if i == 0 else f"ramp: level {level}"
+        ev = _gather(plan, state, flags, level, stage, why)
+        if isinstance(ev, TrialSpec):
+            return ev
+        if not ev.passed:
+            stop = ev
             break
-        if last_pass is not None:
-            before, now = throughput(last_pass), throughput(o)
-            if before > 0 and now < before * (1 + ramp.min_gain):
-                stop, plateau = o, True
-                break
-        last_pass = o
+        if last_pass is not None and not gains(ev, last_pass, ramp.min_gain):
+            stop, plateau = ev, True
+            break
+        last_pass = ev
     if stop is None:
         assert last_pass is not None
-        return Ceiling(level=last_pass.concurrency, kind="exhausted", pass_trial_id=last_pass.trial_id,
-                       reasons=[f"every ramp level up to {last_pass.concurrency} passed; the ceiling may be higher"])
+        need = _decisive(plan, state, flags, [last_pass])
+        if need is not None:
+            return need
+        return Ceiling(level=last_pass.level, kind="exhausted", pass_trial_id=_rep(last_pass),
+                       pass_trial_ids=last_pass.trial_ids, marginal=_marginal([last_pass]),
+                       reasons=[f"every ramp level up to {last_pass.level} passed; the ceiling may be higher"])
     if plateau:
         assert last_pass is not None
-        gain = throughput(stop) / throughput(last_pass) - 1
-        return Ceiling(level=last_pass.concurrency, kind="plateau", first_fail=stop.concurrency,
-                       pass_trial_id=last_pass.trial_id, fail_trial_id=stop.trial_id,
-                       reasons=[f"level {stop.concurrency} gained {gain:+.1%} throughput over {last_pass.concurrency}"
-                                f" (< {ramp.min_gain:.0%})"])
-    assert verdict is not None
-    return _bisect(plan, state, flags, last_pass, stop, verdict)
+        need = _decisive(plan, state, flags, [last_pass, stop])
+        if need is not None:
+            return need
+        cmp = compare(stop.goodput, last_pass.goodput, min_change=ramp.min_gain)
+        return Ceiling(level=last_pass.level, kind="plateau", first_fail=stop.level,
+                       pass_trial_id=_rep(last_pass), fail_trial_id=_rep(stop),
+                       pass_trial_ids=last_pass.trial_ids, fail_trial_ids=stop.trial_ids,
+                       marginal=_marginal([last_pass, stop]),
+                       reasons=[f"level {stop.level} goodput {stop.goodput.text()} against {last_pass.goodput.text()}"
+                                f" at {last_pass.level}: {cmp.text()}, not a gain of more than {ramp.min_gain:.0%}"
+                                " beyond the noise"])
+    return _bisect(plan, state, flags, last_pass, stop)
 
 
-def _bisect(
-    plan: TuningPlan, state: CampaignState, flags: Flags, last_pass: TrialOutcome | None,
-    first_fail: TrialOutcome, verdict: Verdict,
-) -> TrialSpec | Ceiling:
+def _rep(ev: Evidence) -> str | None:
+    rep = ev.representative
+    return rep.trial_id if rep else (ev.invalid_ids[-1] if ev.invalid_ids else None)
+
+
+def _marginal(evs: list[Evidence | None]) -> list[int]:
+    return sorted({e.level for e in evs if e is not None and e.marginal})
+
+
+def _decisive(plan: TuningPlan, state: CampaignState, flags: Flags, evs: list[Evidence | None]) -> TrialSpec | None:
+    """The next repeat a deciding level still needs (invalid levels are not repeated: they were re-run)."""
+    for ev in evs:
+        if ev is None or not ev.n:
+            continue
+        need = _gather(plan, state, flags, ev.level, ev.outcomes[-1].stage,
+                       f"ceiling decided at level {ev.level}", repeats=plan.repeat_count)
+        if isinstance(need, TrialSpec):
+            return need
+    return None
+
+
+def _bisect(plan: TuningPlan, state: CampaignState, flags: Flags, last_pass: Evidence | None,
+            first_fail: Evidence) -> TrialSpec | Ceiling:
     """Narrow the gap between the last pass and the first fail; with nothing passing, search down to 1."""
     ramp = plan.stages.ramp
-    lo, hi = (last_pass.concurrency if last_pass else 0), first_fail.concurrency
-    lo_o, hi_o, hi_v = last_pass, first_fail, verdict
+    lo, hi = (last_pass.level if last_pass else 0), first_fail.level
+    lo_ev, hi_ev = last_pass, first_fail
     step = ramp.bisect_min_step if last_pass is not None else 1
     if ramp.bisect or last_pass is None:
         while hi - lo > step:
             mid = (lo + hi) // 2
-            o = state.lookup(flags, mid)
-            if o is None:
-                return _spec(plan, flags, mid, "bisect", f"bisect between {lo or 'nothing'} (pass) and {hi} (fail)")
-            v = judge(o, plan.sla)
-            if v.passed:
-                lo, lo_o = mid, o
+            ev = _gather(plan, state, flags, mid, "bisect", f"bisect between {lo or 'nothing'} (pass) and {hi} (fail)")
+            if isinstance(ev, TrialSpec):
+                return ev
+            if ev.passed:
+                lo, lo_ev = mid, ev
             else:
-                hi, hi_o, hi_v = mid, o, v
+                hi, hi_ev = mid, ev
+    need = _decisive(plan, state, flags, [lo_ev, hi_ev])
+    if need is not None:
+        return need
+    v = hi_ev.verdict
+    marginal = _marginal([lo_ev, hi_ev])
+    reasons = [f"level {hi}: " + "; ".join(v.reasons)]
+    if marginal:
+        reasons.append(f"marginal: the SLA verdict flipped between repeats at level(s) {marginal}")
     return Ceiling(
-        level=lo_o.concurrency if lo_o else None, kind=hi_v.kind if hi_v.kind != "pass" else "sla",
-        first_fail=hi, reasons=[f"level {hi}: " + "; ".join(hi_v.reasons)],
-        pass_trial_id=lo_o.trial_id if lo_o else None, fail_trial_id=hi_o.trial_id,
+        level=lo_ev.level if lo_ev else None, kind=v.kind if v.kind != "pass" else "sla",  # type: ignore[arg-type]
+        first_fail=hi, reasons=reasons, marginal=marginal,
+        pass_trial_id=_rep(lo_ev) if lo_ev else None, fail_trial_id=_rep(hi_ev),
+        pass_trial_ids=lo_ev.trial_ids if lo_ev else [], fail_trial_ids=hi_ev.trial_ids,
     )

@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from servetune.plan import TuningPlan
-from servetune.tuning.ceiling import find_ceiling, judge
+from servetune.tuning.ceiling import find_ceiling
 from servetune.tuning.recommend import recommend
 from servetune.tuning.refine import RefineResult, goodput, refine
 from servetune.tuning.state import CampaignState, Ceiling, Decision, Flags, TrialOutcome, TrialSpec
+from servetune.tuning.verdict import judge
 
 
 def base_flags(plan: TuningPlan) -> Flags:
@@ -81,7 +82,7 @@ def _budget_reason(plan: TuningPlan, state: CampaignState) -> str:
 
 
 def best_passing(plan: TuningPlan, state: CampaignState) -> TrialOutcome | None:
-    passing = [o for o in state.outcomes if o.stage != "correctness" and judge(o, plan.sla).passed]
+    passing = [o for o in state.outcomes if o.stage != "correctness" and o.valid and judge(o, plan.sla).passed]
     return max(passing, key=goodput, default=None)
 
 

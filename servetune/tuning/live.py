@@ -68,7 +68,11 @@ def _server_pids(server: Any) -> list[int] | None:
 
 
 class LiveTrialRunner:
-    """Real trials; restarts the server whenever the flags change; always stops what it started."""
+    """Real trials; restarts the server whenever the flags change; always stops what it started.
+
+    Real engines are noisy: three repeats per decisive trial unless the plan says otherwise."""
+
+    default_repeats = 3
 
     def __init__(self, plan: TuningPlan, *, provisioner: Provisioner | None = None,
                  preflight: Callable[[], None] | None = None, log_dir: Path | None = None,
@@ -105,6 +109,7 @@ class LiveTrialRunner:
     def run(self, spec: TrialSpec, *, experiment_id: str) -> RunReport:
         from servetune.loadgen import LoadConfig, Target
         from servetune.trial import TrialRequest, run_trial
+        from servetune.tuning.runner import trial_workload
 
         t0 = time.monotonic()
         try:
@@ -121,8 +126,9 @@ class LiveTrialRunner:
         req = TrialRequest(
             target=target,
             load=LoadConfig(mode="concurrency", concurrency=spec.concurrency, warmup_requests=spec.warmup,
-                            seed=self.plan.seed),
-            workload=self.plan.workload,
+                            seed=self.plan.seed + spec.seed_offset),
+            workload=trial_workload(self.plan, spec),
+            validity=self.plan.validation.rules(),
             num_requests=spec.requests,
             sla=self.plan.sla,
             stage=spec.stage,

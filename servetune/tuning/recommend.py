@@ -6,6 +6,7 @@ from typing import Any
 
 from servetune.plan import TuningPlan
 from servetune.tuning import signals
+from servetune.tuning.evidence import pool
 from servetune.tuning.refine import RefineResult, goodput
 from servetune.tuning.state import CampaignState, Ceiling, Recommendation, TrialOutcome
 
@@ -14,22 +15,30 @@ def recommend(
     plan: TuningPlan, state: CampaignState, ceiling: Ceiling, refined: RefineResult | None,
     previous: dict[str, Any] | None = None, notes: list[str] | None = None,
 ) -> Recommendation | None:
-    """Build the recommendation from the refined best (or the ceiling trial); None when nothing passed."""
+    """Build the recommendation from the refined best (or the ceiling level); None when nothing passed.
+
+    Its figures are the means over the chosen config's valid repeats, with the goodput's 95%
+    interval, so a reader sees how noisy the answer is."""
     chosen: TrialOutcome | None = refined.best if refined else None
     if chosen is None and ceiling.pass_trial_id is not None:
         chosen = next(o for o in state.outcomes if o.trial_id == ceiling.pass_trial_id)
     if chosen is None:
         return None
+    ev = refined.evidence if refined and refined.evidence else None
+    if ev is None or ev.flags != chosen.flags or ev.level != chosen.concurrency:
+        ev = pool(plan, chosen.flags, chosen.concurrency, state.measurements(chosen.flags, chosen.concurrency))
     s = chosen.summary
-    evidence = [chosen.trial_id]
+    evidence = [chosen.trial_id, *(t for t in ev.trial_ids if t != chosen.trial_id)]
     for tid in [*(o.trial_id for o in state.by_stage("baseline")), ceiling.pass_trial_id, ceiling.fail_trial_id,
-                *(refined.compared if refined else [])]:
+                *ceiling.pass_trial_ids, *ceiling.fail_trial_ids, *(refined.compared if refined else [])]:
         if tid and tid not in evidence:
             evidence.append(tid)
     explanation = [f"ceiling at concurrency {ceiling.level} ({ceiling.kind}): " + "; ".join(ceiling.reasons)]
     if refined:
         explanation.extend(refined.notes or ["no refinement step beat the ramp's config by more than"
-                                             f" {plan.stages.refine.min_improvement:.0%}"])
+                                             f" {plan.stages.refine.min_improvement:.0%} and beyond the noise"])
+    if ev.n > 1:
+        explanation.append(f"goodput {ev.goodput.text()} req/s over {ev.n} repeats with different workload seeds")
     explanation.extend(signals.describe(s, chosen.concurrency))
     if s.prefix_hit_rate is not None:
         explanation.append(f"prefix hit rate {s.prefix_hit_rate:.1%} (cached/prompt tokens from usage)")
@@ -38,13 +47,17 @@ def recommend(
         config=dict(chosen.flags),
         concurrency=chosen.concurrency,
         evidence_trial_ids=evidence,
-        goodput_rps=s.goodput_rps,
-        p99_ttft_ms=s.ttft_ms.p99,
-        p99_tpot_ms=s.tpot_ms.p99,
-        p99_e2e_ms=s.e2e_ms.p99,
-        output_tokens_per_s=s.output_tokens_per_s,
+        goodput_rps=ev.goodput.mean if ev.n else s.goodput_rps,
+        p99_ttft_ms=ev.ttft_p99.mean if ev.n else s.ttft_ms.p99,
+        p99_tpot_ms=ev.tpot_p99.mean if ev.n else s.tpot_ms.p99,
+        p99_e2e_ms=ev.e2e_p99.mean if ev.n else s.e2e_ms.p99,
+        output_tokens_per_s=ev.throughput.mean if ev.n else s.output_tokens_per_s,
         prefix_hit_rate=s.prefix_hit_rate,
         explanation=explanation,
+        repeats=max(ev.n, 1),
+        goodput_ci95=ev.goodput.ci95,
+        goodput_cv=ev.goodput.cv,
+        ties=list(refined.ties) if refined else [],
     )
     if previous is not None:
         rec.diff_from_previous = diff_recommendations(previous, rec)

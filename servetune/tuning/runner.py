@@ -27,9 +27,19 @@ class RunReport:
 class TrialRunner(Protocol):
     """Runs trials one at a time; restarts the server when a trial's flags differ from the running ones."""
 
+    #: repeats per decisive trial when the plan leaves ``repeats.count`` unset
+    default_repeats: int
+
     def run(self, spec: TrialSpec, *, experiment_id: str) -> RunReport: ...
 
     def close(self) -> None: ...
+
+
+def trial_workload(plan: TuningPlan, spec: TrialSpec) -> Any:
+    """The plan's workload with the repeat's seed: repeat k of a trial sees different requests."""
+    if not spec.seed_offset:
+        return plan.workload
+    return plan.workload.model_copy(update={"seed": plan.workload.seed + spec.seed_offset})
 
 
 def failed_result(spec: TrialSpec, reason: str, *, experiment_id: str, target: dict[str, Any] | None = None) -> TrialResult:
@@ -51,7 +61,11 @@ def virtual_duration_s(result: TrialResult) -> float:
 
 
 class SimTrialRunner:
-    """Trials answered by ``servetune.sim.simulate`` in virtual time; restarts cost ``budget.restart_cost_s``."""
+    """Trials answered by ``servetune.sim.simulate`` in virtual time; restarts cost ``budget.restart_cost_s``.
+
+    Deterministic under a seed, so one trial per decision is the default (``default_repeats``)."""
+
+    default_repeats = 1
 
     def __init__(self, plan: TuningPlan, *, gpu: str | None = None, model: str | None = None,
                  restart_cost_s: float | None = None):
@@ -60,14 +74,16 @@ class SimTrialRunner:
         self.gpu, self.model = gpu, model
         self.restart_cost_s = plan.budget.restart_cost_s if restart_cost_s is None else restart_cost_s
         self._running: dict[str, Any] | None = None
-        self._requests: dict[int, list[Any]] = {}
+        self._requests: dict[tuple[int, int], list[Any]] = {}
 
-    def _workload(self, n: int) -> list[Any]:
-        if n not in self._requests:
+    def _workload(self, spec: TrialSpec) -> list[Any]:
+        n = spec.warmup + spec.requests
+        key = (n, spec.seed_offset)
+        if key not in self._requests:
             from servetune.workload import build_requests
 
-            self._requests[n] = build_requests(self.plan.workload, n).requests
-        return self._requests[n]
+            self._requests[key] = build_requests(trial_workload(self.plan, spec), n).requests
+        return self._requests[key]
 
     def run(self, spec: TrialSpec, *, experiment_id: str) -> RunReport:
         from servetune.loadgen import LoadConfig
@@ -84,9 +100,9 @@ class SimTrialRunner:
             return RunReport(result=result, gpu_seconds=restart, restarted=True)
         self._running = dict(spec.flags)
         load = LoadConfig(mode="concurrency", concurrency=spec.concurrency, warmup_requests=spec.warmup,
-                          seed=self.plan.seed)
-        requests = self._workload(spec.warmup + spec.requests)
-        result = simulate(args, requests, load, sla=self.plan.sla, seed=self.plan.seed, endpoint=self.plan.endpoint)
+                          seed=self.plan.seed + spec.seed_offset)
+        result = simulate(args, self._workload(spec), load, sla=self.plan.sla, rules=self.plan.validation.rules(),
+                          seed=self.plan.seed, endpoint=self.plan.endpoint)
         result.stage, result.experiment_id = spec.stage, experiment_id
         result.server_config = dict(spec.flags)
         return RunReport(result=result, gpu_seconds=virtual_duration_s(result) + restart, restarted=restarted)

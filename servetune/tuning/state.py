@@ -35,6 +35,8 @@ class TrialSpec(BaseModel):
     requests: int = Field(ge=1, description="measured requests")
     warmup: int = Field(default=0, ge=0)
     reason: str = ""
+    seed_offset: int = Field(default=0, ge=0, description="added to the workload seed: each repeat sees new requests")
+    sizing: str = Field(default="", description="how the request count was chosen (servetune.tuning.sizing)")
 
     @property
     def key(self) -> tuple[str, int]:
@@ -60,10 +62,16 @@ class TrialOutcome(BaseModel):
     resolved: dict[str, FlagValue] = Field(
         default_factory=dict, description="scalar server args as the server resolved them (/server_info)"
     )
+    seed_offset: int = Field(default=0, ge=0)
 
     @property
     def key(self) -> tuple[str, int]:
         return (config_key(self.flags), self.concurrency)
+
+    @property
+    def valid(self) -> bool:
+        """A VALID measurement (servetune.validity); results from before the rules existed count as valid."""
+        return self.status != "failed" and self.summary.valid is not False
 
     @classmethod
     def from_result(
@@ -77,6 +85,7 @@ class TrialOutcome(BaseModel):
             flags=dict(spec.flags),
             requests=spec.requests,
             warmup=spec.warmup,
+            seed_offset=spec.seed_offset,
             status=status,
             failure_reason=result.failure_reason,
             summary=result.summary,
@@ -101,11 +110,13 @@ class CampaignState(BaseModel):
 
     def lookup(self, flags: Flags, concurrency: int) -> TrialOutcome | None:
         """The latest measurement of this server config at this level, from any stage."""
+        found = self.measurements(flags, concurrency)
+        return found[-1] if found else None
+
+    def measurements(self, flags: Flags, concurrency: int) -> list[TrialOutcome]:
+        """Every trial of this server config at this level (repeats and invalid ones), any stage but correctness."""
         key = (config_key(flags), concurrency)
-        for o in reversed(self.outcomes):
-            if o.stage != "correctness" and o.key == key:
-                return o
-        return None
+        return [o for o in self.outcomes if o.stage != "correctness" and o.key == key]
 
     def by_stage(self, stage: Stage) -> list[TrialOutcome]:
         return [o for o in self.outcomes if o.stage == stage]
@@ -124,7 +135,7 @@ class Verdict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     passed: bool
-    kind: Literal["pass", "sla", "memory", "errors", "failed"] = "pass"
+    kind: Literal["pass", "sla", "memory", "errors", "failed", "invalid", "overload"] = "pass"
     reasons: list[str] = Field(default_factory=list)
 
 
@@ -134,11 +145,14 @@ class Ceiling(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     level: int | None = Field(description="highest passing concurrency; None when nothing passed")
-    kind: Literal["sla", "memory", "errors", "failed", "plateau", "exhausted", "budget"]
+    kind: Literal["sla", "memory", "errors", "failed", "plateau", "exhausted", "budget", "invalid", "overload"]
     first_fail: int | None = None
     reasons: list[str] = Field(default_factory=list)
     pass_trial_id: str | None = None
     fail_trial_id: str | None = None
+    pass_trial_ids: list[str] = Field(default_factory=list, description="every valid repeat at the level")
+    fail_trial_ids: list[str] = Field(default_factory=list, description="every valid repeat at first_fail")
+    marginal: list[int] = Field(default_factory=list, description="levels whose SLA verdict flipped between repeats")
 
 
 class Recommendation(BaseModel):
@@ -157,6 +171,10 @@ class Recommendation(BaseModel):
     prefix_hit_rate: float | None
     explanation: list[str]
     diff_from_previous: dict[str, Any] | None = None
+    repeats: int = Field(default=1, description="valid trials of the chosen config at its level")
+    goodput_ci95: float | None = Field(default=None, description="half-width of the 95% interval of the mean goodput")
+    goodput_cv: float | None = None
+    ties: list[str] = Field(default_factory=list, description="comparisons decided as ties within the noise")
 
 
 class Decision(BaseModel):

@@ -15,6 +15,7 @@ import orjson
 from pydantic import BaseModel
 
 from servetune.result import TrialResult
+from servetune.validity import ValidityRules
 from servetune.validation.frames import TrialFrames, build_frames
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,20 @@ def load_suite(name: str, waive: frozenset[str] = frozenset()) -> dict[str, Any]
     return data
 
 
+def trial_rules(result: TrialResult, rules: ValidityRules | None = None) -> ValidityRules:
+    """The validity rules to check a trial against: the caller's, else the ones it was measured under."""
+    if rules is not None:
+        return rules
+    stored = result.summary.validity_rules or {}
+    return ValidityRules(**{k: v for k, v in stored.items() if k in ValidityRules.model_fields})
+
+
 def parameters(result: TrialResult, *, min_measured: int, expected_interval_ms: float | None,
-               max_error_rate: float | None) -> dict[str, Any]:
+               max_error_rate: float | None, rules: ValidityRules | None = None) -> dict[str, Any]:
     """Values for the suites' ``$PARAMETER`` placeholders, from the trial and the caller."""
+    rules = trial_rules(result, rules)
+    s = result.summary
+    level = s.offered_concurrency if s.scenario != "open_loop" else s.in_flight_mean
     interval = expected_interval_ms or result.gpu.get("interval_ms") or result.summary.gpu_sample_interval_ms
     interval = float(interval or 100.0)
     spec = (result.workload or {}).get("spec") or {}
@@ -89,6 +101,13 @@ def parameters(result: TrialResult, *, min_measured: int, expected_interval_ms: 
         "interval_max_ms": 1.5 * interval,
         "max_gap_ms": 5.0 * interval,
         "max_uncovered_s": 2.0 * interval / 1000.0 + 0.5,
+        # servetune.validity: the steady window and what it must hold
+        "min_window_s": rules.min_window_s,
+        "min_completions": rules.completions_needed(level),
+        "min_in_flight": rules.min_in_flight,
+        "min_dispatch_fraction": rules.min_dispatch_fraction,
+        "min_throughput_mismatch": -rules.max_throughput_mismatch,
+        "max_throughput_mismatch": rules.max_throughput_mismatch,
     }
 
 
@@ -194,13 +213,14 @@ def run_suites(frames: TrialFrames, params: dict[str, Any], *, waive: frozenset[
 
 def validate(result: TrialResult, *, min_measured: int = 200, expected_interval_ms: float | None = None,
              max_error_rate: float | None = None, waive: tuple[str, ...] | list[str] = (),
-             data_docs_dir: str | Path | None = None) -> ValidationReport:
-    """Check one trial against the report checklist; ``waive`` drops checklist items a plan waived."""
+             data_docs_dir: str | Path | None = None, rules: ValidityRules | None = None) -> ValidationReport:
+    """Check one trial against the report checklist; ``waive`` drops checklist items a plan waived;
+    ``rules`` (default: those the trial was measured under) bound the steady-window checks."""
     unknown = set(waive) - WAIVABLE
     if unknown:
         raise ValueError(f"cannot waive {sorted(unknown)}: only {sorted(WAIVABLE)} may be waived")
     params = parameters(result, min_measured=min_measured, expected_interval_ms=expected_interval_ms,
-                        max_error_rate=max_error_rate)
+                        max_error_rate=max_error_rate, rules=rules)
     report = run_suites(build_frames(result), params, waive=frozenset(waive),
                         data_docs_dir=Path(data_docs_dir) if data_docs_dir else None,
                         run_name=result.trial_id)

@@ -32,6 +32,8 @@ SELECT t.input_len_p50, t.input_len_p90, t.input_len_p99, t.output_len_p50, t.ou
        t.ttft_p50_ms, t.ttft_p99_ms, t.itl_p50_ms, t.itl_p99_ms, t.tpot_p50_ms, t.tpot_p99_ms,
        t.decode_tokens_per_s, t.output_tokens_per_s, t.prefix_hit_rate, t.gpu_mem_peak_bytes,
        t.requests_measured, t.error_rate,
+       t.window_source, t.window_s, t.completions_in_window, t.in_flight_min_fraction, t.dispatch_fraction,
+       t.throughput_mismatch, t.request_throughput, t.goodput_rps,
        COALESCE(t.gpu_info->>'state', t.gpu_state) AS gpu_state,
        COALESCE(t.gpu_clean_at_start, jsonb_array_length(t.gpu_info->'processes_at_start') = 0)
            AS gpu_clean_at_start,
@@ -68,7 +70,8 @@ def _stored_context(url: str, trial_id: str) -> TrialResult:
         with eng.connect() as conn:
             row = conn.execute(
                 select(trials.c.sla, trials.c.workload, trials.c.gpu_info, trials.c.lengths_exact,
-                       trials.c.gpu_sample_interval_ms).where(trials.c.trial_id == trial_id)
+                       trials.c.gpu_sample_interval_ms, trials.c.summary_validity_rules, trials.c.scenario,
+                       trials.c.offered_concurrency, trials.c.in_flight_mean).where(trials.c.trial_id == trial_id)
             ).first()
     finally:
         eng.dispose()
@@ -76,7 +79,10 @@ def _stored_context(url: str, trial_id: str) -> TrialResult:
         raise LookupError(f"no trial {trial_id!r} in the warehouse")
     return TrialResult(trial_id=trial_id, sla=row.sla or {}, workload=row.workload or {}, gpu=row.gpu_info or {},
                        summary=TrialSummary(lengths_exact=bool(row.lengths_exact),
-                                            gpu_sample_interval_ms=row.gpu_sample_interval_ms))
+                                            gpu_sample_interval_ms=row.gpu_sample_interval_ms,
+                                            validity_rules=row.summary_validity_rules or {},
+                                            scenario=row.scenario, offered_concurrency=row.offered_concurrency,
+                                            in_flight_mean=row.in_flight_mean))
 
 
 def validate_stored(trial_id: str, *, database_url: str | None = None, min_measured: int = 200,

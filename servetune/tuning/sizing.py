@@ -1,0 +1,85 @@
+"""How many requests a trial needs so that its steady window can pass the validity rules.
+
+A closed loop of T requests (warm-up W included) at concurrency c has a steady window from the
+c-th completion to the last dispatch, which is the (T - c)-th completion: about T - 2c
+completions, of which the measured ones are the requests that count. So a level needs
+``completions_needed(c) + 2c - W`` measured requests, and ``rate x window + 2c - W`` to make
+the window long enough, where the rate is estimated from what the campaign already measured
+(throughput grows at most in proportion to the streams, so scaling a lower level's rate up
+by c / c_lower over-estimates it, and an over-estimate only lengthens the trial). The plan's
+``requests`` is a floor; ``budget.max_requests_per_trial`` a cap.
+"""
+
+from __future__ import annotations
+
+import math
+
+from servetune.plan import TuningPlan
+from servetune.tuning.state import CampaignState, Flags, TrialOutcome
+
+SAFETY = 1.15  # margin for the estimate and the boundary effects of the window
+RESIZE = 1.3  # an INVALID trial is re-run this much bigger than its own rate asks for
+
+
+def stage_floor(plan: TuningPlan, stage: str) -> tuple[int, int, float | None]:
+    """(requests floor, warm-up, duration_s) the plan gives a stage."""
+    st = plan.stages
+    if stage == "baseline":
+        return st.baseline.requests, st.baseline.warmup, st.baseline.duration_s
+    if stage == "refine":
+        requests, warmup = plan.refine_requests()
+        return requests, warmup, st.ramp.duration_s
+    return st.ramp.requests, st.ramp.warmup, st.ramp.duration_s
+
+
+def _rate(o: TrialOutcome) -> float | None:
+    """Completed requests per second, over the window or (no window) the whole span."""
+    s = o.summary
+    if s.request_throughput:
+        return s.request_throughput
+    if s.e2e_ms.mean and o.concurrency:
+        return o.concurrency / (s.e2e_ms.mean / 1000.0)  # Little's law
+    return None
+
+
+def estimate_rate(state: CampaignState, flags: Flags, level: int) -> tuple[float | None, str]:
+    """An upper estimate of the request rate at ``level``, and where it came from."""
+    measured = [o for o in state.outcomes if o.status != "failed" and _rate(o)]
+    for pool, label in (([o for o in measured if o.flags == flags and o.stage != "correctness"], "same config"),
+                        ([o for o in measured if o.stage != "correctness"], "another config"),
+                        ([o for o in measured if o.stage == "correctness"], "the correctness trial")):
+        if not pool:
+            continue
+        below = [o for o in pool if o.concurrency <= level]
+        ref = max(below, key=lambda o: o.concurrency) if below else min(pool, key=lambda o: o.concurrency)
+        rate = _rate(ref) * max(1.0, level / ref.concurrency)  # type: ignore[operator]
+        return rate, f"{rate:.2f} req/s from level {ref.concurrency} ({label})"
+    return None, "no measurement yet"
+
+
+def size_trial(plan: TuningPlan, state: CampaignState, flags: Flags, level: int, stage: str,
+               *, resize_from: TrialOutcome | None = None) -> tuple[int, int, str]:
+    """(measured requests, warm-up, how) for a trial of ``flags`` at ``level``."""
+    rules = plan.validation.rules()
+    floor, warmup, duration = stage_floor(plan, stage)
+    window = max(rules.min_window_s, duration or 0.0)
+    tail = max(0, 2 * level - warmup)
+    needed = math.ceil(rules.completions_needed(level) * SAFETY) + tail
+    parts = [f"floor {floor}", f"{rules.completions_needed(level)} completions"]
+    if resize_from is not None and (own := _rate(resize_from)):
+        rate, how = own, f"re-sized from the INVALID trial {resize_from.trial_id[:8]} ({own:.2f} req/s)"
+        factor = RESIZE
+    else:
+        rate, how = estimate_rate(state, flags, level)
+        factor = 1.0
+    requests = max(floor, needed)
+    if rate:
+        by_time = math.ceil(rate * window * SAFETY) + tail
+        parts.append(f"{window:g} s at {how}")
+        requests = max(requests, by_time)
+    requests = math.ceil(requests * factor)
+    cap = plan.budget.max_requests_per_trial
+    if requests > cap:
+        parts.append(f"capped at budget.max_requests_per_trial {cap}")
+        requests = cap
+    return requests, warmup, "; ".join(parts)

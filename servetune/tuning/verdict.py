@@ -1,0 +1,42 @@
+"""One trial against the plan's limits: the one definition of a trial's pass/fail (servetune.tuning).
+
+A failed trial fails; an INVALID one (servetune.validity) decides nothing and says so; then the
+error rate, the p99 bounds, GPU memory, and for an open loop whether the server kept up.
+"""
+
+from __future__ import annotations
+
+from servetune.sla import SLA
+from servetune.tuning.state import TrialOutcome, Verdict
+
+
+def judge(outcome: TrialOutcome, sla: SLA) -> Verdict:
+    """Pass/fail of one trial: failed, invalid, errors, the p99 bounds, GPU memory, an overloaded open loop."""
+    if outcome.status == "failed":
+        return Verdict(passed=False, kind="failed", reasons=[f"trial failed: {outcome.failure_reason or 'unknown'}"])
+    s = outcome.summary
+    if s.valid is False:
+        return Verdict(passed=False, kind="invalid", reasons=["INVALID: " + "; ".join(s.invalid_reasons)])
+    if s.requests_measured == 0 or s.requests_ok == 0:
+        return Verdict(passed=False, kind="failed", reasons=["no successful measured request"])
+    reasons: list[str] = []
+    kind = "pass"
+    if s.error_rate > sla.max_error_rate:
+        reasons.append(f"error rate {s.error_rate:.3f} > {sla.max_error_rate}")
+        kind = "errors"
+    for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E")):
+        bound = getattr(sla, f"p99_{name}_ms")
+        value = getattr(s, f"{name}_ms").p99
+        if bound is not None and (value is None or value > bound):
+            shown = "missing" if value is None else f"{value:.1f} ms"
+            reasons.append(f"p99 {label} {shown} > {bound:g} ms")
+            kind = "sla" if kind == "pass" else kind
+    if sla.gpu_memory_limit is not None and s.gpu_mem_peak_fraction is not None:
+        if s.gpu_mem_peak_fraction > sla.gpu_memory_limit:
+            reasons.append(f"GPU memory peak {s.gpu_mem_peak_fraction:.3f} > limit {sla.gpu_memory_limit}")
+            kind = "memory" if kind == "pass" else kind
+    if s.sustained is False:
+        reasons.append(f"the server completed {s.completion_fraction or 0:.0%} of the arrivals in the window:"
+                       " the offered rate is beyond what it sustains")
+        kind = "overload" if kind == "pass" else kind
+    return Verdict(passed=not reasons, kind=kind, reasons=reasons)  # type: ignore[arg-type]

@@ -1,0 +1,235 @@
+"""Is a trial a measurement of the load it states? The steady window, the in-flight level, the rules.
+
+MLPerf LoadGen's model: a result counts only with a minimum duration, a minimum number of
+queries and the stated scenario actually held. Here the scenario is the load mode:
+
+* closed loop (``concurrency`` streams): the steady window opens once every stream is busy and
+  the first ``concurrency`` requests of the run have finished (one turnover, so the synchronised
+  start-up burst is left out) and closes at the last dispatch (after it, streams fall idle);
+* open loop (``rate``): the window spans the measured arrivals, first to last; the drain after the
+  last arrival is left out.
+
+Every figure of the summary is computed over that one window and the requests that completed in
+it (servetune.metrics). ``assess`` then applies ``ValidityRules``: window length, completions,
+in-flight level (closed loop) or dispatch schedule (open loop), and the agreement of token and
+request throughput with the mean output length. A trial failing any rule is INVALID: kept,
+marked with its reasons, and never used for a decision.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from servetune.records import RequestRecord
+
+IN_FLIGHT_BINS = 20
+MIN_BIN_S = 0.05
+
+
+class ValidityRules(BaseModel):
+    """What a trial needs to decide anything (defaults sized for a GPU; the same in virtual time)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_window_s: float = Field(default=20.0, ge=0, description="shortest steady window, seconds")
+    min_completions: int = Field(default=200, ge=0, description="fewest requests completed inside the window")
+    completions_per_stream: float = Field(
+        default=4.0, ge=0, description="... and at least this many per stream (closed loop) or per request in flight"
+    )
+    min_in_flight: float = Field(
+        default=0.9, ge=0, le=1, description="closed loop: in-flight requests, mean and every bin, over the streams"
+    )
+    min_dispatch_fraction: float = Field(
+        default=0.95, ge=0, le=1, description="open loop: dispatch rate over the scheduled arrival rate"
+    )
+    max_throughput_mismatch: float = Field(
+        default=0.05, ge=0, description="|(output tokens/s / requests/s) / mean output length - 1|"
+    )
+    min_completion_fraction: float = Field(
+        default=0.95, ge=0, le=1, description="open loop: completions over arrivals in the window to count as sustained"
+    )
+
+    def completions_needed(self, level: float | None) -> int:
+        """max(min_completions, completions_per_stream x level)."""
+        return max(self.min_completions, math.ceil(self.completions_per_stream * (level or 0.0)))
+
+
+@dataclass(frozen=True)
+class SteadyWindow:
+    start_s: float | None
+    end_s: float | None
+    kind: str  # closed_loop | open_loop
+    reason: str | None = None  # why there is none
+
+    @property
+    def exists(self) -> bool:
+        return self.start_s is not None and self.end_s is not None and self.end_s > self.start_s
+
+    @property
+    def length_s(self) -> float:
+        return (self.end_s - self.start_s) if self.exists else 0.0  # type: ignore[operator]
+
+
+def _end_s(r: RequestRecord) -> float | None:
+    return None if r.e2e_ms is None else r.t_send_s + r.e2e_ms / 1000.0
+
+
+def load_mode(load: dict[str, Any] | None) -> tuple[str, int | None, float | None]:
+    """(mode, concurrency, offered rate) from a result's ``load`` section."""
+    load = load or {}
+    mode = str(load.get("mode") or "concurrency")
+    conc = load.get("concurrency")
+    rate = load.get("rate")
+    return mode, (int(conc) if conc is not None else None), (float(rate) if rate is not None else None)
+
+
+def steady_window(records: Sequence[RequestRecord], load: dict[str, Any] | None) -> SteadyWindow:
+    """The span during which the offered load was held (warm-up turnover and drain left out)."""
+    mode, conc, _rate = load_mode(load)
+    measured = [r for r in records if not r.warmup]
+    if not measured:
+        return SteadyWindow(None, None, "open_loop" if mode == "rate" else "closed_loop", "no measured request")
+    first_measured = min(r.t_send_s for r in measured)
+    if mode == "rate":
+        last = max(r.t_send_s for r in measured)
+        if last <= first_measured:
+            return SteadyWindow(None, None, "open_loop", "fewer than two measured arrivals")
+        return SteadyWindow(first_measured, last, "open_loop")
+    streams = min(conc or 1, len(records))
+    ends = sorted(e for r in records if (e := _end_s(r)) is not None)
+    last_dispatch = max(r.t_send_s for r in records)
+    if len(ends) < streams:
+        return SteadyWindow(None, None, "closed_loop", f"fewer than {streams} requests finished")
+    start = max(first_measured, ends[streams - 1])
+    if last_dispatch <= start:
+        total = len(records)
+        return SteadyWindow(None, None, "closed_loop",
+                            f"the last request was dispatched before the first {streams} had finished"
+                            f" ({total} requests at concurrency {conc}): the run never left its start-up burst")
+    return SteadyWindow(start, last_dispatch, "closed_loop")
+
+
+def in_flight(records: Sequence[RequestRecord], start: float, end: float) -> tuple[float, float]:
+    """(time-weighted mean, lowest bin mean) of requests in flight over [start, end], every record counted.
+
+    The window is cut into up to 20 bins of at least 50 ms; a client that cannot hold its load
+    shows as a low bin even when the mean hides it.
+    """
+    sends = np.fromiter((r.t_send_s for r in records if r.e2e_ms is not None), dtype=np.float64)
+    ends = np.fromiter((e for r in records if (e := _end_s(r)) is not None), dtype=np.float64)
+    times = np.concatenate([sends, ends])
+    steps = np.concatenate([np.ones(sends.size), -np.ones(ends.size)])
+    order = np.argsort(times, kind="stable")
+    times, level = times[order], np.cumsum(steps[order])
+    # F(t) = integral of the level from the first event to t; the level is constant between events
+    area = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))]) if times.size else np.zeros(0)
+
+    def integral(t: np.ndarray) -> np.ndarray:
+        if times.size == 0:
+            return np.zeros_like(t)
+        i = np.searchsorted(times, t, side="right") - 1
+        inside = i >= 0
+        j = np.clip(i, 0, None)
+        return np.where(inside, area[j] + level[j] * (t - times[j]), 0.0)
+
+    span = end - start
+    if span <= 0:
+        return 0.0, 0.0
+    n_bins = max(1, min(IN_FLIGHT_BINS, int(span / MIN_BIN_S)))
+    edges = np.linspace(start, end, n_bins + 1)
+    f = integral(edges)
+    bins = np.diff(f) / np.diff(edges)
+    return float((f[-1] - f[0]) / span), float(bins.min())
+
+
+class Assessment(BaseModel):
+    """The validity figures of one trial, as stored in its summary."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    valid: bool
+    reasons: list[str] = []
+    completions_needed: int = 0
+    in_flight_target: float | None = None
+    in_flight_mean: float | None = None
+    in_flight_min: float | None = None
+    dispatch_fraction: float | None = None
+    scheduled_rate: float | None = None
+    completion_fraction: float | None = None
+    sustained: bool | None = None
+    throughput_mismatch: float | None = None
+
+
+def assess(
+    records: Sequence[RequestRecord],
+    window: SteadyWindow,
+    load: dict[str, Any] | None,
+    rules: ValidityRules,
+    *,
+    completions: int,
+    tokens_per_request: float | None,
+    mean_output: float | None,
+) -> Assessment:
+    """Apply the rules to a trial whose window and in-window figures are already known."""
+    mode, conc, _ = load_mode(load)
+    reasons: list[str] = []
+    out = Assessment(valid=False)
+    if not window.exists:
+        out.reasons = [f"no steady window: {window.reason}"]
+        out.completions_needed = rules.completions_needed(conc if mode != "rate" else 0)
+        return out
+    ws, we, span = window.start_s, window.end_s, window.length_s
+    assert ws is not None and we is not None
+    mean_in, min_in = in_flight(records, ws, we)
+    out.in_flight_mean, out.in_flight_min = mean_in, min_in
+    level = float(conc or 0) if mode != "rate" else mean_in
+    out.completions_needed = needed = rules.completions_needed(level)
+    if span < rules.min_window_s:
+        reasons.append(f"steady window {span:.1f} s < {rules.min_window_s:g} s")
+    if completions < needed:
+        basis = f"{rules.completions_per_stream:g} x {level:.0f} {'streams' if mode != 'rate' else 'in flight'}"
+        reasons.append(f"{completions} requests completed in the window < {needed} needed"
+                       f" (max({rules.min_completions}, {basis}))")
+    if mode != "rate":
+        out.in_flight_target = target = float(conc or 0)
+        floor = rules.min_in_flight * target
+        if mean_in < floor or min_in < floor:
+            reasons.append(f"in flight {mean_in:.1f} on average (lowest {min_in:.1f}) of {target:.0f} streams"
+                           f" < {rules.min_in_flight:.0%}: the client did not hold the load")
+    else:
+        _open_loop(records, ws, we, rules, out, reasons, completions)
+    if tokens_per_request is not None and mean_output:
+        out.throughput_mismatch = mismatch = tokens_per_request / mean_output - 1.0
+        if abs(mismatch) > rules.max_throughput_mismatch:
+            reasons.append(f"output tokens/s / requests/s = {tokens_per_request:.1f} tokens against a mean output of"
+                           f" {mean_output:.1f} ({mismatch:+.1%}, limit ±{rules.max_throughput_mismatch:.0%}):"
+                           " the window is not in a steady state")
+    out.reasons, out.valid = reasons, not reasons
+    return out
+
+
+def _open_loop(records: Sequence[RequestRecord], ws: float, we: float, rules: ValidityRules,
+               out: Assessment, reasons: list[str], completions: int) -> None:
+    """Open loop: did the client keep to its schedule, and did the server keep up (sustained)?"""
+    measured = [r for r in records if not r.warmup]
+    due = np.sort(np.fromiter((r.t_send_s - r.queue_ms / 1000.0 for r in measured), dtype=np.float64))
+    sent = np.fromiter((r.t_send_s for r in measured if ws <= r.t_send_s <= we), dtype=np.float64)
+    span = we - ws
+    scheduled_span = float(due[-1] - due[0]) if due.size > 1 else 0.0
+    if scheduled_span > 0 and sent.size > 1:
+        out.scheduled_rate = (due.size - 1) / scheduled_span
+        achieved = (sent.size - 1) / span
+        out.dispatch_fraction = frac = achieved / out.scheduled_rate
+        if frac < rules.min_dispatch_fraction:
+            reasons.append(f"the client dispatched at {frac:.0%} of its scheduled rate"
+                           f" ({achieved:.2f} of {out.scheduled_rate:.2f} req/s) < {rules.min_dispatch_fraction:.0%}:"
+                           " it could not hold the load")
+    if sent.size:
+        out.completion_fraction = completions / sent.size
+        out.sustained = out.completion_fraction >= rules.min_completion_fraction

@@ -1,0 +1,49 @@
+"""trials: validity figures (steady window, completions, in-flight level, open-loop schedule)
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-12-01 10:00:00
+
+"""
+from typing import Sequence, Union
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision: str = '0004'
+down_revision: Union[str, Sequence[str], None] = '0003'
+branch_labels: Union[str, Sequence[str], None] = None
+depends_on: Union[str, Sequence[str], None] = None
+
+COLUMNS = (
+    ('valid', sa.Boolean()),
+    ('summary_invalid_reasons', postgresql.JSONB(astext_type=sa.Text())),
+    ('summary_validity_rules', postgresql.JSONB(astext_type=sa.Text())),
+    ('scenario', sa.Text()),
+    ('offered_concurrency', sa.Integer()),
+    ('offered_rate', sa.Double()),
+    ('completions_in_window', sa.Integer()),
+    ('completions_needed', sa.Integer()),
+    ('in_flight_target', sa.Double()),
+    ('in_flight_mean', sa.Double()),
+    ('in_flight_min', sa.Double()),
+    ('in_flight_min_fraction', sa.Double()),
+    ('dispatch_fraction', sa.Double()),
+    ('scheduled_rate', sa.Double()),
+    ('completion_fraction', sa.Double()),
+    ('sustained', sa.Boolean()),
+    ('tokens_per_request', sa.Double()),
+    ('throughput_mismatch', sa.Double()),
+    ('server_samples_in_window', sa.Integer()),
+)
+
+
+def upgrade() -> None:
+    for name, typ in COLUMNS:
+        op.add_column('trials', sa.Column(name, typ, nullable=True))
+
+
+def downgrade() -> None:
+    for name, _ in reversed(COLUMNS):
+        op.drop_column('trials', name)
