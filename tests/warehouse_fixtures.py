@@ -6,6 +6,7 @@ import random
 from datetime import UTC, datetime
 
 from servetune.records import RequestRecord
+from servetune.validity import ValidityRules
 from servetune.result import Percentiles, TrialResult, TrialSummary
 
 
@@ -18,6 +19,10 @@ def _pct(values: list[float]) -> Percentiles:
 
     return Percentiles(count=n, mean=sum(v) / n, p50=q(0.5), p90=q(0.9), p95=q(0.95), p99=q(0.99),
                        max=v[-1], min=v[0])
+
+
+#: rules a hand-built trial of ~12 s and 240 requests satisfies
+FIXTURE_RULES = ValidityRules(min_window_s=5.0, min_completions=100, completions_per_stream=4.0)
 
 
 def make_trial(
@@ -86,6 +91,11 @@ def make_trial(
         gpu_mem_total_bytes=80_000_000_000, gpu_mem_peak_bytes=max(mem), gpu_mem_mean_bytes=sum(mem) / len(mem),
         gpu_mem_idle_bytes=mem[0], gpu_mem_peak_fraction=max(mem) / 80e9, gpu_util_mean=0.9,
         gpu_power_mean_w=600.0, gpu_clean_at_start=True, server_samples=2,
+        # a steady window by these (fixture-sized) rules: servetune.validity
+        valid=True, validity_rules=FIXTURE_RULES.model_dump(), scenario="closed_loop", offered_concurrency=concurrency,
+        completions_in_window=len(measured), completions_needed=FIXTURE_RULES.completions_needed(concurrency),
+        in_flight_target=float(concurrency), in_flight_mean=float(concurrency), in_flight_min=float(concurrency),
+        in_flight_min_fraction=1.0, tokens_per_request=128.0, throughput_mismatch=0.0,
     )
     kwargs = {"trial_id": trial_id} if trial_id else {}
     return TrialResult(

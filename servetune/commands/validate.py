@@ -60,6 +60,12 @@ def register(app: typer.Typer) -> None:
             table.add_row("[green]ok[/green]" if o.success else "[red]FAIL[/red]", o.checklist or o.suite,
                           o.expectation, o.column or "", escape(str(o.observed_value))[:80])
         Console().print(table)
+        if not report.success:
+            failed: dict[str, list[str]] = {}
+            for o in report.failed:
+                failed.setdefault(o.checklist or o.suite, []).append(o.column or o.expectation)
+            Console().print("rejected by: " + "; ".join(f"{k} ({', '.join(dict.fromkeys(v))})"
+                                                       for k, v in failed.items()), soft_wrap=True, highlight=False)
         s = trial.summary
         if s.valid is False:
             err.print(f"[red]INVALID[/red] (servetune.validity): {escape('; '.join(s.invalid_reasons))}",
