@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from servetune.result import Percentiles, TrialResult, TrialSummary
+from servetune.stats import compare, spread
 from servetune.tuning.recommend import diff_recommendations
 from servetune.tuning.state import Recommendation
 from servetune.validation.checklist import ExpectationOutcome, ValidationReport
@@ -35,8 +36,11 @@ def _pcts(p50: float, p99: float) -> Percentiles:
 def make_trial(*, experiment_id: str, stage: str, concurrency: int, created: datetime,
                chunk: int = 8192, cons: float = 1.0, max_running: int | None = None,
                hit_rate: float = 0.62, speed: float = 1.0, failed_check: str | None = None,
-               model: str = "llama-3.1-8b") -> TrialResult:
-    """One trial whose figures follow a saturating throughput curve (speed scales the whole curve)."""
+               model: str = "llama-3.1-8b", valid: bool | None = None, seed: int = 0) -> TrialResult:
+    """One trial whose figures follow a saturating throughput curve (speed scales the whole curve).
+
+    ``valid`` None leaves the validity figures unset (a result from before servetune.validity);
+    True/False fills them as servetune.metrics would for a held / a broken closed-loop run."""
     c = concurrency
     tps_per_stream = 55.0 * speed / (1 + c / 90)
     out_tps = c * tps_per_stream
@@ -65,6 +69,8 @@ def make_trial(*, experiment_id: str, stage: str, concurrency: int, created: dat
         gpu_state="ok", gpu_samples=len(samples), gpu_sample_interval_ms=1200, gpu_mem_total_bytes=total,
         gpu_mem_peak_bytes=int(peak), gpu_mem_peak_fraction=peak / total, gpu_clean_at_start=True,
     )
+    if valid is not None:
+        _set_validity(summary, c, valid)
     report = ValidationReport(
         success=failed_check is None, suites=["trial_summary", "trial_gpu"], gx_version="1.24.1",
         results=[
@@ -83,57 +89,85 @@ def make_trial(*, experiment_id: str, stage: str, concurrency: int, created: dat
         server_config={"chunked-prefill-size": chunk, "schedule-conservativeness": cons,
                        "max-running-requests": max_running, "enable-cache-report": True},
         load={"mode": "concurrency", "concurrency": c, "requests": 340, "warmup": 40},
-        sla=SLA, workload={"fingerprint": "wl-123", "lengths_exact": True},
+        sla=SLA, workload={"fingerprint": "wl-123", "lengths_exact": True, "seed": 1234 + seed},
         t0_unix=created.timestamp(), gpu={"state": "ok", "samples": samples, "interval_ms": 1200},
         summary=summary, validation=validation,
     )
 
 
+def _set_validity(s: TrialSummary, c: int, valid: bool) -> None:
+    """The validity figures of a closed-loop trial at ``c`` streams; INVALID: a short window, the load not held."""
+    s.valid, s.scenario, s.window_source, s.offered_concurrency = valid, "closed_loop", "steady", c
+    s.completions_needed = max(200, 4 * c)
+    s.in_flight_target = float(c)
+    s.throughput_mismatch = 0.002
+    if valid:
+        s.completions_in_window = s.completions_needed + 40
+        s.in_flight_mean, s.in_flight_min = 0.99 * c, 0.95 * c
+        return
+    s.window_s, s.completions_in_window = 8.4, 120
+    s.in_flight_mean, s.in_flight_min = 0.64 * c, 0.42 * c
+    s.invalid_reasons = [
+        f"steady window {s.window_s:.1f} s < 20 s",
+        f"120 requests completed in the window < {s.completions_needed} needed (max(200, 4 x {c} streams))",
+        f"in flight {s.in_flight_mean:.1f} on average (lowest {s.in_flight_min:.1f}) of {c} streams < 90%:"
+        " the client did not hold the load",
+    ]
+
+
 def write_campaign(root: Path, *, model: str = "llama-3.1-8b", started: datetime | None = None,
                    speed: float = 1.0, hit_rate: float = 0.62, previous: dict[str, Any] | None = None,
-                   experiment_id: str | None = None) -> Path:
-    """A whole campaign directory: correctness, baseline, ramp (one level over the SLA), refinement grid."""
+                   experiment_id: str | None = None, noisy: bool = False) -> Path:
+    """A whole campaign directory: correctness, baseline, ramp (one level over the SLA), refinement grid.
+
+    ``noisy``: as the tuner now writes it: every trial carries its validity figures, c=64 and the best
+    refinement cell have three repeats, c=96 has a passing and a failing VALID repeat (marginal, a tie
+    fails) and an INVALID trial whose numbers would pass; the recommendation states its repeats, CI and
+    ties, the experiment its ceiling section."""
     exp_id = experiment_id or uuid.uuid4().hex
     started = started or datetime(2026, 11, 2, 3, 0, tzinfo=UTC)
     directory = root / exp_id
     trials: list[TrialResult] = []
     t = started
+    valid = True if noisy else None
 
     def nxt() -> datetime:
         nonlocal t
         t += timedelta(minutes=2)
         return t
 
-    trials.append(make_trial(experiment_id=exp_id, stage="correctness", concurrency=1, created=nxt(),
-                             speed=speed, hit_rate=hit_rate, model=model))
-    trials.append(make_trial(experiment_id=exp_id, stage="baseline", concurrency=8, created=nxt(),
-                             speed=speed, hit_rate=hit_rate, model=model))
+    def add(stage: str, c: int, **kw: Any) -> TrialResult:
+        kw.setdefault("valid", valid)
+        kw.setdefault("speed", speed)
+        trial = make_trial(experiment_id=exp_id, stage=stage, concurrency=c, created=nxt(), hit_rate=hit_rate,
+                           model=model, **kw)
+        trials.append(trial)
+        return trial
+
+    add("correctness", 1)
+    add("baseline", 8)
     for c in RAMP:
-        trials.append(make_trial(experiment_id=exp_id, stage="ramp", concurrency=c, created=nxt(), speed=speed,
-                                 hit_rate=hit_rate, model=model,
-                                 failed_check="expect_gpu_samples_cover_window" if c == 128 else None))
+        add("ramp", c, failed_check="expect_gpu_samples_cover_window" if c == 128 else None)
+        if noisy and c == 64:
+            add("ramp", c, speed=speed * 0.97, seed=1)
+            add("ramp", c, speed=speed * 1.03, seed=2)
+        if noisy and c == 96:
+            add("ramp", c, speed=speed * 1.3, seed=1)  # passes: the level is marginal
+            add("ramp", c, speed=speed * 1.6, seed=2, valid=False)  # would pass, but INVALID
     ceiling = 64
     for chunk in CHUNKS:
         for cons in CONSERVATIVENESS:
             if (chunk, cons) == (2048, 1.0):
                 continue  # an unmeasured cell: the heatmap must show it as such
             boost = 1 + (0.04 if chunk == 4096 else 0) + (0.03 if cons == 0.7 else 0)
-            trials.append(make_trial(experiment_id=exp_id, stage="refine", concurrency=ceiling, created=nxt(),
-                                     chunk=chunk, cons=cons, speed=speed * boost, hit_rate=hit_rate, model=model))
+            add("refine", ceiling, chunk=chunk, cons=cons, speed=speed * boost)
+            if noisy and (chunk, cons) == (4096, 0.7):
+                add("refine", ceiling, chunk=chunk, cons=cons, speed=speed * boost * 0.98, seed=1)
+                add("refine", ceiling, chunk=chunk, cons=cons, speed=speed * boost * 1.02, seed=2)
     best = max((x for x in trials if x.stage == "refine"), key=lambda x: x.summary.goodput_rps or 0.0)
     for trial in trials:
         trial.save(directory / "trials" / f"{trial.trial_id}.json")
-    s = best.summary
-    rec = Recommendation(
-        config={"chunked-prefill-size": best.server_config["chunked-prefill-size"],
-                "schedule-conservativeness": best.server_config["schedule-conservativeness"],
-                "max-running-requests": ceiling, "enable-cache-report": True},
-        concurrency=ceiling, evidence_trial_ids=[best.trial_id], goodput_rps=s.goodput_rps,
-        p99_ttft_ms=s.ttft_ms.p99, p99_tpot_ms=s.tpot_ms.p99, p99_e2e_ms=s.e2e_ms.p99,
-        output_tokens_per_s=s.output_tokens_per_s, prefix_hit_rate=s.prefix_hit_rate,
-        explanation=[f"ceiling at concurrency {ceiling} (sla): c=96 missed the p99 TTFT bound",
-                     "chunked-prefill-size 4096 with schedule-conservativeness 0.7 gave the most goodput"],
-    )
+    rec = _recommendation(best, ceiling, trials if noisy else [best])
     if previous is not None:
         rec.diff_from_previous = diff_recommendations(previous, rec)
     recommendation = rec.model_dump(mode="json")
@@ -144,7 +178,38 @@ def write_campaign(root: Path, *, model: str = "llama-3.1-8b", started: datetime
         "status": "succeeded", "started_at": started.isoformat(), "finished_at": t.isoformat(),
         "recommendation": recommendation,
     }
+    if noisy:
+        ramp = [x for x in trials if x.stage == "ramp"]
+        experiment["ceiling"] = {
+            "concurrency": ceiling, "kind": "sla", "first_fail": 96, "marginal": [96],
+            "reasons": ["failed 1 of 2 repeats", "p99 TTFT over 800 ms"],
+            "pass_trial_ids": [x.trial_id for x in ramp if x.load["concurrency"] == 64],
+            "fail_trial_ids": [x.trial_id for x in ramp if x.load["concurrency"] == 96 and x.summary.valid],
+        }
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "experiment.json").write_bytes(orjson.dumps(experiment))
     (directory / "recommendation.json").write_bytes(orjson.dumps(recommendation))
     return directory
+
+
+def _recommendation(best: TrialResult, ceiling: int, trials: list[TrialResult]) -> Recommendation:
+    """As servetune.tuning.recommend builds it: the means over the chosen config's repeats, with the CI."""
+    repeats = [x for x in trials if x.stage == "refine" and x.server_config == best.server_config]
+    goodput = spread([x.summary.goodput_rps for x in repeats])
+    s = best.summary
+    ties = []
+    if len(repeats) > 1:
+        other = spread([goodput.mean * 0.995, goodput.mean * 1.004, goodput.mean * 0.99])
+        ties.append("schedule-conservativeness 0.3 against 0.7 at concurrency 64: tie, kept the simpler config ("
+                    + compare(other, goodput, min_change=0.03).text() + ")")
+    return Recommendation(
+        config={"chunked-prefill-size": best.server_config["chunked-prefill-size"],
+                "schedule-conservativeness": best.server_config["schedule-conservativeness"],
+                "max-running-requests": ceiling, "enable-cache-report": True},
+        concurrency=ceiling, evidence_trial_ids=[x.trial_id for x in repeats], goodput_rps=goodput.mean,
+        p99_ttft_ms=s.ttft_ms.p99, p99_tpot_ms=s.tpot_ms.p99, p99_e2e_ms=s.e2e_ms.p99,
+        output_tokens_per_s=s.output_tokens_per_s, prefix_hit_rate=s.prefix_hit_rate,
+        explanation=[f"ceiling at concurrency {ceiling} (sla): c=96 missed the p99 TTFT bound",
+                     "chunked-prefill-size 4096 with schedule-conservativeness 0.7 gave the most goodput"],
+        repeats=goodput.n, goodput_ci95=goodput.ci95, goodput_cv=goodput.cv, ties=ties,
+    )

@@ -15,14 +15,26 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 import typer
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.engine import make_url
 
-from servetune import localdb
+
+def _make_url(url: str) -> Any:
+    """sqlalchemy's URL parser, imported on use: a GPU runner's `servetune tune` needs no database driver."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url)
+
+
+def _localdb() -> Any:
+    from servetune import localdb
+
+    return localdb
+
 
 REPO = Path(__file__).resolve().parents[2]
 console = Console()
@@ -40,8 +52,8 @@ class AirflowSetup:
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. the Celery executor's settings
 
     def env(self) -> dict[str, str]:
-        meta = make_url(self.metadata_url).set(drivername="postgresql+psycopg2")
-        wh = make_url(self.warehouse_url).set(drivername="postgresql")
+        meta = _make_url(self.metadata_url).set(drivername="postgresql+psycopg2")
+        wh = _make_url(self.warehouse_url).set(drivername="postgresql")
         venv_bin = str(Path(sys.executable).parent)
         env = dict(os.environ)
         env.update({
@@ -77,9 +89,9 @@ class AirflowSetup:
 
 
 def _ensure_database(server_url: str, name: str) -> str:
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    if not localdb.answers(url):
-        localdb.create_database(server_url, name)
+    url = _make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    if not _localdb().answers(url):
+        _localdb().create_database(server_url, name)
     return url
 
 
@@ -122,15 +134,15 @@ app = typer.Typer(help="Run servetune's DAGs with a real Airflow (metadata and w
 @app.command("env")
 def env_cmd(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow home and results live here")) -> None:
     """Print the environment (as shell exports, passwords redacted) the DAGs run with."""
-    server_url, cluster = localdb.resolve_server()
+    server_url, cluster = _localdb().resolve_server()
     try:
-        setup = AirflowSetup(state_dir / "airflow", make_url(server_url).set(database="servetune_airflow")
+        setup = AirflowSetup(state_dir / "airflow", _make_url(server_url).set(database="servetune_airflow")
                              .render_as_string(hide_password=False),
-                             make_url(server_url).set(database="servetune").render_as_string(hide_password=False),
+                             _make_url(server_url).set(database="servetune").render_as_string(hide_password=False),
                              REPO / "plans", state_dir / "results")
         for k, v in sorted(setup.env().items()):
             if k.startswith(("AIRFLOW", "SERVETUNE")):
-                v = localdb.redact(v) if "://" in v else v
+                v = _localdb().redact(v) if "://" in v else v
                 typer.echo(f"export {k}={v}")
     finally:
         if cluster:
@@ -141,7 +153,7 @@ def env_cmd(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow ho
 def standalone(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow home and results"),
                plans_dir: Path = typer.Option(REPO / "plans" / "weekly", help="plans the weekly DAG runs")) -> None:
     """`airflow standalone` bound to 127.0.0.1 with servetune's DAGs and no example DAGs (Ctrl-C stops)."""
-    server_url, cluster = localdb.resolve_server()
+    server_url, cluster = _localdb().resolve_server()
     try:
         setup = prepare(setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), (state_dir / "results").resolve()))
         console.print("[bold]airflow standalone[/] on http://127.0.0.1:8080 (credentials in "
@@ -162,10 +174,10 @@ def demo(
     cluster started (and stopped) here. Prints the recommendation and the report path.
     """
     t_start = time.monotonic()
-    server_url, cluster = localdb.resolve_server()
+    server_url, cluster = _localdb().resolve_server()
     run_dir = (state_dir / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     try:
-        console.print(f"[bold]servetune demo[/]: PostgreSQL at {localdb.redact(server_url)}"
+        console.print(f"[bold]servetune demo[/]: PostgreSQL at {_localdb().redact(server_url)}"
                       + (" (private cluster, stopped at the end)" if cluster else ""))
         setup = prepare(setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), run_dir / "results"))
         console.print("running DAG [bold]servetune_weekly[/] with `airflow dags test` ...")

@@ -84,19 +84,27 @@ def _print_dry_run(plan: TuningPlan) -> None:
         console.print(f"estimating with the simulator: {plan.estimate.model} on {plan.estimate.gpu}")
     decision, outcomes, specs = dry_run(plan, runner)
     table = Table(title=f"{plan.name}: trials the campaign would start (simulated, virtual time)")
-    for col in ("#", "stage", "level", "server flags changed", "restart", "GPU s", "goodput req/s"):
+    for col in ("#", "stage", "level", "requests", "server flags changed", "restart", "GPU s", "goodput req/s",
+                "valid"):
         table.add_column(col)
     base = plan.engine_flags()
     for i, (spec, o) in enumerate(zip(specs, outcomes, strict=True), 1):
         changed = {k: v for k, v in spec.flags.items() if base.get(k, object()) != v or k not in base}
         removed = [k for k in base if k not in spec.flags]
         text = ", ".join([f"{k}={v}" for k, v in changed.items()] + [f"-{k}" for k in removed]) or "-"
-        table.add_row(str(i), spec.stage, str(spec.concurrency), text, "yes" if o.restarted else "",
-                      f"{o.gpu_seconds:.0f}", f"{o.summary.goodput_rps or 0:.2f}" if o.status == "ok" else "failed")
+        table.add_row(str(i), spec.stage, str(spec.concurrency), f"{spec.requests}+{spec.warmup}", text,
+                      "yes" if o.restarted else "", f"{o.gpu_seconds:.0f}",
+                      f"{o.summary.goodput_rps or 0:.2f}" if o.status == "ok" else "failed",
+                      "yes" if o.valid else "INVALID")
     console.print(table)
     total = sum(o.gpu_seconds for o in outcomes)
+    rules = plan.validation
+    repeats = plan.repeats.count or runner.default_repeats
     console.print(f"{len(specs)} trials, estimated GPU time {_fmt_s(total)} (budget {plan.budget.max_gpu_minutes:g} min,"
-                  f" restart cost {plan.budget.restart_cost_s:g} s each); the simulator's estimate, not a measurement")
+                  f" restart cost {plan.budget.restart_cost_s:g} s each); the simulator's estimate, not a measurement."
+                  f" Each trial is sized for a steady window of >= {rules.min_window_s:g} s and >= max("
+                  f"{rules.min_completions}, {rules.completions_per_stream:g} x streams) completions"
+                  f" (requests = measured + warm-up); decisive trials: {repeats} trial(s) each")
     if decision.recommendation:
         r = decision.recommendation
         console.print(f"simulated recommendation: concurrency {r.concurrency}, flags {r.config},"

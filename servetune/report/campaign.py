@@ -63,6 +63,20 @@ class Campaign:
         out = [t for t in self.trials if t.stage in CURVE_STAGES and concurrency_of(t) is not None]
         return sorted(out, key=lambda t: (concurrency_of(t), t.created_at))
 
+    def main_curve(self) -> list[TrialResult]:
+        """The curve trials of the config most of them ran (the start config the ramp walked)."""
+        curve = self.curve_trials()
+        keys = [config_key(t.server_config) for t in curve]
+        if not keys:
+            return []
+        main = max(dict.fromkeys(keys), key=keys.count)  # ties: the config seen first
+        return [t for t, k in zip(curve, keys, strict=True) if k == main]
+
+    def ceiling_info(self) -> dict[str, Any]:
+        """The stated ceiling section (kind, reasons, marginal levels, pass/fail trial ids), {} when none."""
+        value = self.experiment.get("ceiling")
+        return value if isinstance(value, dict) else {}
+
     def refine_trials(self) -> list[TrialResult]:
         return [t for t in self.trials if t.stage == "refine"]
 
@@ -76,7 +90,7 @@ class Campaign:
                 return int(value), f"{name}.ceiling"
         if self.recommendation and isinstance(self.recommendation.get("concurrency"), int | float):
             return int(self.recommendation["concurrency"]), "recommendation.concurrency"
-        derived = derive_ceiling(self.curve_trials(), self.sla)
+        derived = derive_ceiling(self.main_curve(), self.sla)
         return derived, "derived from the ramp (highest level meeting the p99 SLA)" if derived else "none"
 
 
@@ -94,9 +108,27 @@ def concurrency_of(trial: TrialResult) -> int | None:
     return int(value) if isinstance(value, int | float) else None
 
 
+def config_key(config: dict[str, Any]) -> str:
+    """Two trials with the same key ran the same server (flag spelling normalised)."""
+    norm = {k.lstrip("-").replace("-", "_"): v for k, v in config.items()}
+    return orjson.dumps(norm, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def is_invalid(trial: TrialResult) -> bool:
+    """Marked INVALID by servetune.validity (legacy results, valid=None, are not)."""
+    return trial.summary.valid is False
+
+
+def counts(trial: TrialResult) -> bool:
+    """Whether a trial may decide anything: as the tuner's ``TrialOutcome.valid`` (not failed, not INVALID)."""
+    return trial.status != "failed" and not is_invalid(trial)
+
+
 def meets_sla(trial: TrialResult, sla: dict[str, float]) -> bool:
-    """The trial-level judgement the tuner uses: ok status, p99 bounds met, errors under the limit."""
-    if trial.status != "ok":
+    """The trial-level judgement the tuner uses: VALID, ok status, p99 bounds met, errors under the limit.
+
+    An INVALID trial did not measure the load it states, so whatever its numbers it never passes."""
+    if trial.status != "ok" or is_invalid(trial):
         return False
     s = trial.summary
     for bound, pct in (("p99_ttft_ms", s.ttft_ms), ("p99_tpot_ms", s.tpot_ms), ("p99_e2e_ms", s.e2e_ms)):
@@ -110,10 +142,30 @@ def meets_sla(trial: TrialResult, sla: dict[str, float]) -> bool:
     return not (mem_limit is not None and s.gpu_mem_peak_fraction is not None and s.gpu_mem_peak_fraction > mem_limit)
 
 
+def level_verdicts(curve: list[TrialResult], sla: dict[str, float]) -> dict[int, list[bool]]:
+    """Per concurrency, the SLA verdict of each trial that counts (INVALID and failed ones left out)."""
+    out: dict[int, list[bool]] = {}
+    for t in curve:
+        c = concurrency_of(t)
+        if c is not None:
+            out.setdefault(c, [])
+            if counts(t):
+                out[c].append(meets_sla(t, sla))
+    return out
+
+
 def derive_ceiling(curve: list[TrialResult], sla: dict[str, float]) -> int | None:
-    """Highest concurrency whose trial met the SLA, for results that do not state their ceiling."""
-    passing = [concurrency_of(t) for t in curve if meets_sla(t, sla)]
-    return max((c for c in passing if c is not None), default=None)
+    """Highest concurrency that met the SLA, for results that do not state their ceiling.
+
+    As the tuner pools repeats: a level passes when most of its counted trials pass (a tie fails);
+    a level with only INVALID trials has no verdict and does not pass."""
+    passing = [c for c, votes in level_verdicts(curve, sla).items() if sum(votes) * 2 > len(votes)]
+    return max(passing, default=None)
+
+
+def marginal_levels(curve: list[TrialResult], sla: dict[str, float]) -> list[int]:
+    """Levels whose counted repeats disagree on the SLA verdict."""
+    return sorted(c for c, votes in level_verdicts(curve, sla).items() if 0 < sum(votes) < len(votes))
 
 
 def _read_json(path: Path) -> Any:

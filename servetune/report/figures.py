@@ -18,8 +18,18 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from servetune.report.campaign import Campaign, concurrency_of, flag_value, meets_sla
+from servetune.report.campaign import (
+    Campaign,
+    concurrency_of,
+    config_key,
+    counts,
+    flag_value,
+    is_invalid,
+    meets_sla,
+)
+from servetune.report.evidence import Getter, Level, curve_levels, series
 from servetune.result import TrialResult
+from servetune.stats import spread
 
 GIB = 1024**3
 DPI = 110
@@ -61,25 +71,56 @@ def _mark_ceiling(ax, ceiling: int | None) -> None:
         ax.axvline(ceiling, color="#c0392b", linestyle="--", linewidth=1.4, label=f"ceiling c={ceiling}")
 
 
+INVALID_STYLE = {"linestyle": "none", "marker": "o", "markersize": 7, "markerfacecolor": "none",
+                 "markeredgecolor": "#969696", "markeredgewidth": 1.3}
+CURVE_NOTE = ("Points: the mean over each level's VALID repeats of the main server config, error bars the 95% "
+              "CI of that mean (Student t, when a level has 2 or more repeats); hollow grey circles: INVALID "
+              "trials (servetune.validity), drawn where they measured but excluded from the mean, the ceiling "
+              "and every decision.")
+
+
+def _plot_series(ax, levels: list[Level], get: Getter, fmt: str, label: str, color: str) -> bool:
+    """The mean line with its CI bars, and the INVALID values hollow beside it; True if any were INVALID."""
+    line = series(levels, get)
+    if line.xs:
+        ax.errorbar(line.xs, line.means, yerr=line.ci95 if line.any_interval else None, fmt=fmt, label=label,
+                    color=color, capsize=3, elinewidth=1)
+    if line.invalid_xs:
+        ax.plot(line.invalid_xs, line.invalid_ys, **INVALID_STYLE)
+    return bool(line.invalid_xs)
+
+
+def _invalid_legend(ax, shown: bool) -> None:
+    if shown:
+        ax.plot([], [], label="INVALID (not used)", **INVALID_STYLE)
+
+
+def _curve_caption(levels: list[Level], text: str) -> str:
+    repeats = max((len(lv.used) for lv in levels), default=0)
+    invalid = sum(len(lv.invalid) for lv in levels)
+    counted = f" Up to {repeats} repeats per level; {invalid} INVALID trial(s) not used." if levels else ""
+    return f"{text} {CURVE_NOTE}{counted}"
+
+
 def throughput_figure(campaign: Campaign) -> ReportFigure:
     key, title = "throughput", "Throughput and goodput vs concurrency"
-    curve = campaign.curve_trials()
+    levels = curve_levels(campaign)
     ceiling, ceiling_source = campaign.ceiling()
-    caption = (f"Requests/s and goodput (requests/s meeting every SLA bound) on the left, output tokens/s "
-               f"on the right; dashed red line: the ceiling ({ceiling_source}).")
-    if not curve:
+    caption = _curve_caption(levels, "Requests/s and goodput (requests/s meeting every SLA bound) on the left, "
+                                     f"output tokens/s on the right; dashed red line: the ceiling ({ceiling_source}).")
+    if not levels:
         return ReportFigure(key, title, caption, None, "no trials with a concurrency level")
-    xs = [concurrency_of(t) for t in curve]
-    s = [t.summary for t in curve]
     fig = Figure(figsize=(11, 4.2))
     ax1, ax2 = fig.subplots(1, 2)
-    ax1.plot(xs, [v.request_throughput for v in s], "o-", label="throughput (req/s)", color="#2c7fb8")
-    ax1.plot(xs, [v.goodput_rps for v in s], "s-", label="goodput (req/s)", color="#31a354")
+    hollow = _plot_series(ax1, levels, lambda s: s.request_throughput, "o-", "throughput (req/s)", "#2c7fb8")
+    hollow |= _plot_series(ax1, levels, lambda s: s.goodput_rps, "s-", "goodput (req/s)", "#31a354")
     _mark_ceiling(ax1, ceiling)
+    _invalid_legend(ax1, hollow)
     ax1.set(xlabel="concurrency", ylabel="requests/s", title="requests/s")
-    ax2.plot(xs, [v.output_tokens_per_s for v in s], "o-", label="output tok/s", color="#756bb1")
-    ax2.plot(xs, [v.total_tokens_per_s for v in s], "^:", label="total tok/s", color="#9e9ac8")
+    hollow = _plot_series(ax2, levels, lambda s: s.output_tokens_per_s, "o-", "output tok/s", "#756bb1")
+    hollow |= _plot_series(ax2, levels, lambda s: s.total_tokens_per_s, "^:", "total tok/s", "#9e9ac8")
     _mark_ceiling(ax2, ceiling)
+    _invalid_legend(ax2, hollow)
     ax2.set(xlabel="concurrency", ylabel="tokens/s", title="tokens/s")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
@@ -90,24 +131,24 @@ def throughput_figure(campaign: Campaign) -> ReportFigure:
 
 def latency_figure(campaign: Campaign) -> ReportFigure:
     key, title = "latency", "TTFT and TPOT (p50, p99) vs concurrency"
-    curve = campaign.curve_trials()
+    levels = curve_levels(campaign)
     sla = campaign.sla
     ceiling, _ = campaign.ceiling()
-    caption = "Prefill (TTFT) and decode (TPOT) latencies kept apart; dotted lines: the p99 SLA bounds."
-    if not curve:
+    caption = _curve_caption(levels, "Prefill (TTFT) and decode (TPOT) latencies kept apart; dotted lines: "
+                                     "the p99 SLA bounds.")
+    if not levels:
         return ReportFigure(key, title, caption, None, "no trials with a concurrency level")
-    xs = [concurrency_of(t) for t in curve]
     fig = Figure(figsize=(11, 4.2))
     axes = fig.subplots(1, 2)
     for ax, attr, bound, name in ((axes[0], "ttft_ms", "p99_ttft_ms", "TTFT"),
                                   (axes[1], "tpot_ms", "p99_tpot_ms", "TPOT")):
-        pcts = [getattr(t.summary, attr) for t in curve]
-        ax.plot(xs, [p.p50 for p in pcts], "o-", label=f"p50 {name}", color="#2c7fb8")
-        ax.plot(xs, [p.p99 for p in pcts], "s-", label=f"p99 {name}", color="#e6550d")
+        hollow = _plot_series(ax, levels, lambda s, a=attr: getattr(s, a).p50, "o-", f"p50 {name}", "#2c7fb8")
+        hollow |= _plot_series(ax, levels, lambda s, a=attr: getattr(s, a).p99, "s-", f"p99 {name}", "#e6550d")
         if sla.get(bound) is not None:
             ax.axhline(sla[bound], color="#e6550d", linestyle=":", linewidth=1.4,
                        label=f"SLA p99 {name} {sla[bound]:g} ms")
         _mark_ceiling(ax, ceiling)
+        _invalid_legend(ax, hollow)
         ax.set(xlabel="concurrency", ylabel="ms", title=name)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
@@ -193,9 +234,10 @@ def refine_heatmap_figure(campaign: Campaign) -> ReportFigure:
     key, title = "refine_heatmap", "Refinement: chunked-prefill-size x schedule-conservativeness"
     caption = ("Goodput (req/s) near the ceiling for each chunked-prefill-size x schedule-conservativeness "
                "tried; 'default' is the engine's own value (the refinement changes one flag at a time, and "
-               "the ramp's trial at the same concurrency is the default/default cell). A cell shows its best "
-               "trial when several (e.g. max-running-requests values) were tried. Hatched: not measured; "
-               "'missed SLA': the best trial there missed the p99 SLA or failed.")
+               "the ramp's trial at the same concurrency is the default/default cell). A cell shows the mean "
+               "goodput over the VALID repeats of its best config when several (e.g. max-running-requests "
+               "values) were tried; INVALID trials are not used ('INVALID': none of the cell's trials was "
+               "valid). Hatched: not measured; 'missed SLA': most repeats there missed the p99 SLA or failed.")
     refine = campaign.refine_trials()
     if not refine:
         return ReportFigure(key, title, caption, None, "no refinement trials in this campaign")
@@ -211,13 +253,15 @@ def refine_heatmap_figure(campaign: Campaign) -> ReportFigure:
     chunks = sorted({cell(t)[0] for t in trials}, key=_axis_key)
     conss = sorted({cell(t)[1] for t in trials}, key=_axis_key)
     grid = [[math.nan] * len(chunks) for _ in conss]
-    passed = [[False] * len(chunks) for _ in conss]
+    notes = [[""] * len(chunks) for _ in conss]
+    groups: dict[tuple[int, int, str], list[TrialResult]] = {}
     for t in trials:
-        i, j = conss.index(cell(t)[1]), chunks.index(cell(t)[0])
-        value = (t.summary.goodput_rps or 0.0) if t.status == "ok" else 0.0
+        groups.setdefault((conss.index(cell(t)[1]), chunks.index(cell(t)[0]), config_key(t.server_config)),
+                          []).append(t)
+    for (i, j, _), group in groups.items():
+        value, note = _cell_value(group, campaign.sla)
         if math.isnan(grid[i][j]) or value > grid[i][j]:
-            grid[i][j] = value
-            passed[i][j] = meets_sla(t, campaign.sla)
+            grid[i][j], notes[i][j] = value, note
     fig = Figure(figsize=(2.2 + 1.3 * len(chunks), 1.6 + 0.9 * len(conss)))
     ax = fig.subplots()
     values = [v for row in grid for v in row if not math.isnan(v)]
@@ -233,7 +277,7 @@ def refine_heatmap_figure(campaign: Campaign) -> ReportFigure:
                 ax.add_patch(_hatch(j, i))
                 continue
             dark = float(im.norm(v)) > 0.6  # white text only on the dark end of the colour map
-            ax.text(j, i, f"{v:.2f}" + ("" if passed[i][j] else "\nmissed SLA"), ha="center", va="center",
+            ax.text(j, i, f"{v:.2f}" + notes[i][j], ha="center", va="center",
                     fontsize=9, color="white" if dark else "black")
             if campaign.recommendation and rec_cell == (chunks[j], conss[i]):
                 ax.add_patch(_outline(j, i))
@@ -243,6 +287,19 @@ def refine_heatmap_figure(campaign: Campaign) -> ReportFigure:
     cbar = fig.colorbar(im, ax=ax, label="goodput req/s")
     cbar.formatter.set_useOffset(False)
     return ReportFigure(key, title, caption + " The recommended cell is outlined in red.", _png(fig))
+
+
+def _cell_value(group: list[TrialResult], sla: dict[str, float]) -> tuple[float, str]:
+    """One config's cell: mean goodput over its counted repeats (a rejected trial counts as 0), and a note.
+
+    The note says "missed SLA" when most counted repeats missed it, "INVALID" when none counted."""
+    used = [t for t in group if counts(t)]
+    if not used:
+        return 0.0, "\nINVALID" if any(is_invalid(t) for t in group) else "\nfailed"
+    mean = spread([(t.summary.goodput_rps or 0.0) if t.status == "ok" else 0.0 for t in used]).mean or 0.0
+    passes = sum(meets_sla(t, sla) for t in used)
+    note = (f" (n={len(used)})" if len(used) > 1 else "") + ("" if passes * 2 > len(used) else "\nmissed SLA")
+    return mean, note
 
 
 def _hatch(j: int, i: int) -> Rectangle:

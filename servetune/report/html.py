@@ -16,6 +16,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from servetune import __version__
 from servetune.report.campaign import Campaign, concurrency_of, flag_value, meets_sla
+from servetune.report.evidence import ceiling_evidence, goodput_text, validity_cells
 from servetune.report.figures import ReportFigure, all_figures
 from servetune.result import Percentiles, TrialResult
 
@@ -116,14 +117,20 @@ def checklist_rows(campaign: Campaign) -> list[dict[str, Any]]:
     for t in campaign.trials:
         label, css, failed = _validation_cells(t)
         met = meets_sla(t, sla)
+        v = validity_cells(t)
+        verdict = ("met" if met else "missed") if sla else "no SLA"
+        if v["validity"] == "INVALID" and sla:
+            verdict = "not judged (INVALID)"
         rows.append({"trial_id": t.trial_id, "stage": t.stage or "bench", "concurrency": fmt(concurrency_of(t)),
                      "status": t.status, "validation": label, "validation_class": css, "failed": failed,
-                     "failure_reason": t.failure_reason,
-                     "sla": ("met" if met else "missed") if sla else "no SLA", "sla_class": "ok" if met else "bad"})
+                     "failure_reason": t.failure_reason, "validity": v["validity"],
+                     "validity_class": v["validity_class"], "invalid_reasons": t.summary.invalid_reasons,
+                     "sla": verdict, "sla_class": "ok" if met else "bad"})
     return rows
 
 
 def trial_rows(campaign: Campaign) -> list[dict[str, str]]:
+    """One row per trial: its figures and its validity (window, completions vs needed, in flight)."""
     rows = []
     for t in campaign.trials:
         s = t.summary
@@ -137,7 +144,7 @@ def trial_rows(campaign: Campaign) -> list[dict[str, str]]:
             "config": ", ".join(knobs) or "-", "rps": fmt(s.request_throughput), "goodput": fmt(s.goodput_rps),
             "out_tps": fmt(s.output_tokens_per_s, 0), "ttft": _pair(s.ttft_ms), "tpot": _pair(s.tpot_ms),
             "e2e": fmt(s.e2e_ms.p99, 0), "errors": pct(s.error_rate), "hit": pct(s.prefix_hit_rate),
-            "gpu_peak": pct(s.gpu_mem_peak_fraction),
+            "gpu_peak": pct(s.gpu_mem_peak_fraction), **validity_cells(t),
         })
     return rows
 
@@ -153,7 +160,8 @@ def key_cards(campaign: Campaign) -> list[dict[str, str]]:
             p99s.setdefault(name, rec.get(f"p99_{name}"))
         cards += [
             {"key": "recommended-concurrency", "label": "recommended concurrency", "value": fmt(rec.get("concurrency"))},
-            {"key": "goodput", "label": "goodput req/s", "value": fmt(rec.get("goodput_rps"))},
+            {"key": "goodput", "label": "goodput req/s", "value": _with_ci(rec)},
+            {"key": "repeats", "label": "valid repeats", "value": fmt(rec.get("repeats"))},
             {"key": "output-tps", "label": "output tok/s", "value": fmt(rec.get("output_tokens_per_s"), 0)},
             {"key": "p99-ttft", "label": "p99 TTFT ms", "value": fmt(p99s.get("ttft_ms"), 1)},
             {"key": "p99-tpot", "label": "p99 TPOT ms", "value": fmt(p99s.get("tpot_ms"), 1)},
@@ -174,7 +182,16 @@ def key_cards(campaign: Campaign) -> list[dict[str, str]]:
             ]
     accepted = sum(1 for t in campaign.trials if t.status == "ok")
     cards.append({"key": "trials", "label": "trials ok / total", "value": f"{accepted} / {len(campaign.trials)}"})
+    if any(t.summary.valid is not None for t in campaign.trials):
+        invalid = sum(1 for t in campaign.trials if t.summary.valid is False)
+        cards.append({"key": "invalid", "label": "INVALID trials (not used)", "value": str(invalid)})
     return cards
+
+
+def _with_ci(rec: dict[str, Any]) -> str:
+    """The goodput card: '8.60 ± 0.21' when the recommendation states its 95% interval."""
+    ci = rec.get("goodput_ci95")
+    return fmt(rec.get("goodput_rps")) + (f" ± {ci:,.2f}" if isinstance(ci, int | float) else "")
 
 
 def _environment() -> Environment:
@@ -196,6 +213,8 @@ def render_html(campaign: Campaign, figures: list[ReportFigure], png_files: dict
         "source": campaign.source, "generated_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cards": key_cards(campaign), "ceiling_source": ceiling_source, "sla": campaign.sla,
         "recommendation": rec, "is_campaign": is_campaign,
+        "goodput_text": goodput_text(rec) if rec else "", "ties": list((rec or {}).get("ties") or []),
+        "has_ties_field": bool(rec) and "ties" in rec, "ceiling_evidence": ceiling_evidence(campaign),
         "diff_rows": diff_rows(rec.get("diff_from_previous")) if rec else None,
         "figures": [{"key": f.key, "title": f.title, "caption": f.caption, "png": f.png, "note": f.note,
                      "b64": base64.b64encode(f.png).decode() if f.png else "", "file": png_files.get(f.key, "")}

@@ -240,6 +240,13 @@ def _flag_dests() -> dict[str, argparse.Action]:
     return {a.dest: a for a in build_parser()._actions if a.dest != "help"}
 
 
+def modelled(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The flags the simulator models; the others (attention backend, sampling backend...) are left out
+    when a real SGLang plan is only being estimated."""
+    dests = _flag_dests()
+    return {k: v for k, v in flags.items() if k.lstrip("-").replace("-", "_") in dests}
+
+
 def server_args_from_flags(flags: Mapping[str, Any] | SimArgs | None = None) -> SimArgs:
     """``{"chunked_prefill_size": 4096, ...}`` (SGLang flag names, dashes or underscores) -> SimArgs.
 

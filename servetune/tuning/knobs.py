@@ -52,7 +52,13 @@ def with_flags(engine: EngineBase, flags: Flags) -> EngineBase:
 
 
 def sim_flags(engine: EngineBase, flags: Flags, *, gpu: str | None = None, model: str | None = None) -> dict[str, Any]:
-    """Flags for ``servetune.sim`` (virtual time): the trial's SGLang flags, the profiles, metrics on."""
+    """Flags for ``servetune.sim`` (virtual time): the trial's SGLang flags, the profiles, metrics on.
+
+    Estimating a real SGLang plan (``gpu``/``model`` given) keeps only the flags the simulator models."""
+    if gpu or model:
+        from servetune.sim.args import modelled
+
+        flags = modelled(flags)
     out: dict[str, Any] = {"enable-metrics": True, "enable-cache-report": True, **flags}
     out["gpu-profile"] = gpu or getattr(engine, "gpu_profile", None) or "A100-80G"
     out["model-profile"] = model or getattr(engine, "model_profile", None) or "llama-3.1-8b"

@@ -84,8 +84,9 @@ class _Walk:
         level, reason = inc.level, f"refine {what} at concurrency {inc.level}"
         cand = self.measure(flags, level, reason)
         outcome = self._compare(cand, inc)
-        if outcome == "better" or (outcome == "tie" and _simpler(cand, inc)):
-            # the winner against the config it replaces: repeats on both before deciding
+        if outcome == "better" or (outcome == "tie" and _simpler(cand, inc)) or cand.n > 1:
+            # the winner against the config it replaces: repeats on both before deciding (once started,
+            # finished: the replay must not stop half-way because the first repeats look tied)
             repeats = self.plan.repeat_count
             cand = self.measure(flags, level, reason, repeats=repeats)
             inc = self.measure(inc.flags, level, f"incumbent against {what} at concurrency {level}", repeats=repeats)

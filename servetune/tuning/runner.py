@@ -9,6 +9,7 @@ and bench/tuning_efficiency.py); ``LiveTrialRunner`` (servetune.tuning.live) sta
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from servetune.plan import TuningPlan
@@ -82,7 +83,11 @@ class SimTrialRunner:
         if key not in self._requests:
             from servetune.workload import build_requests
 
-            self._requests[key] = build_requests(trial_workload(self.plan, spec), n).requests
+            workload = trial_workload(self.plan, spec)
+            if workload.tokenizer and not Path(workload.tokenizer).exists():
+                # a GPU host's tokenizer, absent here: the simulator counts tokens with its own model
+                workload = workload.model_copy(update={"tokenizer": None})
+            self._requests[key] = build_requests(workload, n).requests
         return self._requests[key]
 
     def run(self, spec: TrialSpec, *, experiment_id: str) -> RunReport:

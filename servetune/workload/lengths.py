@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from servetune.workload.spec import Empirical, Fixed, LengthDist, LogNormal, Normal, Uniform
+from servetune.workload.spec import Empirical, Fixed, LengthDist, LogNormal, Mixture, Normal, Uniform
 
 _MAX_ROUNDS = 1000  # resampling rounds before we call the bounds unreachable
 
@@ -65,6 +65,12 @@ class LengthSampler:
         self.dist = dist
         self.what = what
         self._support: np.ndarray | None = None
+        self._parts: list[LengthSampler] = []
+        self._weights: np.ndarray | None = None
+        if isinstance(dist, Mixture):
+            self._parts = [LengthSampler(p.dist, what=f"{what} (mixture part {i})") for i, p in enumerate(dist.parts)]
+            w = np.asarray([p.weight for p in dist.parts], dtype=np.float64)
+            self._weights = w / w.sum()
         if isinstance(dist, Empirical):
             raw = np.rint(load_trace(dist.path, dist.field) * dist.scale).astype(np.int64)
             hi = dist.max if dist.max is not None else np.iinfo(np.int64).max
@@ -80,6 +86,9 @@ class LengthSampler:
         d = self.dist
         if isinstance(d, Fixed):
             return d.value
+        if isinstance(d, Mixture):
+            assert self._weights is not None
+            return self._parts[int(rng.choice(len(self._parts), p=self._weights))].sample(rng)
         if isinstance(d, Uniform):
             return int(rng.integers(d.min, d.max, endpoint=True))
         if isinstance(d, Empirical):

@@ -86,7 +86,24 @@ class Empirical(_Dist):
         return self
 
 
-LengthDist = Annotated[Fixed | Uniform | Normal | LogNormal | Empirical, Field(discriminator="kind")]
+SimpleDist = Annotated[Fixed | Uniform | Normal | LogNormal | Empirical, Field(discriminator="kind")]
+
+
+class MixturePart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    weight: float = Field(gt=0, description="relative weight (the parts' weights are normalised)")
+    dist: SimpleDist
+
+
+class Mixture(_Dist):
+    """A weighted mix of distributions: e.g. 90% chat-sized prompts and 10% long 16k documents."""
+
+    kind: Literal["mixture"] = "mixture"
+    parts: list[MixturePart] = Field(min_length=1)
+
+
+LengthDist = Annotated[Fixed | Uniform | Normal | LogNormal | Empirical | Mixture, Field(discriminator="kind")]
 
 
 class SharedPrefix(BaseModel):
@@ -147,9 +164,10 @@ class WorkloadSpec(BaseModel):
         """Stable hash of the spec (and of any trace file's contents) for comparing results."""
         data = self.model_dump(mode="json")
         h = hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS))
-        for dist in (self.input, self.output):
-            if isinstance(dist, Empirical) and Path(dist.path).is_file():
-                h.update(Path(dist.path).read_bytes())
+        for top in (self.input, self.output):
+            for dist in ([part.dist for part in top.parts] if isinstance(top, Mixture) else [top]):
+                if isinstance(dist, Empirical) and Path(dist.path).is_file():
+                    h.update(Path(dist.path).read_bytes())
         return h.hexdigest()[:16]
 
     @classmethod
