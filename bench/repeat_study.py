@@ -49,23 +49,31 @@ def main() -> int:
         for level in levels:
             outcomes: list[TrialOutcome] = []
             requests, warmup, how = size_trial(plan, state, flags, level, "ramp")
-            for k in range(args.repeats):
+            k = attempts = 0
+            while k < args.repeats and attempts < args.repeats + plan.repeats.invalid_retries:
+                attempts += 1
                 spec = TrialSpec(stage="ramp", concurrency=level, flags=flags, requests=requests, warmup=warmup,
                                  reason=f"repeat study: level {level}, repeat {k + 1}", seed_offset=k, sizing=how)
                 rep = runner.run(spec, experiment_id="repeat-study")
                 o = TrialOutcome.from_result(spec, rep.result, gpu_seconds=rep.gpu_seconds, restarted=rep.restarted)
                 state = state.add(o)
+                if k == 0 and not o.valid:  # the first size was a guess: re-size from what it measured, once
+                    requests, warmup, how = size_trial(plan, state, flags, level, "ramp", resize_from=o)
+                    print(f"# level {level}: INVALID at {spec.requests} requests ({'; '.join(o.summary.invalid_reasons)});"
+                          f" re-sized to {requests}", file=sys.stderr, flush=True)
+                    continue
                 outcomes.append(o)
                 result = rep.result
                 result.records = []  # the summaries are the study; records would make it megabytes
                 result.gpu = {k2: v for k2, v in result.gpu.items() if k2 != "samples"}
                 result.server = {k2: v for k2, v in result.server.items() if k2 != "samples"}
-                result.save(args.out / "trials" / f"c{level}-r{k}.json")
+                result.save(args.out / "trials" / f"c{level}-r{k}.json")  # k: this repeat's seed offset
                 s = o.summary
                 print(f"# level {level} repeat {k + 1}: {requests} requests, valid={s.valid} "
                       f"goodput {s.goodput_rps or 0:.2f} req/s, p99 TTFT {s.ttft_ms.p99 or 0:.0f} ms, "
                       f"p99 TPOT {s.tpot_ms.p99 or 0:.2f} ms, window {s.window_s or 0:.1f} s "
                       f"({time.monotonic() - t_start:.0f} s)", file=sys.stderr, flush=True)
+                k += 1
             valid = [o for o in outcomes if o.valid]
             row = {"level": level, "requests": requests, "repeats": len(outcomes), "valid": len(valid),
                    "passed_sla": sum(judge(o, plan.sla).passed for o in valid)}
