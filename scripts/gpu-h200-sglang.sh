@@ -34,3 +34,5 @@ for p in sys.argv[1:]:
         r.pop("chunk_offsets_ms", None); r.pop("chunk_tokens", None)
     json.dump(d, open(p, "w"))'
 find "$OUT" -name '*.log' -size +2M -exec truncate -s 2M {} \;
+# one archive: a call brings back only a few files
+NAME="$1${2:+-$2}"; tar -C "$OUT" --exclude='*.tar.gz' -czf "/tmp/$NAME.tar.gz" . && rm -rf "${OUT:?}"/* && mv "/tmp/$NAME.tar.gz" "$OUT/"

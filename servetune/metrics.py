@@ -195,34 +195,38 @@ def _chunk_tokens(r: RequestRecord) -> list[int]:
     return [toks[i] if i < len(toks) else 1 for i in range(n)]
 
 
+def _output_tokens(r: RequestRecord) -> int:
+    """Server usage, else the per-chunk counts, a chunk without a count carrying one token."""
+    out = r.output_tokens
+    return out if out is not None else sum(max(t, 0) for t in _chunk_tokens(r))
+
+
 def _throughput(
     s: TrialSummary, ok_all: Sequence[RequestRecord], ok: Sequence[RequestRecord], ws: float, we: float
 ) -> None:
-    """Requests completed in the window, and the tokens that arrived in it, over its length."""
+    """Requests completed in the window and their tokens, over its length: one set for every rate.
+
+    The tokens that merely arrived in the window (requests straddling its edges included) are kept
+    beside it as ``output_tokens_per_s_arrived``: in a steady state the two agree."""
     span = we - ws
-    out_tokens, decode_tokens = Chunks.of(ok_all).in_window(ws, we)
+    outs = [_output_tokens(r) for r in ok]
     s.request_throughput = len(ok) / span
-    s.output_tokens_per_s = out_tokens / span
-    s.decode_tokens_per_s = decode_tokens / span  # the first token of each request belongs to prefill
-    with_usage = [r for r in ok_all if r.prompt_tokens is not None]
+    s.output_tokens_per_s = sum(outs) / span
+    s.decode_tokens_per_s = sum(max(o - 1, 0) for o in outs) / span  # each request's first token is prefill's
+    s.output_tokens_per_s_arrived = Chunks.of(ok_all).in_window(ws, we)[0] / span
+    with_usage = [r for r in ok if r.prompt_tokens is not None]
     if with_usage:
-        in_tokens = sum(r.prompt_tokens or 0 for r in with_usage
-                        if (t := _first_token_s(r)) is not None and ws < t <= we)
-        s.input_tokens_per_s = in_tokens / span
+        s.input_tokens_per_s = sum(r.prompt_tokens or 0 for r in with_usage) / span
         s.total_tokens_per_s = s.input_tokens_per_s + s.output_tokens_per_s
 
 
 def _validity(s: TrialSummary, records: Sequence[RequestRecord], steady: SteadyWindow, load: dict[str, Any] | None,
               rules: ValidityRules, ok: Sequence[RequestRecord]) -> None:
     """The rules of servetune.validity on this summary's window and set."""
-    outs = [o for r in ok if (o := r.output_tokens) is not None]
-    mean_out = float(np.mean(outs)) if outs else None
-    per_request = None
     if s.request_throughput and s.output_tokens_per_s is not None:
-        per_request = s.output_tokens_per_s / s.request_throughput
-    s.tokens_per_request = per_request
+        s.tokens_per_request = s.output_tokens_per_s / s.request_throughput
     a = assess(records, steady, load, rules, completions=s.completions_in_window,
-               tokens_per_request=per_request, mean_output=mean_out)
+               arrived_tokens_per_s=s.output_tokens_per_s_arrived, completed_tokens_per_s=s.output_tokens_per_s)
     s.valid, s.invalid_reasons = a.valid, a.reasons
     s.completions_needed = a.completions_needed
     s.in_flight_target, s.in_flight_mean, s.in_flight_min = a.in_flight_target, a.in_flight_mean, a.in_flight_min

@@ -71,8 +71,8 @@ class TrialSummary(BaseModel):
     scheduled_rate: float | None = None  # open loop: the arrival schedule's own rate over the trial
     completion_fraction: float | None = None  # open loop: completions / arrivals in the window
     sustained: bool | None = None  # open loop: the server kept up (completion_fraction >= the rule)
-    tokens_per_request: float | None = None  # output_tokens_per_s / request_throughput
-    throughput_mismatch: float | None = None  # tokens_per_request / mean output length - 1
+    tokens_per_request: float | None = None  # output_tokens_per_s / request_throughput: the set's mean output
+    throughput_mismatch: float | None = None  # output_tokens_per_s_arrived / output_tokens_per_s - 1
     # latency distributions (ms): prefill (TTFT) and decode (ITL, TPOT) kept apart
     ttft_ms: Percentiles = Percentiles()
     itl_ms: Percentiles = Percentiles()
@@ -89,7 +89,8 @@ class TrialSummary(BaseModel):
     request_throughput: float | None = None  # req/s
     input_tokens_per_s: float | None = None
     output_tokens_per_s: float | None = None
-    decode_tokens_per_s: float | None = None  # output tokens in the window minus first tokens / window
+    decode_tokens_per_s: float | None = None  # the window's requests' output tokens minus their first / window
+    output_tokens_per_s_arrived: float | None = None  # tokens that arrived in the window (edges included)
     total_tokens_per_s: float | None = None
     # goodput under the SLA
     goodput_rps: float | None = None

@@ -285,4 +285,5 @@ async def test_bench_validity_against_the_simulated_server(sim_url, tmp_path):
     assert s["valid"] is True, s["invalid_reasons"]
     assert s["goodput_rps"] <= s["request_throughput"]
     assert abs(s["tokens_per_request"] / s["output_len"]["mean"] - 1) <= 0.05
+    assert abs(s["throughput_mismatch"]) <= 0.15
     assert s["in_flight_mean"] >= 0.9 * 16

@@ -106,10 +106,13 @@ def test_throughput_counts_what_falls_in_the_window():
     s = summarize(_records(), load=None, window=(1.0, 2.0), sla=None, gpu=None, server=None, lengths_exact=False)
     assert (s.window_start_s, s.window_end_s, s.window_s, s.window_source) == (1.0, 2.0, 1.0, "stated")
     assert s.request_throughput == approx(1.0)  # a ends at 1.4; b ends at 2.1 (outside)
-    assert s.output_tokens_per_s == approx(7.0)  # a: 1+2+3 ; b: only its first chunk (at 1.7)
-    assert s.decode_tokens_per_s == approx(5.0)  # first token of each request excluded
-    assert s.input_tokens_per_s == approx(300.0)  # both first tokens (1.1, 1.7) are in the window
-    assert s.total_tokens_per_s == approx(307.0)
+    # one set for every rate: the requests that completed in the window (a alone)
+    assert s.output_tokens_per_s == approx(6.0)  # a: 1+2+3
+    assert s.decode_tokens_per_s == approx(5.0)  # its first token belongs to prefill
+    assert s.input_tokens_per_s == approx(100.0)
+    assert s.total_tokens_per_s == approx(106.0)
+    # what arrived in the window: a's 6 tokens and b's first chunk (at 1.7)
+    assert s.output_tokens_per_s_arrived == approx(7.0) and s.throughput_mismatch == approx(7 / 6 - 1)
 
     half = summarize(_records(), load=None, window=(1.0, 1.5), sla=None, gpu=None, server=None, lengths_exact=False)
     assert half.output_tokens_per_s == approx(6 / 0.5)
@@ -120,7 +123,7 @@ def test_latencies_come_from_the_requests_that_completed_in_the_window():
     s = summarize(_records(), load=None, window=(1.0, 2.0), sla=None, gpu=None, server=None, lengths_exact=False)
     # b ends at 2.1 and the failed request at 2.3: only a is in the window's set
     assert s.completions_in_window == 1 and s.ttft_ms.count == 1 and s.ttft_ms.p50 == approx(100.0)
-    assert s.request_throughput == approx(1.0) and s.tokens_per_request == approx(7.0)
+    assert s.request_throughput == approx(1.0) and s.tokens_per_request == approx(6.0)
 
 
 def test_no_steady_window_spans_send_to_end_and_is_invalid():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html as htmllib
 import io
 import os
 import re
@@ -16,9 +17,18 @@ from report_fixtures import make_trial, write_campaign
 from typer.testing import CliRunner
 
 from servetune.cli import app
-from servetune.report.campaign import Campaign, ReportInputError, flag_value, load_campaign
-from servetune.report.figures import all_figures
+from servetune.report.campaign import (
+    Campaign,
+    ReportInputError,
+    derive_ceiling,
+    flag_value,
+    load_campaign,
+    meets_sla,
+)
+from servetune.report.evidence import curve_levels, series, validity_cells
+from servetune.report.figures import _cell_value, all_figures, latency_figure, throughput_figure
 from servetune.report.html import diff_rows, write_report
+from servetune.stats import spread
 
 FIGURE_KEYS = ("throughput", "latency", "gpu_memory", "prefix_hit_rate", "refine_heatmap")
 PREVIOUS = {"config": {"chunked-prefill-size": 8192, "schedule-conservativeness": 1.0, "max-running-requests": 64,
@@ -54,6 +64,17 @@ def _colour_pixels(img: Image.Image, rgb: tuple[int, int, int], tol: int = 12) -
 @pytest.fixture
 def campaign_dir(tmp_path: Path) -> Path:
     return write_campaign(tmp_path / "results", previous=PREVIOUS)
+
+
+@pytest.fixture
+def noisy_dir(tmp_path: Path) -> Path:
+    """Repeats at c=64 and c=96 (marginal), one INVALID trial at c=96, a recommendation with CI and ties."""
+    return write_campaign(tmp_path / "noisy", noisy=True)
+
+
+def _row(html: str, row_id: str) -> str:
+    row = html[html.index(f'id="{row_id}"'):]
+    return row[: row.index("</tr>")]
 
 
 def test_campaign_report_renders_in_chromium(campaign_dir: Path, tmp_path: Path) -> None:
@@ -213,3 +234,113 @@ def test_report_of_a_real_virtual_campaign(tmp_path: Path) -> None:
     rec = orjson.loads((run / "recommendation.json").read_bytes())
     assert f"{rec['goodput_rps']:,.2f}" in html
     assert html.count('<tr id="check-') == len(list((run / "trials").glob("*.json")))
+
+
+def test_trial_tables_mark_valid_and_invalid_with_reasons(noisy_dir: Path, campaign_dir: Path,
+                                                          tmp_path: Path) -> None:
+    campaign = load_campaign(str(noisy_dir))
+    html = write_report(campaign, tmp_path / "r").html_path.read_text()
+    bad = next(t for t in campaign.trials if t.summary.valid is False)
+    check = _row(html, f"check-{bad.trial_id}")
+    assert '<td class="bad">INVALID</td>' in check and "not judged (INVALID)" in check
+    assert "INVALID: steady window 8.4 s &lt; 20 s" in check
+    assert "the client did not hold the load" in check
+    row = _row(html, f"trial-{bad.trial_id}")
+    assert '<td class="bad"' in row and ">INVALID</td>" in row
+    assert "8.4 s" in row and '"num bad">120 / 384<' in row and "61.4 / 40.3 of 96" in row
+    good = next(t for t in campaign.trials if t.stage == "ramp" and t.load["concurrency"] == 64)
+    row = _row(html, f"trial-{good.trial_id}")
+    assert '<td class="ok">VALID</td>' in row and "60.0 s" in row and "296 / 256" in row and "63.4 / 60.8 of 64" in row
+    assert 'id="card-invalid"' in html and "INVALID trials (not used)</div><div class=\"value\">1<" in html
+
+    legacy = load_campaign(str(campaign_dir))
+    old = write_report(legacy, tmp_path / "old").html_path.read_text()
+    row = _row(old, f"trial-{legacy.trials[3].trial_id}")
+    assert '<td class="muted">-</td>' in row and "VALID" not in row
+    assert 'id="card-invalid"' not in old
+
+
+def test_validity_cells_open_loop_and_no_window() -> None:
+    from datetime import UTC, datetime
+
+    t = make_trial(experiment_id="x", stage=None, concurrency=16, created=datetime.now(UTC), valid=True)
+    t.load = {"mode": "rate", "rate": 4.0}
+    t.summary.scenario, t.summary.dispatch_fraction, t.summary.sustained = "open_loop", 0.97, False
+    assert validity_cells(t)["in_flight"] == "dispatch 97%, not sustained"
+    t.summary.valid, t.summary.window_source = False, "no_steady_window"
+    cells = validity_cells(t)
+    assert cells["validity"] == "INVALID" and cells["window"] == "no steady window"
+    t.summary.valid = None
+    assert validity_cells(t)["validity"] == "-" and validity_cells(t)["completions"] == "-"
+
+
+def test_recommendation_shows_repeats_ci_ties_and_marginal(noisy_dir: Path, campaign_dir: Path,
+                                                            tmp_path: Path) -> None:
+    campaign = load_campaign(str(noisy_dir))
+    html = write_report(campaign, tmp_path / "r").html_path.read_text()
+    rec = orjson.loads((noisy_dir / "recommendation.json").read_bytes())
+    assert rec["repeats"] == 3 and rec["goodput_ci95"] > 0 and rec["ties"]
+    ci_text = (f"{rec['goodput_rps']:,.2f} ± {rec['goodput_ci95']:,.2f} req/s "
+               f"(95% CI, n=3, CV {rec['goodput_cv']:.1%})")
+    para = html[html.index('id="rec-goodput"'):]
+    assert ci_text in para[: para.index("</p>")]
+    assert f"{rec['goodput_rps']:,.2f} ± {rec['goodput_ci95']:,.2f}</div>" in html  # the goodput card
+    assert '<div class="label">valid repeats</div><div class="value">3</div>' in html
+    ties = html[html.index("<h3>Ties (within the noise)</h3>"):]
+    ties = ties[: ties.index("</ul>")]
+    assert htmllib.escape(rec["ties"][0], quote=False) in ties and "tie, kept the simpler config" in ties
+    marginal = html[html.index('id="marginal"'):]
+    assert "c=96" in marginal[: marginal.index("</p>")]
+
+    old = write_report(load_campaign(str(campaign_dir)), tmp_path / "old").html_path.read_text()
+    assert "(n=1: one trial, no interval)" in old and " ± " not in old
+    assert 'id="ties-none"' in old and "<h3>Ties" not in old and 'id="marginal"' not in old
+
+
+def test_invalid_trial_never_counts_for_the_ceiling(noisy_dir: Path) -> None:
+    campaign = load_campaign(str(noisy_dir))
+    bad = next(t for t in campaign.trials if t.summary.valid is False)
+    assert bad.load["concurrency"] == 96 and not meets_sla(bad, campaign.sla)
+    bad.summary.valid = None
+    assert meets_sla(bad, campaign.sla)  # its numbers alone would pass the SLA
+    assert derive_ceiling(campaign.main_curve(), campaign.sla) == 96  # and would lift c=96 (2 of 3 pass)
+    bad.summary.valid = False
+    assert derive_ceiling(campaign.main_curve(), campaign.sla) == 64  # INVALID: 1 of 2 VALID pass, a tie fails
+    campaign.recommendation = None
+    campaign.experiment.pop("recommendation")
+    campaign.experiment.pop("ceiling")
+    assert campaign.ceiling() == (64, "derived from the ramp (highest level meeting the p99 SLA)")
+    html = write_report(campaign, noisy_dir / "derived").html_path.read_text()
+    marginal = html[html.index('id="marginal"'):]
+    assert "derived from the repeats" in marginal and "c=96" in marginal[: marginal.index("</p>")]
+
+
+def test_curves_are_means_over_valid_repeats(noisy_dir: Path) -> None:
+    campaign = load_campaign(str(noisy_dir))
+    levels = {lv.concurrency: lv for lv in curve_levels(campaign)}
+    assert len(levels[64].used) == 3 and not levels[64].invalid
+    assert len(levels[96].used) == 2 and len(levels[96].invalid) == 1
+    line = series(list(levels.values()), lambda s: s.goodput_rps)
+    used = spread([t.summary.goodput_rps for t in levels[96].used])
+    i = line.xs.index(96)
+    assert line.means[i] == pytest.approx(used.mean) and line.ci95[i] == pytest.approx(used.ci95)
+    assert line.invalid_xs == [96] and line.invalid_ys == [levels[96].invalid[0].summary.goodput_rps]
+    assert line.invalid_ys[0] > line.means[i]  # the INVALID one would have pulled the mean up
+    assert line.ci95[line.xs.index(32)] == 0.0  # one trial: no error bar
+    for fig in (throughput_figure(campaign), latency_figure(campaign)):
+        assert fig.png is not None
+        assert "hollow grey circles: INVALID" in fig.caption and "excluded from the mean" in fig.caption
+        assert "1 INVALID trial(s) not used" in fig.caption and "95% CI" in fig.caption
+
+
+def test_heatmap_cells_pool_valid_repeats(noisy_dir: Path) -> None:
+    campaign = load_campaign(str(noisy_dir))
+    best = [t for t in campaign.refine_trials() if flag_value(t.server_config, "chunked_prefill_size") == 4096
+            and flag_value(t.server_config, "schedule_conservativeness") == 0.7]
+    value, note = _cell_value(best, campaign.sla)
+    assert len(best) == 3 and note == " (n=3)"
+    assert value == pytest.approx(spread([t.summary.goodput_rps for t in best]).mean)
+    best[0].summary.valid = False
+    value, note = _cell_value(best, campaign.sla)
+    assert note == " (n=2)" and value == pytest.approx(spread([t.summary.goodput_rps for t in best[1:]]).mean)
+    assert _cell_value(best[:1], campaign.sla) == (0.0, "\nINVALID")

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from servetune.cli import app
 from servetune.report.campaign import load_campaign
-from servetune.report.html import key_cards
+from servetune.report.html import key_cards, write_report
 from servetune.warehouse import migrate
 from servetune.warehouse.loader import load_result
 
@@ -49,3 +49,21 @@ def test_unknown_experiment_id(fresh_database_url: str) -> None:
     result = runner.invoke(app, ["report", "no-such-experiment", "--database-url", fresh_database_url])
     assert result.exit_code == 2
     assert "no-such-experiment" in result.output and "no such experiment in the warehouse" in result.output
+
+
+def test_validity_and_repeats_survive_the_warehouse(fresh_database_url: str, tmp_path: Path) -> None:
+    """The INVALID trial, its reasons and the repeats read back from the summary columns; with no stated
+    ceiling section in the warehouse, the marginal level is derived from the repeats."""
+    migrate.upgrade(fresh_database_url)
+    directory = write_campaign(tmp_path / "results", noisy=True)
+    loaded = load_result(fresh_database_url, directory, validate=False)
+    assert loaded.ok, loaded.errors
+    campaign = load_campaign(loaded.experiment_id, database_url=fresh_database_url)
+    bad = [t for t in campaign.trials if t.summary.valid is False]
+    assert len(bad) == 1 and bad[0].summary.invalid_reasons[0] == "steady window 8.4 s < 20 s"
+    html = (write_report(campaign, tmp_path / "r").html_path).read_text()
+    row = html[html.index(f'id="check-{bad[0].trial_id}"'):]
+    assert "INVALID: steady window 8.4 s &lt; 20 s" in row[: row.index("</tr>")]
+    marginal = html[html.index('id="marginal"'):]
+    assert "derived from the repeats" in marginal and "c=96" in marginal[: marginal.index("</p>")]
+    assert "(95% CI, n=3," in html

@@ -83,7 +83,7 @@ def _late_open_loop(t):
 
 
 def _tokens_disagree(t):
-    t.summary.throughput_mismatch = -0.12
+    t.summary.throughput_mismatch = -0.22
 
 
 def _goodput_above_throughput(t):

@@ -101,8 +101,8 @@ def _print_dry_run(plan: TuningPlan) -> None:
     rules = plan.validation
     repeats = plan.repeats.count or runner.default_repeats
     console.print(f"{len(specs)} trials, estimated GPU time {_fmt_s(total)} (budget {plan.budget.max_gpu_minutes:g} min,"
-                  f" restart cost {plan.budget.restart_cost_s:g} s each); the simulator's estimate, not a measurement."
-                  f" Each trial is sized for a steady window of >= {rules.min_window_s:g} s and >= max("
+                  f" restart cost {plan.budget.restart_cost_s:g} s each); the simulator's estimate, not a measurement.")
+    console.print(f"Each trial is sized for a steady window of >= {rules.min_window_s:g} s and >= max("
                   f"{rules.min_completions}, {rules.completions_per_stream:g} x streams) completions"
                   f" (requests = measured + warm-up); decisive trials: {repeats} trial(s) each")
     if decision.recommendation:

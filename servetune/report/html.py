@@ -183,7 +183,8 @@ def key_cards(campaign: Campaign) -> list[dict[str, str]]:
     accepted = sum(1 for t in campaign.trials if t.status == "ok")
     cards.append({"key": "trials", "label": "trials ok / total", "value": f"{accepted} / {len(campaign.trials)}"})
     if any(t.summary.valid is not None for t in campaign.trials):
-        invalid = sum(1 for t in campaign.trials if t.summary.valid is False)
+        # the correctness stage sends one request: it never has a steady window and is no measurement
+        invalid = sum(1 for t in campaign.trials if t.summary.valid is False and t.stage != "correctness")
         cards.append({"key": "invalid", "label": "INVALID trials (not used)", "value": str(invalid)})
     return cards
 

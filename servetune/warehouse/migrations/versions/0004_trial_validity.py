@@ -35,6 +35,7 @@ COLUMNS = (
     ('sustained', sa.Boolean()),
     ('tokens_per_request', sa.Double()),
     ('throughput_mismatch', sa.Double()),
+    ('output_tokens_per_s_arrived', sa.Double()),
     ('server_samples_in_window', sa.Integer()),
 )
 
