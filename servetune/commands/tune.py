@@ -30,7 +30,8 @@ def _fmt_s(seconds: float | None) -> str:
 
 def _progress_printer(plan: TuningPlan) -> Any:
     from servetune.tuning.campaign import Progress
-    from servetune.tuning.ceiling import judge
+    from servetune.tuning.decisions import correctness_ok
+    from servetune.tuning.verdict import judge
 
     def show(p: Progress) -> None:
         s = p.spec
@@ -45,8 +46,13 @@ def _progress_printer(plan: TuningPlan) -> Any:
             console.print(f"{head}  [red]failed[/red]: {escape(o.failure_reason or '?')}", highlight=False)
             return
         sm = o.summary
-        verdict = judge(o, plan.sla)
-        mark = "[green]pass[/green]" if verdict.passed else "[yellow]fail[/yellow]: " + escape("; ".join(verdict.reasons))
+        if o.stage == "correctness":  # sane output, not a measurement: no window to judge
+            ok, why = correctness_ok(o)
+            mark = "[green]sane output[/green]" if ok else "[red]fail[/red]: " + escape(why)
+        else:
+            verdict = judge(o, plan.sla)
+            mark = ("[green]pass[/green]" if verdict.passed
+                    else "[yellow]fail[/yellow]: " + escape("; ".join(verdict.reasons)))
         console.print(
             f"{head}  goodput {sm.goodput_rps or 0:.2f} req/s, p99 TTFT {sm.ttft_ms.p99 or 0:.0f} ms,"
             f" p99 TPOT {sm.tpot_ms.p99 or 0:.1f} ms, {o.gpu_seconds:.0f} s GPU  {mark}", highlight=False)
