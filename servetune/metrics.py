@@ -123,7 +123,7 @@ def summarize(
         _throughput(s, ok_all, ok, ws, we)
         _goodput(s, in_set, ok, sla)
     s.prefix_hit_rate = prefix_hit_rate(measured)
-    _validity(s, records, steady, load, rules, ok)
+    _validity(s, records, steady, load, rules)
     _server_signals(s, server)
     _gpu(s, gpu)
     return s
@@ -240,7 +240,7 @@ def _throughput(
 
 
 def _validity(s: TrialSummary, records: Sequence[RequestRecord], steady: SteadyWindow, load: dict[str, Any] | None,
-              rules: ValidityRules, ok: Sequence[RequestRecord]) -> None:
+              rules: ValidityRules) -> None:
     """The rules of servetune.validity on this summary's window and set."""
     if s.request_throughput and s.output_tokens_per_s is not None:
         s.tokens_per_request = s.output_tokens_per_s / s.request_throughput
