@@ -398,3 +398,20 @@ def test_batched_measurement_gives_the_same_requests_as_one_by_one(tok):
     batched = build_requests(spec, 30, tok, start_index=7).requests
     gen = _Generator(spec, tok)
     assert batched == [gen.request(i) for i in range(7, 37)]
+
+
+def test_a_mixture_draws_each_length_from_a_part_by_weight() -> None:
+    from servetune.workload import build_requests as build
+    from servetune.workload.spec import WorkloadSpec as Spec
+
+    spec = Spec.model_validate({"name": "mix", "seed": 4, "output": {"kind": "fixed", "value": 8}, "input": {
+        "kind": "mixture", "parts": [
+            {"weight": 9, "dist": {"kind": "uniform", "min": 100, "max": 400}},
+            {"weight": 1, "dist": {"kind": "fixed", "value": 16000}}]}})
+    lengths = [r.input_tokens for r in build(spec, 2000).requests]
+    long = sum(n == 16000 for n in lengths)
+    assert 150 <= long <= 250  # 10% of 2000, within sampling noise
+    assert all(100 <= n <= 400 for n in lengths if n != 16000)
+    assert [r.input_tokens for r in build(spec, 50).requests] == lengths[:50]  # seeded
+    with pytest.raises(ValueError, match="parts"):
+        Spec.model_validate({"input": {"kind": "mixture", "parts": []}})

@@ -90,19 +90,19 @@ def _print_dry_run(plan: TuningPlan) -> None:
         console.print(f"estimating with the simulator: {plan.estimate.model} on {plan.estimate.gpu}")
     decision, outcomes, specs = dry_run(plan, runner)
     table = Table(title=f"{plan.name}: trials the campaign would start (simulated, virtual time)")
-    for col in ("#", "stage", "level", "requests", "server flags changed", "restart", "GPU s", "goodput req/s",
-                "valid"):
-        table.add_column(col)
+    for col in ("#", "stage", "level", "requests", "flags changed", "GPU s", "goodput req/s", "valid"):
+        table.add_column(col, no_wrap=col in ("stage", "requests", "valid"))
     base = plan.engine_flags()
     for i, (spec, o) in enumerate(zip(specs, outcomes, strict=True), 1):
         changed = {k: v for k, v in spec.flags.items() if base.get(k, object()) != v or k not in base}
         removed = [k for k in base if k not in spec.flags]
         text = ", ".join([f"{k}={v}" for k, v in changed.items()] + [f"-{k}" for k in removed]) or "-"
+        valid = "-" if spec.stage == "correctness" else ("yes" if o.valid else "INVALID")
         table.add_row(str(i), spec.stage, str(spec.concurrency), f"{spec.requests}+{spec.warmup}", text,
-                      "yes" if o.restarted else "", f"{o.gpu_seconds:.0f}",
-                      f"{o.summary.goodput_rps or 0:.2f}" if o.status == "ok" else "failed",
-                      "yes" if o.valid else "INVALID")
+                      f"{o.gpu_seconds:.0f}" + ("*" if o.restarted else ""),
+                      f"{o.summary.goodput_rps or 0:.2f}" if o.status == "ok" else "failed", valid)
     console.print(table)
+    console.print("* the server (re)starts for this trial (its GPU s include the restart)")
     total = sum(o.gpu_seconds for o in outcomes)
     rules = plan.validation
     repeats = plan.repeats.count or runner.default_repeats

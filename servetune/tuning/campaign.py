@@ -50,11 +50,13 @@ def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: 
     bisect = 4 if st.ramp.bisect else 0
     measured = {o.concurrency for o in state.outcomes if o.stage in ("baseline", "ramp")}
     ramp_left = sum(1 for c in [st.baseline.concurrency, *st.ramp.levels] if c not in measured)
+    extra = plan.repeat_count - 1  # each decisive measurement and the one it is compared with
+    repeats = 2 * extra * (1 + refine)
     if stage in ("correctness", "baseline", "ramp"):
-        return int(stage == "correctness") + ramp_left + bisect + refine
+        return int(stage == "correctness") + ramp_left + bisect + refine + repeats
     if stage == "bisect":
-        return bisect + refine
-    return max(1, refine - len(state.by_stage("refine")))
+        return bisect + refine + repeats
+    return max(1, refine + 2 * extra * refine - len(state.by_stage("refine")))
 
 
 def plan_fingerprints(plan: TuningPlan) -> tuple[str | None, str | None]:
