@@ -307,6 +307,11 @@ def prefix_hit_rate(measured: Sequence[RequestRecord]) -> float | None:
 def _server_signals(s: TrialSummary, server: dict[str, Any] | None) -> None:
     if not server:
         return
+    if server.get("scheduler_log"):
+        from servetune.telemetry.scheduler_log import signals
+
+        for k, v in signals(server["scheduler_log"]).items():
+            setattr(s, k, v)
     from servetune.telemetry.prometheus import derive_signals
 
     window = (s.window_start_s, s.window_end_s) if s.window_start_s is not None else None

@@ -120,6 +120,15 @@ class TrialSummary(BaseModel):
     server_retractions: float | None = None
     server_samples: int = 0
     server_samples_in_window: int = 0  # scrapes inside the window (the gauges above use those when any)
+    # the scheduler's own log lines (servetune.telemetry.scheduler_log), when the server's log was read
+    sched_prefill_batches: int | None = None
+    sched_decode_lines: int | None = None  # one per --decode-log-interval decode steps
+    sched_decode_running_mean: float | None = None  # requests per decode batch
+    sched_gen_throughput_mean: float | None = None  # tokens/s as the scheduler reports it
+    sched_queue_max: int | None = None
+    sched_token_usage_max: float | None = None
+    sched_cache_hit_rate: float | None = None  # cached / (new + cached) tokens over prefill batches
+    sched_cuda_graph_fraction: float | None = None  # decode lines with cuda graph: True
 
 
 @dataclass

@@ -28,6 +28,8 @@ from servetune.sla import SLA
 from servetune.telemetry.environment import fingerprint
 from servetune.telemetry.nvml import GpuSampler
 from servetune.telemetry.prometheus import MetricsScraper
+from servetune.telemetry.scheduler_log import LogTail
+from servetune.telemetry.scheduler_log import capture as scheduler_capture
 from servetune.telemetry.server_info import fetch_server_info
 from servetune.telemetry.simgpu import SimulatedGpuSampler
 from servetune.validity import ValidityRules
@@ -69,6 +71,9 @@ class TrialRequest(BaseModel):
     )
     validity: ValidityRules = Field(
         default_factory=ValidityRules, description="what the trial needs to be VALID (servetune.validity)"
+    )
+    server_log: str | None = Field(
+        default=None, description="the engine's log file on this machine: its scheduler batch lines are kept"
     )
 
     @model_validator(mode="after")
@@ -131,6 +136,7 @@ async def run_trial_async(
     if req.flush_cache:
         server["flush_cache"] = await _flush_cache(req.target)
 
+    log_tail = LogTail(req.server_log)  # the lines the engine logs from here on belong to this trial
     t0_ns = time.perf_counter_ns()
     result.t0_unix = time.time()
     gpu_sampler = _gpu_sampler(req, server["server_info"])
@@ -148,6 +154,8 @@ async def run_trial_async(
     finally:
         server.update(await _stop_scraper(scraper))
         result.gpu = gpu_sampler.stop()
+    if (batches := scheduler_capture(log_tail, result.t0_unix, time.time())) is not None:
+        server["scheduler_log"] = batches
     result.server = server
 
     if outcome is not None:

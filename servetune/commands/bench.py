@@ -93,6 +93,14 @@ def _syntax_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
+def _log_file(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    if not path.is_file():
+        raise BadInput(f"--server-log: {path} is not a file")
+    return str(path)
+
+
 def _gpu_list(value: str | None) -> list[int] | None:
     if value is None:
         return None
@@ -145,6 +153,10 @@ def summary_tables(result: TrialResult) -> list[Table]:
         ("prefix hit rate (server)", _num(s.prefix_hit_rate_server, "{:.1%}")),
         ("GPU memory peak", gpu),
     ]
+    if s.sched_prefill_batches is not None:
+        rows.append(("scheduler log", f"{s.sched_prefill_batches} prefill / {s.sched_decode_lines} decode lines,"
+                                      f" decode batch {_num(s.sched_decode_running_mean)},"
+                                      f" queue max {s.sched_queue_max}, hit rate {_num(s.sched_cache_hit_rate, '{:.1%}')}"))
     if s.errors_by_class:
         rows.append(("errors", ", ".join(f"{k}={v}" for k, v in sorted(s.errors_by_class.items()))))
     for name, value in rows:
@@ -200,6 +212,8 @@ def bench(
     flush_cache: Annotated[bool, typer.Option(help="POST /flush_cache before the warm-up")] = True,
     timeout_s: Annotated[float, typer.Option(help="per-request timeout, stream included")] = 600.0,
     seed: Annotated[int | None, typer.Option(help="override the workload's seed")] = None,
+    server_log: Annotated[Path | None, typer.Option(
+        help="the engine's log file (SGLang): its scheduler batch lines during the trial are kept")] = None,
     min_window_s: Annotated[float, typer.Option(help="validity: shortest steady window, seconds")] = 20.0,
     min_completions: Annotated[int, typer.Option(help="validity: fewest completions in the window (and >= 4 per stream)")]
     = 200,
@@ -245,6 +259,7 @@ def bench(
                     "flush_cache": flush_cache,
                     "tokenizer": tokenizer,
                     "validity": {"min_window_s": min_window_s, "min_completions": min_completions},
+                    "server_log": _log_file(server_log),
                 }
             )
         except ValidationError as exc:

@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from . import tokens as tk
 from .args import SGLANG_VERSION_MODELLED, SimArgs
+from .batch_log import BatchLog
 from .metrics import SimMetrics
 from .scheduler import RequestRejected, Scheduler, SimRequest
 
@@ -87,6 +88,7 @@ class SimServer:
         self.args = args
         self.sched = Scheduler(args)
         self.metrics = SimMetrics(args, self.sched)
+        self.batch_log = BatchLog(args, self.sched)
         self.streams: dict[int, _Stream] = {}
         self.errors: deque[float] = deque(maxlen=ERROR_SAMPLES)  # per token write: actual - modelled time
         self.wake_errors: deque[float] = deque(maxlen=ERROR_SAMPLES)  # per iteration: engine wake-up lateness
@@ -127,6 +129,7 @@ class SimServer:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            self.batch_log.on_iteration(it)
             self.busy_s += it.end - it.start
             self.extend_tokens = it.new_tokens
             # prepare every chunk now; at the modelled end only the socket writes remain

@@ -67,6 +67,14 @@ def _server_pids(server: Any) -> list[int] | None:
         return [pid]
 
 
+def _local_log(server: Any) -> str | None:
+    """The engine's log file when it is written on this machine (the scheduler's batch lines are read from it)."""
+    path = getattr(server, "log_path", None)
+    if path is None or getattr(server, "host", "127.0.0.1") not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    return str(path) if Path(path).is_file() else None
+
+
 class LiveTrialRunner:
     """Real trials; restarts the server whenever the flags change; always stops what it started.
 
@@ -138,6 +146,7 @@ class LiveTrialRunner:
             prompt_template=self.plan.prompt_template,
             gpu_indices=getattr(self.plan.runner, "gpus", None),
             server_pids=_server_pids(self._server),
+            server_log=_local_log(self._server),
         )
         preflight = self._preflight if self._preflight is not None else running_preflight(self._server)
         try:
