@@ -177,3 +177,11 @@ def test_sglangs_own_parser_agrees_with_the_catalogue():
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=180)
     verdict = interpret_parser_check(proc.returncode, proc.stdout, proc.stderr, good.version)
     assert verdict.checked and not verdict.ok and "ambiguous option: --cuda-graph-max-bs" in verdict.error
+
+
+def test_flags_read_as_typed_store_true_bare() -> None:
+    from servetune.engines.catalog import command_text
+
+    flags = {"disable-cuda-graph": True, "chunked-prefill-size": 4096, "disable-radix-cache": False,
+             "max-running-requests": None}
+    assert command_text(flags) == "--disable-cuda-graph --chunked-prefill-size 4096"

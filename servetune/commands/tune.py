@@ -147,15 +147,17 @@ def _print_static_schedule(plan: TuningPlan) -> None:
 
 
 def _print_recommendation(decision: Any, out: Path) -> None:
+    from servetune.engines.catalog import command_text
+
     rec = decision.recommendation
     if rec is None:
         console.print(f"[red]no recommendation[/red]: {escape(decision.reason)}")
         return
     table = Table(title="recommendation", show_header=False)
-    table.add_row("server flags", " ".join(f"--{k}" + ("" if v is None else f" {v}") for k, v in rec.config.items())
-                  or "(engine defaults)")
+    table.add_row("server flags", command_text(rec.config) or "(engine defaults)")
     table.add_row("concurrency", str(rec.concurrency))
-    table.add_row("goodput", f"{rec.goodput_rps or 0:.2f} req/s")
+    ci = f" ± {rec.goodput_ci95:.2f} (95% CI over {rec.repeats} repeats)" if rec.goodput_ci95 is not None else ""
+    table.add_row("goodput", f"{rec.goodput_rps or 0:.2f} req/s{ci}")
     table.add_row("p99 TTFT / TPOT / E2E",
                   f"{rec.p99_ttft_ms or 0:.0f} / {rec.p99_tpot_ms or 0:.1f} / {rec.p99_e2e_ms or 0:.0f} ms")
     table.add_row("output tokens/s", f"{rec.output_tokens_per_s or 0:.0f}")

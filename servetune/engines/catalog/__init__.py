@@ -121,6 +121,18 @@ class Catalog(BaseModel):
         return out
 
 
+def command_text(flags: dict[str, FlagValue | None]) -> str:
+    """Flags as a user types them, without a catalogue: ``True`` is a bare switch, ``False``/``None`` left out
+    (a store-true flag must never read ``--disable-cuda-graph True``)."""
+    words: list[str] = []
+    for flag, value in flags.items():
+        name = "--" + flag.lstrip("-")
+        if value is None or value is False:
+            continue
+        words.append(name if value is True else f"{name} {value}")
+    return " ".join(words)
+
+
 def _coerce(spec: FlagSpec, value: FlagValue) -> FlagValue:
     if value is None:
         return None
