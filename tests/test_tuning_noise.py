@@ -56,10 +56,28 @@ def test_a_noisy_tie_is_a_tie_not_a_win() -> None:
     assert len(rec.ties) == 1 and "schedule-conservativeness 0.7: a tie within the noise" in rec.ties[0]
     assert "kept the incumbent" in rec.ties[0]
     cand = [t for t in asked if t.flags.get("schedule-conservativeness") == 0.7]
-    assert [t.seed_offset for t in cand] == [0, 1, 2]  # the winner-to-be got its repeats, each a new seed
+    assert [t.seed_offset for t in cand if t.concurrency == 32] == [0, 1, 2]  # repeats, each a new seed
+    # a tie at 32 is also tried one level up, where it fails GPU memory like the incumbent: kept
+    assert [t.concurrency for t in cand if t.concurrency != 32] == [64]
     inc = [t for t in asked if t.concurrency == 32 and not t.flags]
     assert len(inc) >= 3 and len({t.seed_offset for t in inc}) == len(inc)
     assert rec.repeats >= 3 and rec.goodput_ci95 is not None and rec.goodput_ci95 > 0
+
+
+def test_a_tie_that_holds_the_next_level_moves_the_ceiling() -> None:
+    """Tied at the ceiling (the closed loop caps goodput), but passing one level up where the incumbent
+    fails: the candidate wins at the higher level."""
+    plan = make_plan(stages__refine=REFINE_ONE, repeats={"count": 1})
+
+    def surface(flags: Flags, level: int, seed: int):
+        tuned = flags.get("schedule-conservativeness") == 0.7
+        return summary(thr=level * 0.1, ttft=900 if level < 64 or (tuned and level == 64) else 1500)
+
+    d, _ = drive(plan, surface)
+    assert d.ceiling is not None and d.ceiling.level == 32
+    rec = d.recommendation
+    assert rec is not None and rec.concurrency == 64 and rec.config == {"schedule-conservativeness": 0.7}
+    assert any("holds concurrency 64" in line and "where the incumbent fails" in line for line in rec.explanation)
 
 
 def test_a_real_gain_beyond_the_noise_wins() -> None:

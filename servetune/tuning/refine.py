@@ -63,11 +63,15 @@ class _NeedTrial(Exception):  # noqa: N818 - control flow inside the replay, nev
 
 
 class _Walk:
-    def __init__(self, plan: TuningPlan, state: CampaignState) -> None:
+    def __init__(self, plan: TuningPlan, state: CampaignState, levels: list[int] | None = None) -> None:
         self.plan, self.state = plan, state
+        self.levels = sorted(set(levels or []))  # where a tied candidate may show it holds more load
         self.compared: list[str] = []
         self.notes: list[str] = []
         self.ties: list[str] = []
+
+    def level_above(self, level: int) -> int | None:
+        return next((x for x in self.levels if x > level), None)
 
     def measure(self, flags: Flags, level: int, reason: str, repeats: int = 1) -> Evidence:
         """The evidence for ``flags`` at ``level`` with ``repeats`` valid trials, or _NeedTrial."""
@@ -96,6 +100,17 @@ class _Walk:
             rel = compare(cand.goodput, inc.goodput, min_change=self.plan.stages.refine.min_improvement)
             self.notes.append(f"{what}: goodput {g0} -> {g1} req/s at concurrency {level} ({rel.text()})")
             return cand
+        if outcome == "tie" and (up := self.level_above(level)) is not None:
+            # at a fixed level a closed loop's goodput is capped by the load itself: a tied config may
+            # still hold the next level where the incumbent fails (the ceiling moves, not the rate)
+            c_up = self.measure(flags, up, f"refine {what}: tied at {level}, tried at {up}")
+            if c_up.passed:
+                i_up = self.measure(inc.flags, up, f"incumbent at {up}, against {what}")
+                if not i_up.passed:
+                    self.notes.append(f"{what}: a tie at concurrency {level}, but it holds concurrency {up}"
+                                      f" (goodput {c_up.goodput.text()} req/s) where the incumbent fails"
+                                      f" ({'; '.join(i_up.verdict.reasons)})")
+                    return c_up
         if outcome == "tie":
             keep = not _simpler(cand, inc)
             text = (f"{what}: a tie within the noise at concurrency {level} (goodput {g1} against {g0} req/s);"
@@ -121,7 +136,7 @@ def _simpler(a: Evidence, b: Evidence) -> bool:
 def refine(plan: TuningPlan, state: CampaignState, ceiling: Ceiling, base_flags: Flags) -> TrialSpec | RefineResult:
     """The next refinement trial, or the walk's result once every step has its measurement."""
     assert ceiling.level is not None
-    walk = _Walk(plan, state)
+    walk = _Walk(plan, state, [*ramp_levels(plan), *([ceiling.first_fail] if ceiling.first_fail else [])])
     try:
         best = _run(plan, walk, ceiling, base_flags)
     except _NeedTrial as need:
