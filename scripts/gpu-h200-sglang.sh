@@ -2,6 +2,7 @@
 # Real SGLang 0.5.17 on the lent H200 (docs/gpu.md), one step per device call, results under $OUT.
 #   bash scripts/gpu-h200-sglang.sh study     repeats of one trial at three levels (bench/repeat_study.py)
 #   bash scripts/gpu-h200-sglang.sh tune NAME  `servetune tune plans/gpu-h200-sglang.yaml` into $OUT/NAME
+#   bash scripts/gpu-h200-sglang.sh catalog    the installed SGLang's flag catalogue (its own parser) into $OUT
 # Needs .sgl/ (git-ignored, carried): the recipe's sglpkgs.tar.xz overlay and sgl_h200.sh. Each step
 # unpacks the overlay and builds the random 7.2B model only when a cold machine lacks them.
 set -uo pipefail
@@ -20,6 +21,7 @@ LOG="$OUT/$1${2:+-$2}.log"
     study) timeout -s INT "${LIMIT:-520}" "$PY" bench/repeat_study.py plans/gpu-h200-sglang.yaml \
              --levels "${LEVELS:-16,64,128}" --repeats "${REPEATS:-5}" --out "$OUT/study" ;;
     tune)  timeout -s INT "${LIMIT:-540}" "$PY" -m servetune tune plans/gpu-h200-sglang.yaml --out "$OUT/$2" ;;
+    catalog) mkdir -p "$OUT/catalog" && "$PY" -m servetune.engines.catalog --python "$PY" --out "$OUT/catalog" ;;
   esac
   echo "exit $?"
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv
