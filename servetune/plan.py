@@ -150,6 +150,9 @@ class RepeatsSection(_Strict):
     max: int = Field(default=5, ge=1, le=30, description="a marginal level (its SLA verdict flips) gets up to this many")
     invalid_retries: int = Field(default=1, ge=0, le=5,
                                  description="an INVALID trial is re-run this many times, resized from its own rate")
+    crash_retries: int = Field(default=2, ge=0, le=5,
+                               description="a trial the engine died under is re-run this many times on a restarted"
+                                           " engine; then the level is a fault (never a capacity verdict)")
 
     @model_validator(mode="after")
     def _max_at_least_count(self) -> RepeatsSection:

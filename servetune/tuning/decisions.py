@@ -36,7 +36,7 @@ def correctness_ok(o: TrialOutcome) -> tuple[bool, str]:
 
 def next_trials(plan: TuningPlan, state: CampaignState, *, previous: dict[str, Any] | None = None) -> Decision:
     """The next trial(s) to run, or ``done`` with the ceiling and the recommendation."""
-    failed = [o for o in state.outcomes if o.status == "failed"]
+    failed = [o for o in state.outcomes if o.status == "failed" and not o.fault]  # a crash is re-run, not a stop
     if failed and plan.on_trial_failure == "stop":
         return _stop(plan, state, previous, f"trial {failed[0].trial_id} failed ({failed[0].failure_reason});"
                                             " the plan says on_trial_failure: stop")

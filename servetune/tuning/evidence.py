@@ -103,7 +103,16 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: int, *, 
            repeats: int = 1) -> TrialSpec | Evidence:
     """The next trial (flags, level) needs, or its evidence once it has ``repeats`` valid trials
     (``repeats.max`` when marginal) or has used up its attempts."""
-    outcomes = state.measurements(flags, level)
+    everything = state.measurements(flags, level)
+    faults = [o for o in everything if o.fault]
+    outcomes = [o for o in everything if not o.fault]
+    if faults and not outcomes:
+        if len(faults) > plan.repeats.crash_retries:
+            return pool(plan, flags, level, everything)  # a fault verdict: the engine keeps dying here
+        requests, warmup, how = faults[-1].requests, faults[-1].warmup, "as the trial the engine died under"
+        return TrialSpec(stage=stage, concurrency=level, flags=flags, requests=requests, warmup=warmup,  # type: ignore[arg-type]
+                         reason=f"{reason}: re-run after an engine crash ({len(faults)} so far)",
+                         seed_offset=len(everything), sizing=how)
     ev = pool(plan, flags, level, outcomes)
     wanted = max(repeats, plan.repeats.max if ev.marginal and repeats > 1 else repeats)
     attempts_cap = wanted + plan.repeats.invalid_retries
@@ -125,4 +134,4 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: int, *, 
     else:
         why = reason
     return TrialSpec(stage=stage, concurrency=level, flags=flags, requests=requests, warmup=warmup,  # type: ignore[arg-type]
-                     reason=why, seed_offset=len(outcomes), sizing=how)
+                     reason=why, seed_offset=len(everything), sizing=how)

@@ -17,9 +17,12 @@ from typing import Any
 
 from servetune.plan import TuningPlan
 from servetune.tuning.runner import RunReport, failed_result
+from servetune.tuning.state import ENGINE_CRASH
 from servetune.tuning.state import Flags, TrialSpec
 
 log = logging.getLogger(__name__)
+
+DEATH_WAIT_S = 2.0  # how long a failed trial's engine may take to be seen dead
 
 # flags -> a context manager that starts the server and yields a servetune.runners.RunningServer
 Provisioner = Callable[[Flags], contextlib.AbstractContextManager[Any]]
@@ -120,6 +123,10 @@ class LiveTrialRunner:
         from servetune.tuning.runner import trial_workload
 
         t0 = time.monotonic()
+        crashed_before = self._dead()
+        if crashed_before:  # found dead between trials: a fault, the server is started again
+            log.warning("the engine died between trials (%s); starting it again", crashed_before)
+            self._stop()
         try:
             restarted = self._ensure_server(spec.flags)
         except Exception as exc:  # noqa: BLE001 - a config the engine refuses is a failed trial, not a crash
@@ -154,7 +161,31 @@ class LiveTrialRunner:
         except Exception as exc:  # noqa: BLE001 - unreachable / bad input before any request: recorded
             result = failed_result(spec, f"{type(exc).__name__}: {exc}", experiment_id=experiment_id,
                                    target=target.model_dump(mode="json"))
+        if result.status == "failed" and (died := self._dead(wait_s=DEATH_WAIT_S)):
+            # the engine died under this trial: a fault (the decisions re-run it), never a capacity verdict
+            result.failure_reason = f"{ENGINE_CRASH}: {died} (the trial: {result.failure_reason})"
+            self._stop()
         return RunReport(result=result, gpu_seconds=time.monotonic() - t0, restarted=restarted)
+
+    def _dead(self, wait_s: float = 0.0) -> str | None:
+        """Why the engine we started is gone (its exit and log tail), or None while it lives.
+
+        ``wait_s``: after a failed trial the engine may be dying still (its sockets close before the
+        process is reaped), so look again for that long before calling it alive."""
+        if self._server is None or self.url is not None:
+            return None
+        from servetune.engines.failures import EngineFailure
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self._server.check_alive()
+            except EngineFailure as exc:
+                tail = " | ".join(line.strip() for line in exc.log_tail[-5:] if line.strip())
+                return f"{exc}" + (f"; log tail: {tail}" if tail else "")
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
 
     def close(self) -> None:
         self._stop()

@@ -39,6 +39,10 @@ def recommend(
                                              f" {plan.stages.refine.min_improvement:.0%} and beyond the noise"])
     if ev.n > 1:
         explanation.append(f"goodput {ev.goodput.text()} req/s over {ev.n} repeats with different workload seeds")
+    if faults := [o for o in state.outcomes if o.fault]:
+        levels = sorted({o.concurrency for o in faults})
+        explanation.append(f"the engine died under {len(faults)} trial(s) (concurrency {levels}); each was re-run on a"
+                           " restarted engine and none counted as a capacity verdict")
     explanation.extend(signals.describe(s, chosen.concurrency))
     if s.prefix_hit_rate is not None:
         explanation.append(f"prefix hit rate {s.prefix_hit_rate:.1%} (cached/prompt tokens from usage)")

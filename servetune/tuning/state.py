@@ -16,6 +16,8 @@ from servetune.plan import FlagValue
 from servetune.result import TrialResult, TrialSummary
 
 Stage = Literal["correctness", "baseline", "ramp", "bisect", "refine"]
+#: a trial's failure_reason starts with this when the engine died under it: a fault, not a verdict
+ENGINE_CRASH = "engine_crash"
 Flags = dict[str, FlagValue | None]
 
 
@@ -72,6 +74,11 @@ class TrialOutcome(BaseModel):
     def valid(self) -> bool:
         """A VALID measurement (servetune.validity); results from before the rules existed count as valid."""
         return self.status != "failed" and self.summary.valid is not False
+
+    @property
+    def fault(self) -> bool:
+        """The engine died under this trial: it says nothing about the config or the level."""
+        return self.status == "failed" and (self.failure_reason or "").startswith(ENGINE_CRASH)
 
     @classmethod
     def from_result(
@@ -135,7 +142,7 @@ class Verdict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     passed: bool
-    kind: Literal["pass", "sla", "memory", "errors", "failed", "invalid", "overload"] = "pass"
+    kind: Literal["pass", "sla", "memory", "errors", "failed", "invalid", "overload", "fault"] = "pass"
     reasons: list[str] = Field(default_factory=list)
 
 
@@ -145,7 +152,8 @@ class Ceiling(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     level: int | None = Field(description="highest passing concurrency; None when nothing passed")
-    kind: Literal["sla", "memory", "errors", "failed", "plateau", "exhausted", "budget", "invalid", "overload"]
+    kind: Literal["sla", "memory", "errors", "failed", "plateau", "exhausted", "budget", "invalid", "overload",
+                  "fault"]
     first_fail: int | None = None
     reasons: list[str] = Field(default_factory=list)
     pass_trial_id: str | None = None

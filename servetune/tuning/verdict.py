@@ -12,6 +12,9 @@ from servetune.tuning.state import TrialOutcome, Verdict
 
 def judge(outcome: TrialOutcome, sla: SLA) -> Verdict:
     """Pass/fail of one trial: failed, invalid, errors, the p99 bounds, GPU memory, an overloaded open loop."""
+    if outcome.fault:
+        return Verdict(passed=False, kind="fault", reasons=[f"the engine died under the trial, not a capacity verdict:"
+                                                            f" {outcome.failure_reason}"])
     if outcome.status == "failed":
         return Verdict(passed=False, kind="failed", reasons=[f"trial failed: {outcome.failure_reason or 'unknown'}"])
     s = outcome.summary
