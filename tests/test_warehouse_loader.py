@@ -11,7 +11,7 @@ from servetune.warehouse import db, load_result
 from servetune.warehouse.loader import LoadError, TrialConflict
 from warehouse_fixtures import make_trial, migrated, write_campaign
 
-CHILD_TABLES = ("request_records", "gpu_samples", "server_samples", "validations")
+CHILD_TABLES = ("request_records", "gpu_samples", "server_samples", "scheduler_batches", "validations")
 
 
 @pytest.fixture(scope="module")

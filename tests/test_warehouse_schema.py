@@ -15,8 +15,11 @@ from servetune.warehouse.tables import metadata
 from servetune.warehouse.views import view_names
 
 TABLES = {"experiments", "trials", "request_records", "gpu_samples", "server_samples", "validations",
-          "asset_fingerprints"}
-CORE_TABLES = TABLES - {"asset_fingerprints"}  # before 0003
+          "asset_fingerprints", "scheduler_batches"}
+CORE_TABLES = TABLES - {"asset_fingerprints", "scheduler_batches"}  # before 0003
+SCHED_COLUMNS = {"sched_prefill_batches", "sched_decode_lines", "sched_decode_running_mean",
+                 "sched_gen_throughput_mean", "sched_queue_max", "sched_token_usage_max", "sched_cache_hit_rate",
+                 "sched_cuda_graph_fraction"}
 
 
 def _objects(url: str) -> tuple[set[str], set[str]]:
@@ -28,6 +31,14 @@ def _objects(url: str) -> tuple[set[str], set[str]]:
         eng.dispose()
 
 
+def _trial_columns(url: str) -> set[str]:
+    eng = db.engine(url)
+    try:
+        return {c["name"] for c in inspect(eng).get_columns("trials")}
+    finally:
+        eng.dispose()
+
+
 def test_migrations_up_down_up(fresh_database_url):
     url = fresh_database_url
     migrate.upgrade(url)
@@ -35,6 +46,12 @@ def test_migrations_up_down_up(fresh_database_url):
     assert tables == TABLES
     assert views == set(view_names()) and "cache_hit_regressions" in views
     assert migrate.current(url) == migrate.head()
+
+    migrate.downgrade(url, "0004")  # 0005 added scheduler_batches and the sched_* summary columns
+    assert _objects(url)[0] == TABLES - {"scheduler_batches"}
+    assert not SCHED_COLUMNS & _trial_columns(url)
+    migrate.upgrade(url)
+    assert SCHED_COLUMNS <= _trial_columns(url)
 
     migrate.downgrade(url, "0001")
     assert _objects(url) == (CORE_TABLES, set())
@@ -113,3 +130,16 @@ def test_cli_upgrade_and_current(fresh_database_url, monkeypatch):
     assert res.exit_code == 2 and "--yes" in res.output
     res = runner.invoke(app, ["db", "downgrade", "base", "--yes"])
     assert res.exit_code == 0 and "at revision base" in res.output
+
+
+def test_views_show_the_validity_and_scheduler_columns(fresh_database_url):
+    """accepted_trials selects t.*, expanded when it is created: migrations that add columns recreate it."""
+    migrate.upgrade(fresh_database_url)
+    eng = db.engine(fresh_database_url)
+    try:
+        cols = {c["name"] for c in inspect(eng).get_columns("accepted_trials")}
+    finally:
+        eng.dispose()
+    assert {"valid", "completions_in_window", "in_flight_mean", "sched_cache_hit_rate"} <= cols
+    migrate.downgrade(fresh_database_url, "0003")
+    migrate.upgrade(fresh_database_url)

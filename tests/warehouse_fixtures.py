@@ -145,3 +145,36 @@ def migrated(url: str) -> str:
 
     migrate.upgrade(url)
     return url
+
+
+def scheduler_lines(*, seconds: int = 12, concurrency: int = 16, start: datetime | None = None) -> list[str]:
+    """SGLang 0.5 scheduler batch lines, one prefill and one decode line a second, in the server's local time."""
+    start = start or datetime(2026, 12, 1, 9, 22, 0)
+    lines = [f"[{start:%Y-%m-%d %H:%M:%S}] Load weight end. type=LlamaForCausalLM"]  # not a batch line
+    for s in range(seconds):
+        ts = f"{datetime.fromtimestamp(start.timestamp() + s):%Y-%m-%d %H:%M:%S}"
+        running, queued = min(concurrency, 4 * (s + 1)), max(0, concurrency - 4 * (s + 1))
+        lines.append(f"[{ts} TP0] Prefill batch. #new-seq: 4, #new-token: {1600 + 10 * s}, #cached-token: 2400, "
+                     f"token usage: {min(0.9, 0.05 + 0.04 * s):.2f}, #running-req: {running - 4}, #queue-req: {queued}")
+        lines.append(f"[{ts} TP0] Decode batch. #running-req: {running}, #token: {9000 + 900 * s}, "
+                     f"token usage: {min(0.91, 0.06 + 0.04 * s):.2f}, cuda graph: {s % 4 != 0}, "
+                     f"gen throughput (token/s): {900.0 + 30 * s:.2f}, #queue-req: {queued}")
+    return lines
+
+
+def with_scheduler_log(trial: TrialResult, **kw) -> TrialResult:
+    """The trial with ``server["scheduler_log"]`` and the ``sched_*`` summary, as the runner attaches them."""
+    import time
+
+    from servetune.telemetry import scheduler_log
+
+    start = kw.pop("start", None) or datetime(2026, 12, 1, 9, 22, 0)
+    rows, bad = scheduler_log.parse(scheduler_lines(start=start, **kw))
+    t0 = time.mktime(start.timetuple())
+    for r in rows:
+        r["t_s"] = round(r.pop("t_unix") - t0, 3)
+    trial.server["scheduler_log"] = {"parser": "sglang-scheduler-log", "source": "sglang-server.log", "rows": rows,
+                                     "unparsed_lines": bad, "resolution_s": 1.0}
+    for name, value in scheduler_log.signals(trial.server["scheduler_log"]).items():
+        setattr(trial.summary, name, value)
+    return trial

@@ -201,7 +201,12 @@ def prefix_hit_figure(campaign: Campaign) -> ReportFigure:
     caption = ("sum(cached)/sum(prompt) tokens from usage, beside the server's counter deltas when scraped "
                "(never the overwritten sglang:cache_hit_rate gauge alone).")
     trials = [t for t in campaign.trials if t.stage != "correctness"]
-    if not any(t.summary.prefix_hit_rate is not None for t in trials):
+    sched = [t.summary.sched_cache_hit_rate for t in trials]
+    has_sched = any(v is not None for v in sched)  # a third bar only where a scheduler log was read
+    if has_sched:
+        caption += (" Third bar: the scheduler's own log lines (cached / (new + cached) tokens over its prefill "
+                    "batches).")
+    if not any(t.summary.prefix_hit_rate is not None for t in trials) and not has_sched:
         return ReportFigure(key, title, caption, None, "no trial reports a prefix hit rate")
     labels = [trial_label(t) for t in trials]
     usage = [t.summary.prefix_hit_rate for t in trials]
@@ -209,13 +214,17 @@ def prefix_hit_figure(campaign: Campaign) -> ReportFigure:
     fig = Figure(figsize=(11, 4.2))
     ax = fig.subplots()
     xs = list(range(len(trials)))
-    w = 0.4
-    ax.bar([x - w / 2 for x in xs], [v if v is not None else 0 for v in usage], w, label="usage", color="#3182bd")
+    w = 0.27 if has_sched else 0.4
+    at_usage, at_server = (-w, 0.0) if has_sched else (-w / 2, w / 2)
+    ax.bar([x + at_usage for x in xs], [v if v is not None else 0 for v in usage], w, label="usage", color="#3182bd")
     if any(v is not None for v in server):
-        ax.bar([x + w / 2 for x in xs], [v if v is not None else 0 for v in server], w,
+        ax.bar([x + at_server for x in xs], [v if v is not None else 0 for v in server], w,
                label="server counters", color="#9ecae1")
+    if has_sched:
+        ax.bar([x + w for x in xs], [v if v is not None else 0 for v in sched], w, label="scheduler log",
+               color="#fdae6b")
     for x, v in zip(xs, usage, strict=True):
-        ax.text(x - w / 2, (v or 0) + 0.01, "n/a" if v is None else f"{v:.0%}", ha="center", fontsize=7)
+        ax.text(x + at_usage, (v or 0) + 0.01, "n/a" if v is None else f"{v:.0%}", ha="center", fontsize=7)
     ax.set_xticks(xs, labels, rotation=40, ha="right", fontsize=7)
     ax.set(ylabel="hit rate", ylim=(0, 1.08), title="prefix hit rate")
     ax.grid(axis="y", alpha=0.3)
@@ -311,10 +320,15 @@ def _outline(j: int, i: int) -> Rectangle:
 
 
 def all_figures(campaign: Campaign) -> list[ReportFigure]:
-    return [
+    """Every figure; the scheduler's only when a trial carries its log (no empty figure otherwise)."""
+    from servetune.report.scheduler import scheduler_figure  # it draws with this module's helpers
+
+    figures = [
         throughput_figure(campaign),
         latency_figure(campaign),
         gpu_memory_figure(campaign),
         prefix_hit_figure(campaign),
         refine_heatmap_figure(campaign),
     ]
+    sched = scheduler_figure(campaign)
+    return figures if sched is None else [*figures, sched]

@@ -18,6 +18,7 @@ from servetune import __version__
 from servetune.report.campaign import Campaign, concurrency_of, flag_value, meets_sla
 from servetune.report.evidence import ceiling_evidence, goodput_text, validity_cells
 from servetune.report.figures import ReportFigure, all_figures
+from servetune.report.scheduler import hit_rate_text
 from servetune.result import Percentiles, TrialResult
 
 REPORT_NAME = "report.html"
@@ -143,10 +144,16 @@ def trial_rows(campaign: Campaign) -> list[dict[str, str]]:
             "trial_id": t.trial_id, "stage": t.stage or "bench", "concurrency": fmt(concurrency_of(t)),
             "config": ", ".join(knobs) or "-", "rps": fmt(s.request_throughput), "goodput": fmt(s.goodput_rps),
             "out_tps": fmt(s.output_tokens_per_s, 0), "ttft": _pair(s.ttft_ms), "tpot": _pair(s.tpot_ms),
-            "e2e": fmt(s.e2e_ms.p99, 0), "errors": pct(s.error_rate), "hit": pct(s.prefix_hit_rate),
+            "e2e": fmt(s.e2e_ms.p99, 0), "errors": pct(s.error_rate), "hit": _hit(t),
             "gpu_peak": pct(s.gpu_mem_peak_fraction), **validity_cells(t),
         })
     return rows
+
+
+def _hit(t: TrialResult) -> str:
+    """The usage hit rate, with the scheduler log's beside it when the trial has one."""
+    sched = hit_rate_text([t])
+    return pct(t.summary.prefix_hit_rate) + (f" (scheduler {sched})" if sched else "")
 
 
 def key_cards(campaign: Campaign) -> list[dict[str, str]]:
@@ -168,6 +175,8 @@ def key_cards(campaign: Campaign) -> list[dict[str, str]]:
             {"key": "p99-e2e", "label": "p99 E2E ms", "value": fmt(p99s.get("e2e_ms"), 0)},
             {"key": "prefix-hit-rate", "label": "prefix hit rate", "value": pct(rec.get("prefix_hit_rate"))},
         ]
+        evidence = {str(x) for x in rec.get("evidence_trial_ids") or []}
+        sched = hit_rate_text([t for t in campaign.trials if t.trial_id in evidence])
     else:
         curve = campaign.curve_trials() or campaign.trials
         best = max(curve, key=lambda t: t.summary.goodput_rps or 0.0, default=None)
@@ -180,6 +189,9 @@ def key_cards(campaign: Campaign) -> list[dict[str, str]]:
                 {"key": "p99-tpot", "label": "p99 TPOT ms", "value": fmt(s.tpot_ms.p99, 1)},
                 {"key": "prefix-hit-rate", "label": "prefix hit rate", "value": pct(s.prefix_hit_rate)},
             ]
+        sched = hit_rate_text([best] if best is not None else [])
+    if sched:
+        cards.append({"key": "sched-hit-rate", "label": "scheduler cache hit rate", "value": sched})
     accepted = sum(1 for t in campaign.trials if t.status == "ok")
     cards.append({"key": "trials", "label": "trials ok / total", "value": f"{accepted} / {len(campaign.trials)}"})
     if any(t.summary.valid is not None for t in campaign.trials):

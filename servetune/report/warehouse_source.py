@@ -16,12 +16,13 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from servetune.report.campaign import STAGE_ORDER, Campaign, ReportInputError, concurrency_of
 from servetune.result import TrialResult, TrialSummary
-from servetune.warehouse import db
+from servetune.warehouse import db, scheduler_rows
 from servetune.warehouse.tables import (
     SUMMARY_PERCENTILES,
     SUMMARY_SCALARS,
     experiments,
     gpu_samples,
+    scheduler_batches,
     trials,
     validations,
 )
@@ -47,8 +48,17 @@ def summary_from_row(row: dict[str, Any]) -> TrialSummary:
     return TrialSummary.model_validate(data)
 
 
+def _server(row: dict[str, Any], batches: list[dict[str, Any]]) -> dict[str, Any]:
+    """server_info with the scheduler log's rows put back from scheduler_batches (the loader split them off)."""
+    server = dict(row.get("server_info") or {})
+    log = server.get("scheduler_log")
+    if isinstance(log, dict):
+        server["scheduler_log"] = {**{k: v for k, v in log.items() if k != "row_count"}, "rows": batches}
+    return server
+
+
 def _trial_from_row(row: dict[str, Any], samples: list[dict[str, Any]],
-                    checks: list[dict[str, Any]]) -> TrialResult:
+                    checks: list[dict[str, Any]], batches: list[dict[str, Any]]) -> TrialResult:
     gpu = dict(row.get("gpu_info") or {})
     gpu["samples"] = samples
     validation = None
@@ -59,13 +69,13 @@ def _trial_from_row(row: dict[str, Any], samples: list[dict[str, Any]],
         failure_reason=row.get("failure_reason"), stage=row.get("stage"), experiment_id=row["experiment_id"],
         target=row.get("target") or {}, server_config=row.get("server_config") or {}, load=row.get("load") or {},
         sla=row.get("sla") or {}, workload=row.get("workload") or {}, t0_unix=row.get("t0_unix") or 0.0,
-        gpu=gpu, server=row.get("server_info") or {}, environment=row.get("environment") or {},
+        gpu=gpu, server=_server(row, batches), environment=row.get("environment") or {},
         summary=summary_from_row(row), validation=validation,
     )
 
 
 def load_experiment(experiment_id: str, *, database_url: str | None = None) -> Campaign:
-    """One experiment with its trials, GPU samples and checklist results; request records are not read."""
+    """One experiment with its trials, GPU samples, scheduler batches and checks; request records are not read."""
     engine = db.engine(database_url)
     try:
         with engine.connect() as conn:
@@ -82,6 +92,7 @@ def load_experiment(experiment_id: str, *, database_url: str | None = None) -> C
             ids = [r["trial_id"] for r in rows]
             samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
             checks: dict[str, list[dict[str, Any]]] = defaultdict(list)
+            batches: dict[str, list[dict[str, Any]]] = defaultdict(list)
             if ids:
                 for s in conn.execute(
                     select(gpu_samples.c.trial_id, gpu_samples.c.t_s, gpu_samples.c.gpu, gpu_samples.c.mem_used,
@@ -98,10 +109,16 @@ def load_experiment(experiment_id: str, *, database_url: str | None = None) -> C
                         "expectation": v["expectation"], "success": v["success"], "column": v["column_name"],
                         "checklist": v["checklist"], "suite": v["suite"],
                     })
+                for b in conn.execute(
+                    select(scheduler_batches).where(scheduler_batches.c.trial_id.in_(ids))
+                    .order_by(scheduler_batches.c.trial_id, scheduler_batches.c.seq)
+                ).mappings():
+                    batches[b["trial_id"]].append(scheduler_rows.as_log_row(b))
     finally:
         engine.dispose()
     experiment = {k: _iso(v) for k, v in dict(exp).items()}
-    result = [_trial_from_row(r, samples[r["trial_id"]], checks[r["trial_id"]]) for r in rows]
+    result = [_trial_from_row(r, samples[r["trial_id"]], checks[r["trial_id"]], batches[r["trial_id"]])
+              for r in rows]
     result.sort(key=lambda t: (STAGE_ORDER.get(t.stage, 9), concurrency_of(t) or 0, t.created_at))
     return Campaign(source=f"warehouse:{experiment_id}", experiment=experiment, trials=result,
                     recommendation=experiment.get("recommendation"))

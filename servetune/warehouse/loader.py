@@ -2,9 +2,9 @@
 
 A trial already stored with the same content is left alone (its ``content_sha256`` matches); one
 stored with different content is a conflict unless ``replace=True``, which swaps it atomically.
-Bulk rows (request records, GPU and server samples) go through psycopg's binary COPY inside the
-trial's transaction, so a load that fails half-way leaves nothing behind. Request records are
-encoded column-wise by ``request_copy`` in a worker thread while the previous block is sent.
+Bulk rows (request records, GPU and server samples, scheduler batches) go through psycopg's binary
+COPY inside the trial's transaction, so a load that fails half-way leaves nothing behind. Request
+records are encoded column-wise by ``request_copy`` in a worker thread while the previous block is sent.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from sqlalchemy import Connection, Engine, delete, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 
 from servetune.result import TrialResult
-from servetune.warehouse import db
+from servetune.warehouse import db, scheduler_rows
 from servetune.warehouse.request_copy import WIRE_COLUMNS, EncodeError, copy_stream
 from servetune.warehouse.tables import (
     REQUEST_COLUMNS,
@@ -238,7 +238,7 @@ def _trial_row(result: TrialResult, exp: ExperimentInfo, sha: str, report) -> di
     concurrency = load.get("concurrency")
     rate = load.get("rate")
     gpu_info = {k: v for k, v in (result.gpu or {}).items() if k != "samples"}
-    server_info = {k: v for k, v in (result.server or {}).items() if k != "samples"}
+    server_info = scheduler_rows.server_info(result.server)  # the batch rows go to scheduler_batches
     return {
         "trial_id": result.trial_id,
         "experiment_id": exp.experiment_id,
@@ -306,6 +306,7 @@ def load_trial(eng: Engine, result: TrialResult, exp: ExperimentInfo, *, lone: b
     row = _trial_row(result, exp, "pending", report)
     checks = _validation_rows(result.trial_id, report)
     gpu, server = _gpu_rows(result), _server_rows(result)
+    sched = scheduler_rows.rows(result.trial_id, result.server, error=LoadError)
     with eng.begin() as conn:
         _upsert_experiment(conn, exp, lone=lone)
         if replace:
@@ -324,6 +325,7 @@ def load_trial(eng: Engine, result: TrialResult, exp: ExperimentInfo, *, lone: b
             "request_records": _copy_request_rows(conn, result, hasher),
             "gpu_samples": _copy(conn, "gpu_samples", _GPU_COLUMNS, _GPU_TYPES, gpu),
             "server_samples": _copy(conn, "server_samples", _SERVER_COLUMNS, _SERVER_TYPES, server),
+            "scheduler_batches": _copy(conn, "scheduler_batches", *scheduler_rows.COPY, sched),
         }
         if checks:
             conn.execute(insert(validations), checks)

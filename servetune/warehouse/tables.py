@@ -1,7 +1,7 @@
 """The warehouse schema as SQLAlchemy Core tables (the Alembic migrations are generated from it).
 
 experiments (one campaign) -> trials (one measurement, summary as real columns) -> request_records,
-gpu_samples, server_samples, validations. The summary columns are derived from ``TrialSummary`` so
+gpu_samples, server_samples, scheduler_batches, validations. The summary columns are derived from ``TrialSummary`` so
 the history queries can filter and sort on them; ``tests/test_warehouse_schema.py`` fails when this
 module and the migrations disagree (a new summary field then needs a new migration).
 """
@@ -221,6 +221,27 @@ server_samples = Table(
     Column("value", Double),
     PrimaryKeyConstraint("trial_id", "sample_no"),
     Index(None, "name"),
+)
+
+scheduler_batches = Table(  # SGLang's "Prefill batch" / "Decode batch" log lines (telemetry.scheduler_log)
+    "scheduler_batches",
+    metadata,
+    Column("trial_id", ForeignKey("trials.trial_id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("t_s", Double, nullable=False),  # since the trial's t0, 1 s resolution
+    Column("kind", Text, nullable=False),  # prefill | decode
+    Column("new_seq", Integer),
+    Column("new_token", Integer),
+    Column("cached_token", Integer),
+    Column("pending_token", Integer),
+    Column("num_token", Integer),
+    Column("running_req", Integer),
+    Column("queue_req", Integer),
+    Column("token_usage", Double),
+    Column("throughput", Double),
+    Column("cuda_graph", Boolean),
+    PrimaryKeyConstraint("trial_id", "seq"),
+    Index(None, "trial_id", "kind"),
 )
 
 validations = Table(

@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from servetune.warehouse.views import create_views, drop_views
+
 revision: str = '0004'
 down_revision: Union[str, Sequence[str], None] = '0003'
 branch_labels: Union[str, Sequence[str], None] = None
@@ -41,10 +43,15 @@ COLUMNS = (
 
 
 def upgrade() -> None:
+    """The views select ``t.*`` (expanded at creation): drop them around the change, create them again."""
+    drop_views(op.get_bind())
     for name, typ in COLUMNS:
         op.add_column('trials', sa.Column(name, typ, nullable=True))
+    create_views(op.get_bind())
 
 
 def downgrade() -> None:
+    drop_views(op.get_bind())
     for name, _ in reversed(COLUMNS):
         op.drop_column('trials', name)
+    create_views(op.get_bind())
