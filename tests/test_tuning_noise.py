@@ -80,6 +80,20 @@ def test_a_tie_that_holds_the_next_level_moves_the_ceiling() -> None:
     assert any("holds concurrency 64" in line and "where the incumbent fails" in line for line in rec.explanation)
 
 
+def test_holding_the_next_level_without_serving_more_is_not_a_win() -> None:
+    """A cap that queues the extra streams passes one level up but serves no more: the incumbent stays."""
+    plan = make_plan(stages__refine=REFINE_ONE, repeats={"count": 1})
+
+    def surface(flags: Flags, level: int, seed: int):
+        tuned = flags.get("schedule-conservativeness") == 0.7
+        thr = 3.2 if tuned and level == 64 else level * 0.1  # held, but at the goodput of 32
+        return summary(thr=thr, ttft=900 if level < 64 or (tuned and level == 64) else 1500)
+
+    d, _ = drive(plan, surface)
+    assert d.recommendation is not None and d.recommendation.concurrency == 32
+    assert d.recommendation.config == {}
+
+
 def test_a_real_gain_beyond_the_noise_wins() -> None:
     plan = make_plan(stages__refine=REFINE_ONE, repeats={"count": 3})
 

@@ -104,7 +104,8 @@ class _Walk:
             # at a fixed level a closed loop's goodput is capped by the load itself: a tied config may
             # still hold the next level where the incumbent fails (the ceiling moves, not the rate)
             c_up = self.measure(flags, up, f"refine {what}: tied at {level}, tried at {up}")
-            if c_up.passed:
+            # it must also gain goodput: more streams queued behind a cap hold a level without serving more
+            if c_up.passed and gains(c_up, inc, self.plan.stages.ramp.min_gain):
                 i_up = self.measure(inc.flags, up, f"incumbent at {up}, against {what}")
                 if not i_up.passed:
                     self.notes.append(f"{what}: a tie at concurrency {level}, but it holds concurrency {up}"
