@@ -49,7 +49,8 @@ def test_vllm_cpu_campaign_tunes_max_num_seqs_and_batched_tokens(vllm_cpu_env: V
         },
         "budget": {"max_gpu_minutes": 30},
         # a CPU engine: short steady windows, one trial per decision (the test is about the knobs)
-        "validation": {"min_window_s": 1.0, "min_completions": 6, "completions_per_stream": 1},
+        # the engine shares the 2 cores with the client: a 1 s window of 2 streams shows its hiccups
+        "validation": {"min_window_s": 1.0, "min_completions": 6, "completions_per_stream": 1, "min_in_flight": 0.75},
         "repeats": {"count": 1, "invalid_retries": 2},  # a 1 s window on a loaded 2-core box can miss once
     }, source="vllm-cpu plan")
     campaign = Campaign(plan, LiveTrialRunner(plan, log_dir=tmp_path / "logs"), tmp_path / "out")
@@ -62,10 +63,13 @@ def test_vllm_cpu_campaign_tunes_max_num_seqs_and_batched_tokens(vllm_cpu_env: V
     stages = [t.stage for t in trials]
     runs = [st for i, st in enumerate(stages) if i == 0 or st != stages[i - 1]]  # an INVALID trial is re-run
     assert runs[:3] == ["correctness", "baseline", "ramp"]
-    for t in trials:
-        if t.stage != "correctness" and t.summary.valid is False:  # re-run bigger: the next trial of its level
-            assert any(u.created_at > t.created_at and u.load["concurrency"] == t.load["concurrency"]
-                       and u.load["requests"] > t.load["requests"] for u in trials), t.summary.invalid_reasons
+    for t in trials:  # an INVALID trial (a 2-core box shared with the engine can starve the client) is re-run
+        if t.stage != "correctness" and t.summary.valid is False:
+            same = [u for u in trials if u.load["concurrency"] == t.load["concurrency"]
+                    and u.server_config == t.server_config]
+            later = [u for u in same if u.created_at > t.created_at]
+            assert (later and later[0].load["requests"] > t.load["requests"]) or len(same) == 1 + 2, \
+                t.summary.invalid_reasons  # re-run bigger, or the attempts (1 + invalid_retries) are used up
     refine = [t for t in trials if t.stage == "refine"]
     base = {"max-num-seqs": 2, "max-num-batched-tokens": 512, "enable-prefix-caching": True}
     assert all(t.server_config == base for t in trials if t.stage != "refine")

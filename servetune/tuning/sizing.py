@@ -78,6 +78,8 @@ def size_trial(plan: TuningPlan, state: CampaignState, flags: Flags, level: int,
         parts.append(f"{window:g} s at {how}")
         requests = max(requests, by_time)
     requests = math.ceil(requests * factor)
+    if resize_from is not None:  # a re-run is never smaller than the trial it replaces
+        requests = max(requests, math.ceil(resize_from.requests * RESIZE))
     cap = plan.budget.max_requests_per_trial
     if requests > cap:
         parts.append(f"capped at budget.max_requests_per_trial {cap}")
