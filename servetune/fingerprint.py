@@ -1,7 +1,7 @@
 """Fingerprints of what a tuning result depends on: the model and the prompt template.
 
 A recommendation is only valid for the model weights and the prompt template it was measured
-with (a new template can halve the prefix-cache hit rate: the seed article's 60% -> 20%). The
+with (a new template can halve the prefix-cache hit rate: 60% -> 20% has been seen). The
 watcher re-tunes when either fingerprint changes, so the hashes must change on a real change
 and on nothing else: file contents, never mtimes.
 """

@@ -1,7 +1,7 @@
 """TuningPlan: everything one tuning campaign needs, loaded from YAML and checked before any server starts.
 
 A plan names the model, how to start the engine and where (runner), the workload, the SLA, the
-stages of the protocol (design.md "The staged protocol", the seed article's 3.3) and a GPU budget.
+stages of the protocol (docs/tuning.md) and a GPU budget.
 A bad plan is rejected with the dotted path of the bad field (``stages.ramp.levels: ...``).
 """
 

@@ -1,6 +1,6 @@
 """One RequestRecord per request sent: the raw material every summary is computed from.
 
-Timings follow docs/metrics.md (design.md "Metric definitions"): all offsets are
+Timings follow docs/metrics.md: all offsets are
 measured with ``time.perf_counter_ns`` and stored in milliseconds relative to the
 request's own ``t_send``; ``t_send_s`` is relative to the trial's start (``t0``).
 Records are plain slotted dataclasses (not pydantic) because a trial can hold a
@@ -29,7 +29,7 @@ class ErrorClass(StrEnum):
 
 
 class TokenCountSource(StrEnum):
-    """Where per-chunk token counts came from (best first, design.md)."""
+    """Where per-chunk token counts came from (best first, docs/metrics.md)."""
 
     META_INFO = "meta_info"  # SGLang /generate meta_info.completion_tokens growth
     USAGE_PER_CHUNK = "usage_per_chunk"  # usage attached to every chunk

@@ -1,6 +1,6 @@
 """The trial result: what one measurement produced, as saved to JSON and loaded to the warehouse.
 
-A trial is the unit of servetune (design.md): one server configuration, one workload,
+A trial is the unit of servetune (docs/metrics.md): one server configuration, one workload,
 one load level, one measurement window. ``TrialResult`` is the in-memory and on-disk
 form; ``TrialSummary`` holds every figure the report checklist needs.
 """

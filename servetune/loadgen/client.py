@@ -3,7 +3,7 @@
 The per-chunk hot path is three operations: await the socket, take ``perf_counter_ns()``,
 append the raw bytes. Everything else (SSE splitting, JSON, token counting) happens once the
 request's stream has ended, so a busy client stamps chunks late as little as possible.
-Failures are recorded on the request (design.md: never an aborted run).
+Failures are recorded on the request (docs/metrics.md, Errors: never an aborted run).
 """
 
 from __future__ import annotations

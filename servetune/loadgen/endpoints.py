@@ -2,7 +2,7 @@
 
 Bodies are rendered before the run (nothing is serialised on the hot path); streams are
 decoded after each request ends, from the timestamped SSE events (sse.py). Per-chunk token
-counts follow design.md "Metric definitions", best source first, and the record says which.
+counts follow docs/metrics.md, best source first, and the record says which.
 """
 
 from __future__ import annotations

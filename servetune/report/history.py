@@ -4,7 +4,7 @@ Read from the warehouse through ``servetune.warehouse.tables`` and its ``ceiling
 (sql/views/30_ceiling_history.sql: the highest concurrency whose accepted trial met the SLA), so the
 terminal and the Grafana dashboard show the same ceiling. The other headline numbers come from the
 experiment's recommendation, falling back to the ceiling trial's figures, then (hit rate only) to
-the mean over accepted trials, so a cache regression (the seed article's 60% -> 20%) still shows
+the mean over accepted trials, so a cache regression (60% -> 20%) still shows
 for a campaign that ended without a recommendation.
 """
 

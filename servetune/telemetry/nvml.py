@@ -1,6 +1,6 @@
 """GPU memory, utilisation and power over a trial, sampled through NVML.
 
-The memory curve is part of every result (design.md), so sampling runs in its own daemon thread
+The memory curve is part of every result (docs/telemetry.md), so sampling runs in its own daemon thread
 on a fixed schedule (ticks at t_start + k*interval on perf_counter; a late tick is skipped and
 counted, never bunched up), independent of the event loop that drives the load. A machine without
 NVML yields an explicit ``no_gpu`` state, never an exception. GPU indices are NVML's (physical)

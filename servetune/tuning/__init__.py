@@ -1,4 +1,4 @@
-"""servetune.tuning: the staged protocol (seed article 3.3) as pure decisions over trial results.
+"""servetune.tuning: the staged protocol (docs/tuning.md) as pure decisions over trial results.
 
 ``next_trials(plan, state)`` says what to run next; a ``TrialRunner`` runs it (live or simulated);
 ``servetune.tuning.campaign`` drives the two and writes the result folder.

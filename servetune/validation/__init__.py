@@ -1,4 +1,4 @@
-"""servetune.validation: the report checklist (seed article 4.4) as Great Expectations suites.
+"""servetune.validation: the report checklist (docs/warehouse.md) as Great Expectations suites.
 
 ``validate(result) -> ValidationReport``; the suites live in ``expectations/`` (packaged here as
 ``servetune/validation/expectations``).

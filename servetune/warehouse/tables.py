@@ -251,7 +251,7 @@ validations = Table(
     Column("seq", Integer, nullable=False),
     Column("suite", Text, nullable=False),
     Column("expectation", Text, nullable=False),
-    Column("checklist", Text),  # the design.md checklist item the expectation implements
+    Column("checklist", Text),  # the checklist item (docs/warehouse.md) the expectation implements
     Column("column_name", Text),
     Column("success", Boolean, nullable=False),
     Column("observed_value", JSONB),

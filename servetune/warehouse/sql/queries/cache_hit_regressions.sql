@@ -1,4 +1,4 @@
--- Weeks whose prefix-cache hit rate fell against the week before (the seed article's 60% -> 20%).
+-- Weeks whose prefix-cache hit rate fell against the week before (a 60% -> 20%).
 -- @param model text = ''           a model, or '' for every model
 -- @param min_drop float = 0.10     smallest fall (absolute, 0..1) to report
 -- @param min_relative float = 0.20 smallest fall relative to the previous week

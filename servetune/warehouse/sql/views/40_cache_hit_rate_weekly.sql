@@ -1,4 +1,4 @@
--- Week-over-week prefix-cache hit rate per model and workload (the seed article's 60% -> 20% story).
+-- Week-over-week prefix-cache hit rate per model and workload (a 60% -> 20% story).
 -- A week is flagged `regressed` when the hit rate fell by at least 10 points AND by at least 20% of
 -- the previous week's value, so ordinary drift (60% -> 57%) is not flagged. The prompt-template
 -- fingerprints of both weeks sit beside it: a changed template is the usual cause.
