@@ -21,6 +21,7 @@ from servetune.tuning.campaign import Campaign
 from servetune.tuning.live import LiveTrialRunner
 from servetune.tuning.state import ENGINE_CRASH
 from test_tuning_decisions import make_plan, summary
+from test_tuning_live import gone
 
 
 def crash(i: int, spec) -> TrialOutcome:
@@ -87,14 +88,6 @@ class KillingRunner(LiveTrialRunner):
             self.killed.append(pid)
             threading.Timer(0.5, lambda: os.killpg(pid, signal.SIGKILL)).start()
         return super().run(spec, experiment_id=experiment_id)
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.mark.timeout(300)

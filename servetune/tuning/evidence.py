@@ -50,10 +50,6 @@ class Evidence(BaseModel):
         return [o.trial_id for o in self.outcomes]
 
     @property
-    def concurrency(self) -> int:
-        return self.level
-
-    @property
     def representative(self) -> TrialOutcome | None:
         """The valid trial whose goodput is nearest the mean (its signals explain the level)."""
         if not self.outcomes:
