@@ -7,8 +7,11 @@ trial with the simulator in virtual time; ``--dry-run`` prints the trials and th
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import orjson
 import typer
@@ -19,6 +22,8 @@ from rich.table import Table
 from servetune.plan import PlanError, TuningPlan, load_plan
 
 BAD_INPUT = 2
+PAUSED = 75  # EX_TEMPFAIL: stopped by --stop-after, resumable
+INTERRUPTED = 130
 console = Console(stderr=True)
 
 
@@ -179,12 +184,17 @@ def tune(
     previous: Annotated[Path | None, typer.Option(help="a previous recommendation.json to diff against")] = None,
     trigger: Annotated[str, typer.Option(help="manual | weekly | on_change | bench")] = "manual",
     dag_run_id: Annotated[str | None, typer.Option(help="the Airflow DAG run, when run from one")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="go on with the campaign in --out (same plan)")] = False,
+    stop_after: Annotated[float | None, typer.Option(
+        "--stop-after", min=1, help="pause (resumable) before a trial that would end later than this many seconds")
+    ] = None,
 ) -> None:
     """Run a tuning campaign: correctness, baseline, ramp, ceiling, refinement, recommendation."""
-    import uuid
+    import time
 
     from servetune.tuning.campaign import TRIGGERS, Campaign
 
+    started = time.monotonic()
     plan = _load(plan_path)
     if dry_run:
         _print_dry_run(plan)
@@ -211,18 +221,91 @@ def tune(
         from servetune.tuning.live import LiveTrialRunner
 
         runner = LiveTrialRunner(plan)
-    experiment_id = uuid.uuid4().hex
-    out = out or Path("runs") / f"{plan.name}-{experiment_id[:8]}"
-    console.print(f"campaign {experiment_id[:8]}: plan {plan.name}, engine {plan.engine.kind}"
-                  f"{' (virtual time)' if virtual else ''}, results in {out}", highlight=False)
-    campaign = Campaign(plan, runner, out, trigger=trigger, dag_run_id=dag_run_id, previous=prev,
-                        experiment_id=experiment_id, progress=_progress_printer(plan))
-    decision = campaign.run()
-    console.print(f"done: {escape(decision.reason)} ({len(campaign.state.outcomes)} trials,"
-                  f" {_fmt_s(campaign.state.gpu_seconds)} GPU)", highlight=False)
-    _print_recommendation(decision, out)
+    campaign = _open_campaign(plan, runner, out, resume=resume, trigger=trigger, dag_run_id=dag_run_id,
+                              previous=prev, virtual=virtual)
+    deadline = started + stop_after if stop_after is not None else None
+    try:
+        with _signals_interrupt():
+            decision = campaign.run(deadline=deadline)
+    except KeyboardInterrupt:
+        console.print(f"interrupted after {len(campaign.state.outcomes)} trials: engine torn down; go on with:"
+                      f" servetune tune {plan_path} --out {campaign.out} --resume", highlight=False, soft_wrap=True)
+        raise typer.Exit(INTERRUPTED) from None
+    spent = f"({len(campaign.state.outcomes)} trials, {_fmt_s(campaign.state.gpu_seconds)} GPU)"
+    if not decision.done:
+        console.print(f"paused before the next {decision.stage} trial: --stop-after {stop_after:g} s {spent};"
+                      f" go on with: servetune tune {plan_path} --out {campaign.out} --resume",
+                      highlight=False, soft_wrap=True)
+        raise typer.Exit(PAUSED)
+    console.print(f"done: {escape(decision.reason)} {spent}", highlight=False)
+    _print_recommendation(decision, campaign.out)
     if decision.failed:
         raise typer.Exit(1)
+
+
+def _open_campaign(plan: TuningPlan, runner: Any, out: Path | None, *, resume: bool, trigger: str,
+                   dag_run_id: str | None, previous: dict[str, Any] | None, virtual: bool) -> Any:
+    """A new campaign in an empty folder, or (``--resume``) the one already in ``out``; one line if neither."""
+    import uuid
+
+    from servetune.tuning.campaign import Campaign
+
+    kwargs: dict[str, Any] = dict(previous=previous, progress=_progress_printer(plan))
+    if resume:
+        stored = _stored_experiment(out)
+        kwargs.update(trigger=stored.get("trigger") or trigger, dag_run_id=stored.get("dag_run_id") or dag_run_id,
+                      experiment_id=stored["experiment_id"])
+        try:
+            campaign = Campaign.resume(plan, runner, out, **kwargs)  # type: ignore[arg-type]
+        except ValueError as exc:
+            _fail(f"--resume: {exc}")
+        console.print(f"campaign {campaign.experiment_id[:8]}: resumed in {out} after"
+                      f" {len(campaign.state.outcomes)} trials", highlight=False)
+        return campaign
+    experiment_id = uuid.uuid4().hex
+    out = out or Path("runs") / f"{plan.name}-{experiment_id[:8]}"
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        _fail(f"--out {out} is not an empty folder: pass --resume to go on with the campaign there,"
+              " or choose a new folder")
+    console.print(f"campaign {experiment_id[:8]}: plan {plan.name}, engine {plan.engine.kind}"
+                  f"{' (virtual time)' if virtual else ''}, results in {out}", highlight=False)
+    return Campaign(plan, runner, out, trigger=trigger, dag_run_id=dag_run_id, experiment_id=experiment_id, **kwargs)
+
+
+def _stored_experiment(out: Path | None) -> dict[str, Any]:
+    if out is None:
+        _fail("--resume needs --out: the folder of the campaign to go on with")
+    try:
+        stored = orjson.loads((out / "experiment.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        _fail(f"--resume: {out}/experiment.json: {exc}")
+    if not isinstance(stored, dict) or not stored.get("experiment_id"):
+        _fail(f"--resume: {out}/experiment.json names no experiment_id")
+    if stored.get("status") == "done":
+        _fail(f"--resume: the campaign in {out} is done already (status done)")
+    return stored
+
+
+def _fail(message: str) -> NoReturn:
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)  # one line, unwrapped
+    raise typer.Exit(BAD_INPUT)
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler, ``timeout``) ends the campaign like Ctrl-C: engine torn down, status interrupted."""
+    def _raise(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        old = signal.signal(signal.SIGTERM, _raise)
+    except ValueError:  # not the main thread (an embedding caller): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def register(app: typer.Typer) -> None:

@@ -4,12 +4,15 @@ Result folder (shared with the warehouse loader and the report):
   OUT/experiment.json            experiment metadata, the plan, status, the recommendation
   OUT/trials/<trial_id>.json     every trial's TrialResult (stage and experiment_id set)
   OUT/recommendation.json        the recommendation, when there is one
-experiment.json is rewritten after every trial, so an interrupted campaign still says how far it got.
+experiment.json and state.json are rewritten after every trial, so an interrupted campaign still
+says how far it got, and ``Campaign.resume`` picks it up there. Status: running | done | failed |
+paused (stopped before a trial that would pass a time limit) | interrupted (a signal).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -78,6 +81,13 @@ def plan_fingerprints(plan: TuningPlan) -> tuple[str | None, str | None]:
     return model_fp, template_fp
 
 
+def plan_digest(plan: TuningPlan) -> str:
+    """A hash of the whole plan, secrets included but not readable: a resumed campaign must run the same plan."""
+    import hashlib
+
+    return hashlib.sha256(orjson.dumps(plan.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
 class Campaign:
     """Runs one plan to its recommendation, trial by trial, writing everything as it goes."""
 
@@ -92,6 +102,7 @@ class Campaign:
         self.plan, self.runner, self.out = plan, runner, Path(out_dir)
         self.previous, self.progress = previous, progress
         self.state = CampaignState()
+        self._ran_here = False
         model_fp, template_fp = plan_fingerprints(plan)
         self.experiment: dict[str, Any] = {
             "experiment_id": experiment_id or uuid.uuid4().hex,
@@ -102,6 +113,7 @@ class Campaign:
             "trigger": trigger,
             "dag_run_id": dag_run_id,
             "plan": plan.model_dump(mode="json"),
+            "plan_digest": plan_digest(plan),
             "status": "running",
             "started_at": datetime.now(UTC).isoformat(),
             "finished_at": None,
@@ -129,14 +141,22 @@ class Campaign:
             if stored.get("experiment_id") != campaign.experiment_id:
                 raise ValueError(f"{out_dir} holds experiment {stored.get('experiment_id')}, "
                                  f"not {campaign.experiment_id}")
+            if stored.get("plan_digest") not in (None, campaign.experiment["plan_digest"]):
+                raise ValueError(f"{out_dir} was started with another plan: its trials answer that plan, "
+                                 "not this one (start a new campaign in a new folder)")
             campaign.experiment.update(started_at=stored["started_at"])
         if state_file.exists():
             campaign.state = CampaignState.model_validate_json(state_file.read_bytes())
         return campaign
 
-    def advance(self, stages: Iterable[str] | None = None) -> Decision:
+    def advance(self, stages: Iterable[str] | None = None, *, deadline: float | None = None) -> Decision:
         """Run trials while the decisions ask for one of ``stages`` (all when None); the runner is
-        always closed. Returns the first decision not run here (``done`` at the end)."""
+        always closed. Returns the first decision not run here (``done`` at the end).
+
+        ``deadline`` (``time.monotonic()`` seconds): no trial starts whose expected cost would pass it,
+        so a machine lent for a fixed time ends a campaign between trials, never inside one; the first
+        trial of a call always runs, so a resumed campaign always moves on.
+        """
         wanted = None if stages is None else set(stages)
         (self.out / "trials").mkdir(parents=True, exist_ok=True)
         self._write_experiment()
@@ -146,6 +166,10 @@ class Campaign:
                 if decision.done or (wanted is not None and decision.stage not in wanted):
                     return decision
                 for spec in decision.trials:
+                    # never before this call's first trial: each call makes progress
+                    late = deadline is not None and time.monotonic() + self.expected_cost_s(spec) > deadline
+                    if late and self._ran_here:
+                        return decision
                     self._run_one(spec, decision.stage)
         finally:
             self.runner.close()
@@ -161,15 +185,33 @@ class Campaign:
             self._finish(None, failed=True, reason=f"campaign incomplete: the {decision.stage} stage did not finish")
         return decision
 
-    def run(self) -> Decision:
-        """Loop decide -> run -> record until the decisions say done; the runner is always closed."""
+    def run(self, *, deadline: float | None = None) -> Decision:
+        """Loop decide -> run -> record until the decisions say done (or ``deadline``: paused);
+        the runner is always closed, so a signal still tears the engine down."""
         try:
-            decision = self.advance()
+            decision = self.advance(deadline=deadline)
+        except KeyboardInterrupt:
+            self._finish(None, failed=True, reason="campaign interrupted by a signal; resume with --resume",
+                         status="interrupted")
+            raise
         except BaseException as exc:
             self._finish(None, failed=True, reason=f"campaign aborted: {type(exc).__name__}: {exc}")
             raise
+        if not decision.done:
+            self._finish(None, failed=False, status="paused",
+                         reason=f"paused before the next {decision.stage} trial: the time limit; resume with --resume")
+            return decision
         self._finish(decision, failed=decision.failed, reason=decision.reason)
         return decision
+
+    def expected_cost_s(self, spec: TrialSpec) -> float:
+        """Seconds the next trial should take: the mean of those so far, plus a restart when its flags
+        differ from the last trial's (the plan's ``budget.restart_cost_s``)."""
+        done = [o for o in self.state.outcomes if o.stage != "correctness" and not o.restarted]
+        mean = sum(o.gpu_seconds for o in done) / len(done) if done else 0.0
+        last = self.state.outcomes[-1] if self.state.outcomes else None
+        fresh = not self._ran_here or last is None or last.flags != spec.flags  # a new runner starts its engine
+        return mean + (self.plan.budget.restart_cost_s if fresh else 0.0)
 
     def _run_one(self, spec: TrialSpec, stage: str) -> TrialOutcome:
         index = len(self.state.outcomes) + 1
@@ -182,6 +224,7 @@ class Campaign:
             log.exception("trial %s at concurrency %s failed", spec.stage, spec.concurrency)
             report = RunReport(failed_result(spec, f"{type(exc).__name__}: {exc}", experiment_id=self.experiment_id),
                                gpu_seconds=0.0, restarted=False)
+        self._ran_here = True
         result = report.result
         result.stage, result.experiment_id = spec.stage, self.experiment_id
         result.server_config = dict(spec.flags)
@@ -201,11 +244,11 @@ class Campaign:
         mean = sum(o.gpu_seconds for o in done) / len(done)
         return mean * remaining_trials_upper_bound(self.plan, self.state, stage)
 
-    def _finish(self, decision: Decision | None, *, failed: bool, reason: str) -> None:
+    def _finish(self, decision: Decision | None, *, failed: bool, reason: str, status: str | None = None) -> None:
         rec = decision.recommendation if decision else None
         ceiling = decision.ceiling if decision else None
         self.experiment.update(
-            status="failed" if failed else "done",
+            status=status or ("failed" if failed else "done"),
             finished_at=datetime.now(UTC).isoformat(),
             recommendation=rec.model_dump(mode="json") if rec else None,
             ceiling=({"concurrency": ceiling.level, **ceiling.model_dump(mode="json", exclude={"level"})}
