@@ -1,40 +1,88 @@
 #!/usr/bin/env bash
-# Real SGLang 0.5.17 on the lent H200 (docs/gpu.md), one step per device call, results under $OUT.
-#   bash scripts/gpu-h200-sglang.sh study     repeats of one trial at three levels (bench/repeat_study.py)
-#   bash scripts/gpu-h200-sglang.sh tune NAME  `servetune tune plans/gpu-h200-sglang.yaml` into $OUT/NAME
-#   bash scripts/gpu-h200-sglang.sh catalog    the installed SGLang's flag catalogue (its own parser) into $OUT
-# Needs .sgl/ (git-ignored, carried): the recipe's sglpkgs.tar.xz overlay and sgl_h200.sh. Each step
-# unpacks the overlay and builds the random 7.2B model only when a cold machine lacks them.
+# Real SGLang 0.5.17 on the lent H200 (docs/gpu.md): a queue of steps that survives the per-call limit.
+#   bash scripts/gpu-h200-sglang.sh STEP...      e.g.  catalog tune:tune-b tune:tune-c openloop
+# Steps: catalog (the installed SGLang's flag catalogue and a recorded parser check), study (repeats of
+# one trial at three levels), tune:NAME (`servetune tune plans/gpu-h200-sglang.yaml`), openloop
+# (`servetune bench --rate` at five Poisson rates against one server). Each call runs the steps not
+# done yet and stops before DEADLINE seconds (default 560): a campaign pauses between trials
+# (--stop-after) and the next call resumes it (--resume). Work lives in /tmp/st on the machine; the
+# whole of it comes back as one archive in $OUT, and .sgl/st.tar.gz (carried) restores it on a cold one.
+# Needs .sgl/ (git-ignored, carried): the recipe's sglpkgs.tar.xz overlay and sgl_h200.sh.
 set -uo pipefail
+T0=$(date +%s)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PY=/opt/torch/.venv/bin/python3
-LOG="$OUT/$1${2:+-$2}.log"
+ST=/tmp/st
+DEADLINE=${DEADLINE:-560}
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+LOG="$OUT/call-$(date +%H%M%S).log"
 {
+  [ -d "$ST" ] || { mkdir -p "$ST"; [ -f .sgl/st.tar.gz ] && tar -C "$ST" -xzf .sgl/st.tar.gz && echo "restored $ST"; }
   [ -d /tmp/sglpkgs/sglang ] || bash .sgl/sgl_h200.sh unpack .sgl/sglpkgs.tar.xz | tail -3
   [ -f /tmp/m8b/config.json ] || env -u PYTHONPATH "$PY" scripts/make_random_llama.py /tmp/m8b --hidden 4096 \
       --layers 32 --heads 32 --kv-heads 8 --inter 14336 | tail -2
   source .sgl/sgl_h200.sh >/dev/null; setup_cuda_home; sgl_env
-  export PYTHONPATH="$PWD:$PYTHONPATH" PYTHONUNBUFFERED=1
+  export PYTHONPATH="$PWD:$PYTHONPATH" PYTHONUNBUFFERED=1 SERVETUNE_LOG_DIR="$ST/logs"
   pkill -f sglang.launch_server && sleep 5   # an engine left by an interrupted call
-  nvidia-smi --query-compute-apps=pid,used_memory --format=csv
-  case "$1" in
-    study) timeout -s INT "${LIMIT:-520}" "$PY" bench/repeat_study.py plans/gpu-h200-sglang.yaml \
-             --levels "${LEVELS:-16,64,128}" --repeats "${REPEATS:-5}" --out "$OUT/study" ;;
-    tune)  timeout -s INT "${LIMIT:-540}" "$PY" -m servetune tune plans/gpu-h200-sglang.yaml --out "$OUT/$2" ;;
-    catalog) mkdir -p "$OUT/catalog" && "$PY" -m servetune.engines.catalog --python "$PY" --out "$OUT/catalog" ;;
-  esac
-  echo "exit $?"
+  echo "setup done at $(( $(date +%s) - T0 )) s"
+  for step in "$@"; do
+    [ -f "$ST/done/$step" ] && continue
+    [ "$(left)" -lt 90 ] && { echo "no time left for $step"; break; }
+    echo "=== $step ($(left) s left)"
+    case "$step" in
+      catalog)
+        mkdir -p "$ST/catalog"
+        "$PY" -m servetune.engines.catalog --python "$PY" --out "$ST/catalog" && rc=0 || rc=$?
+        "$PY" servetune/engines/catalog/sglang_probe.py check --model-path /tmp/m8b --attention-backend triton \
+            --chunked-prefill-size 16384 --schedule-conservativeness 0.7 > "$ST/catalog/probe-check.json"
+        "$PY" servetune/engines/catalog/sglang_probe.py check --model-path /tmp/m8b --cuda-graph-max-bs 8 \
+            --no-such-flag 1 > "$ST/catalog/probe-check-refused.json" ;;
+      study)
+        timeout -s INT "$(( $(left) - 20 ))" "$PY" bench/repeat_study.py plans/gpu-h200-sglang.yaml \
+            --levels "${LEVELS:-16,64,128}" --repeats "${REPEATS:-5}" --out "$ST/study" && rc=0 || rc=$? ;;
+      tune:*)
+        name=${step#tune:}; resume=()
+        [ -f "$ST/$name/experiment.json" ] && resume=(--resume)
+        timeout -s INT "$(( $(left) + 30 ))" "$PY" -m servetune tune plans/gpu-h200-sglang.yaml \
+            --out "$ST/$name" "${resume[@]}" --stop-after "$(( $(left) - 10 ))" 2>&1 | tee -a "$ST/$name.log" | tail -60
+        rc=${PIPESTATUS[0]} ;;
+      openloop)
+        mkdir -p "$ST/openloop"
+        "$PY" -m servetune serve --engine sglang --model /tmp/m8b --python "$PY" --port 30777 \
+            --set attention-backend=triton --set sampling-backend=pytorch --set mem-fraction-static=0.8 \
+            --set cuda-graph-max-bs=160 --log-dir "$ST/openloop" > "$ST/openloop/serve.out" 2>&1 &
+        spid=$!
+        for _ in $(seq 200); do grep -q "^ready:" "$ST/openloop/serve.out" && break; sleep 1; done
+        rc=0
+        for rate in ${RATES:-6 12 18 24 30}; do
+          [ "$(left)" -lt 45 ] && { rc=75; break; }
+          [ -f "$ST/openloop/r$rate.json" ] && continue
+          "$PY" -m servetune bench --url http://127.0.0.1:30777 --rate "$rate" --concurrency 512 \
+              --requests $(( rate * 30 )) --warmup 16 --workload plans/workloads/gpu-chat-shared-prefix.yaml \
+              --endpoint chat --sla p99_ttft_ms=1500 --sla p99_tpot_ms=25 --min-window-s 10 --min-completions 100 \
+              --server-log "$(ls -t "$ST"/openloop/sglang-*.log | head -1)" --out "$ST/openloop/r$rate.json" \
+              2>&1 | tail -4 || rc=1
+        done
+        kill -INT "$spid"; wait "$spid" ;;
+      *) echo "unknown step $step"; rc=2 ;;
+    esac
+    echo "=== $step exit $rc at $(( $(date +%s) - T0 )) s"
+    [ "$rc" = 0 ] && mkdir -p "$ST/done" && touch "$ST/done/$step"
+    [ "$rc" = 75 ] && break   # paused at the deadline: the next call goes on
+  done
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 } > "$LOG" 2>&1
-tail -40 "$LOG"
-# trial files without their per-chunk arrays: the summaries, NVML and server samples stay
-find "$OUT" -path '*/trials/*.json' -print0 | xargs -0 -r "$PY" -c '
+tail -50 "$LOG"
+cp "$LOG" "$ST/"
+# the archive: trial files without their per-chunk arrays, logs capped; /tmp/st itself stays whole
+rm -rf /tmp/st-copy && cp -r "$ST" /tmp/st-copy
+find /tmp/st-copy -name '*.json' -path '*trials*' -print0 -o -name 'r*.json' -path '*openloop*' -print0 \
+  | xargs -0 -r "$PY" -c '
 import json, sys
 for p in sys.argv[1:]:
     d = json.load(open(p))
     for r in d.get("records") or []:
         r.pop("chunk_offsets_ms", None); r.pop("chunk_tokens", None)
     json.dump(d, open(p, "w"))'
-find "$OUT" -name '*.log' -size +2M -exec truncate -s 2M {} \;
-# one archive: a call brings back only a few files
-NAME="$1${2:+-$2}"; tar -C "$OUT" --exclude='*.tar.gz' -czf "/tmp/$NAME.tar.gz" . && rm -rf "${OUT:?}"/* && mv "/tmp/$NAME.tar.gz" "$OUT/"
+find /tmp/st-copy -name '*.log' -size +2M -exec truncate -s 2M {} \;
+tar -C /tmp/st-copy -czf "$OUT/st.tar.gz" . && ls -la "$OUT"

@@ -83,8 +83,10 @@ def test_plan_yaml_values_keep_their_types():
     assert cfg.args == {"max-running-requests": 8, "chunked-prefill-size": 4096}
     with pytest.raises(ValueError, match="expected an integer"):
         parse_engine_config({"kind": "sglang", "model": "/m", "args": {"max-running-requests": True}})
-    with pytest.raises(ValueError, match="no flag catalogue for sglang 9.9.9"):
-        parse_engine_config({"kind": "sglang", "model": "/m", "version": "9.9.9"})
+    newer = parse_engine_config({"kind": "sglang", "model": "/m", "version": "9.9.9", "args": {"mem-fraction-static": 0.8}})
+    assert newer.catalog.version == available_versions("sglang")[-1]  # the nearest shipped, said in every message
+    with pytest.raises(ValueError, match=r"unknown flag --no-such-flag for sglang 0\.5\.\d+, the catalogue nearest 9\.9\.9"):
+        parse_engine_config({"kind": "sglang", "model": "/m", "version": "9.9.9", "args": {"no-such-flag": 1}})
 
 
 def test_vllm_knobs():
@@ -155,7 +157,9 @@ def test_parser_verdicts():
                                  "0.5.23")
     assert bad.checked and not bad.ok and bad.error == "ambiguous option: --x"
     other = interpret_parser_check(0, '{"ok": true, "version": "0.5.24"}', "", "0.5.23")
-    assert not other.ok and "the runner has sglang 0.5.24 but the plan's flags are for 0.5.23" in other.error
+    assert other.ok and other.version == "0.5.24" and "the runner has 0.5.24: its own parser checked" in other.note
+    unplanned = interpret_parser_check(0, '{"ok": true, "version": "0.5.24"}', "", None)
+    assert unplanned.ok and unplanned.note is None
     missing = interpret_parser_check(1, "", "ModuleNotFoundError: No module named 'sglang'", "0.5.23")
     assert not missing.checked and missing.note == "sglang is not installed there"
 

@@ -38,7 +38,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="address the engine binds (local runner)"),
     gpus: str = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1 (CUDA_VISIBLE_DEVICES)"),
     python: str = typer.Option(None, "--python", help="interpreter with the engine installed (on the runner)"),
-    version: str = typer.Option(None, "--sglang-version", help="SGLang version whose flags apply (default 0.5.23)"),
+    version: str = typer.Option(None, "--sglang-version", help="SGLang version the flags are written for (default: the runner's own)"),
     gpu_profile: str = typer.Option(None, "--gpu-profile", help="sim: GPU profile"),
     url: str = typer.Option(None, "--url", help="external: the endpoint's base URL"),
     ssh_host: str = typer.Option(None, "--ssh-host"),

@@ -2,6 +2,10 @@
 
 Flags are kept as ``{name: typed value}`` and turned into argv only at launch. Metrics and the
 cache report are always on: without them a trial cannot state its prefix hit rate.
+
+Two checks, both before a GPU is touched: at plan time against the shipped catalogue nearest the
+planned version (no version: the newest), then on the runner by its own SGLang's parser, whose
+catalogue is cached for that version and used from then on (``adopt_runner_version``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from servetune.engines.catalog import Catalog, FlagError, FlagValue, load_catalog
+from servetune.engines.catalog import Catalog, FlagError, FlagValue, cache_runner_catalog, catalog_for
 from servetune.engines.common import EngineBase
 
 DEFAULT_VERSION = "0.5.23"
@@ -45,7 +49,8 @@ def validate_flags(catalog: Catalog, args: Mapping[str, FlagValue], *, reserved:
 class SGLangConfig(EngineBase):
     kind: Literal["sglang"] = "sglang"
     model: str = Field(description="model path (or hub id) as SGLang's --model-path takes it")
-    version: str = Field(default=DEFAULT_VERSION, description="the SGLang version whose flag catalogue applies")
+    version: str | None = Field(default=None, description="the SGLang version the flags are written for; unset: "
+                                "the newest shipped catalogue checks them, the runner's own parser decides")
     python: str = Field(default="python3", description="interpreter on the runner where sglang is installed")
     args: dict[str, FlagValue] = Field(default_factory=dict, description="SGLang flags: name -> value")
     parser_check: bool = Field(default=True, description="before launch, parse the flags with the runner's SGLang")
@@ -67,7 +72,7 @@ class SGLangConfig(EngineBase):
 
     @property
     def catalog(self) -> Catalog:
-        return load_catalog("sglang", self.version)
+        return catalog_for("sglang", self.version)
 
     @property
     def served_model(self) -> str | None:
@@ -88,7 +93,7 @@ class SGLangConfig(EngineBase):
         return [self.python, "-c", PROBE_PATH.read_text(), "check", *self.server_args_argv(host=host, port=port)]
 
     def describe(self) -> str:
-        return f"sglang {self.version} {self.model}"
+        return f"sglang {self.version or '(the runner’s version)'} {self.model}"
 
 
 @dataclass(frozen=True)
@@ -100,10 +105,15 @@ class ParserVerdict:
     version: str | None = None
     error: str | None = None
     note: str | None = None
+    catalog: dict[str, Any] | None = None  # the runner's own flag set (sglang_probe.py's dump)
 
 
-def interpret_parser_check(returncode: int, stdout: str, stderr: str, planned_version: str) -> ParserVerdict:
-    """Turn the probe's output into a verdict; an SGLang that is not installed is "not checked", not a pass."""
+def interpret_parser_check(returncode: int, stdout: str, stderr: str, planned_version: str | None) -> ParserVerdict:
+    """Turn the probe's output into a verdict; an SGLang that is not installed is "not checked", not a pass.
+
+    A runner whose version differs from the plan's is no refusal: its own parser has just accepted the
+    flags, which is what the version check stood for; the difference is noted and the runner's version wins.
+    """
     line = next((ln for ln in reversed(stdout.strip().splitlines()) if ln.startswith("{")), "")
     try:
         data: dict[str, Any] = json.loads(line) if line else {}
@@ -114,10 +124,21 @@ def interpret_parser_check(returncode: int, stdout: str, stderr: str, planned_ve
         note = "sglang is not installed there" if missing else f"probe failed (exit {returncode}): {stderr.strip()[-300:]}"
         return ParserVerdict(checked=False, ok=False, version=None, error=None, note=note)
     version = data.get("version")
-    if data.get("ok") and version and version != planned_version:
-        return ParserVerdict(checked=True, ok=False, version=version, note=None,
-                             error=f"the runner has sglang {version} but the plan's flags are for {planned_version}")
-    return ParserVerdict(checked=True, ok=bool(data.get("ok")), version=version, error=data.get("error"), note=None)
+    catalog = data.get("catalog") if isinstance(data.get("catalog"), dict) else None
+    note = None
+    if version and planned_version and version != planned_version:
+        note = f"the plan names sglang {planned_version}, the runner has {version}: its own parser checked the flags"
+    return ParserVerdict(checked=True, ok=bool(data.get("ok")), version=version, error=data.get("error"), note=note,
+                         catalog=catalog)
+
+
+def adopt_runner_version(cfg: SGLangConfig, verdict: ParserVerdict) -> SGLangConfig:
+    """The config as the runner's SGLang sees it: its version, and its catalogue cached for argv rendering."""
+    if not (verdict.checked and verdict.ok and verdict.version):
+        return cfg
+    if verdict.catalog and verdict.catalog.get("version") == verdict.version:
+        cache_runner_catalog(verdict.catalog)
+    return cfg.model_copy(update={"version": verdict.version})
 
 
 def check_with_installed_parser(cfg: SGLangConfig, *, host: str = "127.0.0.1", port: int = 30000,

@@ -23,7 +23,7 @@ from typing import Any
 from servetune.engines.common import EngineBase
 from servetune.engines.external import ExternalConfig
 from servetune.engines.failures import EngineFailure, FailureKind, failure_from_log
-from servetune.engines.sglang import SGLangConfig, interpret_parser_check
+from servetune.engines.sglang import SGLangConfig, adopt_runner_version, interpret_parser_check
 from servetune.runners.base import (
     KubernetesRunnerConfig,
     LocalRunnerConfig,
@@ -134,6 +134,10 @@ class Server:
                                 f"{verdict.error}")
         if not verdict.checked:
             log.info("flags not checked by SGLang's own parser: %s", verdict.note)
+        elif verdict.note:
+            log.warning("%s", verdict.note)
+        self.engine = adopt_runner_version(self.engine, verdict)  # its version, its catalogue renders the argv
+        self.argv = self.engine.launch_argv(host=self.backend.bind_host, port=self.backend.engine_port)
         return verdict
 
     @property

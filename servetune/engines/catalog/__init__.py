@@ -8,6 +8,7 @@ hand (facts the parser of that version cannot know: which flags went away and wh
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +17,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 CATALOG_DIR = Path(__file__).parent
+
+
+def runner_catalog_dir() -> Path:
+    """Where catalogues read from a runner's own engine are cached, one file per version."""
+    return Path(os.environ.get("SERVETUNE_CATALOG_CACHE") or Path.home() / ".cache" / "servetune" / "catalogs")
 FlagType = Literal["bool", "bool_optional", "const", "choice", "list", "int", "float", "json", "str"]
 Scalar = bool | int | float | str
 FlagValue = Scalar | list[Scalar] | dict[str, Any] | None
@@ -64,10 +70,12 @@ class Catalog(BaseModel):
     allow_abbrev: bool = True
     flags: dict[str, FlagSpec]
     removed: dict[str, RemovedFlag] = Field(default_factory=dict)
+    planned_for: str | None = Field(default=None, exclude=True)  # the version asked for, where this one is nearest
 
     @property
     def label(self) -> str:
-        return f"{self.engine} {self.version}"
+        near = f", the catalogue nearest {self.planned_for}" if self.planned_for not in (None, self.version) else ""
+        return f"{self.engine} {self.version}{near}"
 
     def canonical(self, name: str) -> str:
         """The catalogue's name of a flag given by any spelling (``--x``, ``x``, ``x_y``, an alias)."""
@@ -103,7 +111,7 @@ class Catalog(BaseModel):
         """argv for already-coerced ``args`` (None and False leave a flag out)."""
         out: list[str] = []
         for flag, value in args.items():
-            spec = self.flags[flag]
+            spec = self.flags.get(flag) or self.flags[self.canonical(flag)]  # another version's name: an alias here
             if value is None:
                 continue
             if spec.type in ("bool", "const"):
@@ -203,6 +211,55 @@ def load_catalog(engine: str, version: str) -> Catalog:
         raise FlagError(f"no flag catalogue for {engine} {version} (catalogued: {known}); "
                         f"generate one with `python -m servetune.engines.catalog --python PY_WITH_{engine.upper()}`")
     return Catalog.model_validate(yaml.safe_load(path.read_text()))
+
+
+def nearest_version(engine: str, version: str | None) -> str:
+    """The shipped catalogue for ``version``: itself, else the newest older one, else the oldest newer one
+    (None: the newest). Flags rarely change between patch releases; the runner's own parser then decides."""
+    known = available_versions(engine)
+    if not known:
+        raise FlagError(f"no flag catalogue for {engine} ships with servetune")
+    if version is None or version in known:
+        return version or known[-1]
+    older = [v for v in known if _version_key(v) < _version_key(version)]
+    return older[-1] if older else known[0]
+
+
+def catalog_for(engine: str, version: str | None) -> Catalog:
+    """The best catalogue for a planned or detected version: the one read from a runner of exactly that
+    version (cached), else the shipped one nearest to it."""
+    if version is not None:
+        cached = runner_catalog_dir() / f"{engine}-{version}.yaml"
+        if (CATALOG_DIR / cached.name).is_file():
+            return load_catalog(engine, version)
+        if cached.is_file():
+            return _load_cached(cached, cached.stat().st_mtime_ns)
+    near = load_catalog(engine, nearest_version(engine, version))
+    return near if version is None else near.model_copy(update={"planned_for": version})
+
+
+@lru_cache(maxsize=8)
+def _load_cached(path: Path, mtime_ns: int) -> Catalog:
+    return Catalog.model_validate(yaml.safe_load(path.read_text()))
+
+
+def cache_runner_catalog(dump: dict[str, Any]) -> Path | None:
+    """Keep the catalogue a runner's engine printed about itself, so later argv use that version's flags.
+
+    The shipped catalogue of the same version (with its hand-kept facts) always wins; None when one ships
+    or the cache cannot be written (a read-only home changes nothing but this cache).
+    """
+    if (CATALOG_DIR / f"{dump['engine']}-{dump['version']}.yaml").is_file():
+        return None
+    directory = runner_catalog_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        near = load_catalog(dump["engine"], nearest_version(dump["engine"], dump["version"]))
+        removed = {k: v.model_dump(mode="json") for k, v in near.removed.items()
+                   if _version_key(v.since) <= _version_key(dump["version"])}
+        return write_catalog(catalog_from_probe(dump, removed), directory)
+    except (OSError, ValueError, KeyError):  # a flag kind this servetune does not know: the shipped one serves
+        return None
 
 
 def catalog_from_probe(dump: dict[str, Any], removed: dict[str, Any] | None = None) -> Catalog:

@@ -3,7 +3,8 @@
 Why: a flag catalogue copied by hand drifts; this reads ``ServerArgs.add_cli_args`` itself.
 ``dump`` prints the catalogue as JSON (servetune turns it into ``sglang-<version>.yaml``);
 ``check ARGS...`` parses a launch argv with SGLang's own parser (exit 0, or exit 2 and the
-parser's message), touching no GPU and no model. servetune sends this file's text as
+parser's message), touching no GPU and no model, and prints the same catalogue beside the verdict
+so the runner's exact flag set is cached for that version. servetune sends this file's text as
 ``python -c`` so it also works on a runner where servetune is not installed.
 """
 
@@ -59,8 +60,7 @@ def _plain(value):
         return str(value)
 
 
-def dump():
-    parser = _parser()
+def _catalog(parser):
     flags = {}
     for action in parser._actions:
         longs = [s for s in action.option_strings if s.startswith("--")]
@@ -91,8 +91,11 @@ def dump():
         if help_text and help_text != "==SUPPRESS==":
             entry["help"] = help_text[:200]
         flags[longs[0][2:]] = entry
-    json.dump({"engine": "sglang", "version": _version(), "allow_abbrev": parser.allow_abbrev,
-               "flags": flags}, sys.stdout, indent=1, sort_keys=True)
+    return {"engine": "sglang", "version": _version(), "allow_abbrev": parser.allow_abbrev, "flags": flags}
+
+
+def dump():
+    json.dump(_catalog(_parser()), sys.stdout, indent=1, sort_keys=True)
 
 
 def check(argv):
@@ -105,12 +108,14 @@ def check(argv):
 
     parser.error = _error
     parser.exit_on_error = False
+    catalog = _catalog(parser)
     try:
         parser.parse_args(argv)
     except SystemExit:
-        print(json.dumps({"ok": False, "version": _version(), "error": messages[0] if messages else "exit"}))
+        print(json.dumps({"ok": False, "version": _version(), "error": messages[0] if messages else "exit",
+                          "catalog": catalog}))
         return 2
-    print(json.dumps({"ok": True, "version": _version()}))
+    print(json.dumps({"ok": True, "version": _version(), "catalog": catalog}))
     return 0
 
 
