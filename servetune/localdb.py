@@ -35,8 +35,11 @@ class NoPostgresError(RuntimeError):
 
 
 def redact(url: str) -> str:
-    """The URL with its password hidden, for logs and messages."""
-    return make_url(url).render_as_string(hide_password=True)
+    """The URL with its password hidden, for logs and messages (servetune.redact: string-level, so a
+    password holding a raw ``@`` is hidden whole, even where SQLAlchemy would misparse it)."""
+    from servetune.redact import redact_text
+
+    return redact_text(url)
 
 
 def libpq_dsn(url: str) -> str:

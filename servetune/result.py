@@ -8,7 +8,7 @@ form; ``TrialSummary`` holds every figure the report checklist needs.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict
 
 from servetune.records import RequestRecord
+from servetune.redact import redact, redact_text
 
 SCHEMA = "servetune.trial/1"
 
@@ -154,7 +155,25 @@ class TrialResult:
     summary: TrialSummary = field(default_factory=TrialSummary)
     validation: dict[str, Any] | None = None  # filled by servetune.validation
 
+    def redacted(self) -> TrialResult:
+        """A copy safe to store or show (``servetune.redact``): secret flags in ``server_config``, URL
+        passwords in ``target``, secrets in any text masked ``***``; records only where an error names one."""
+        records = [replace(r, error_message=redact_text(r.error_message)) if isinstance(r.error_message, str) else r
+                   for r in self.records]
+        return replace(
+            self, failure_reason=redact(self.failure_reason),
+            target=redact(self.target), server_config=redact(self.server_config), load=redact(self.load),
+            sla=redact(self.sla), workload=redact(self.workload), records=records, gpu=redact(self.gpu),
+            server=redact(self.server), environment=redact(self.environment),
+            summary=TrialSummary.model_validate(redact(self.summary.model_dump(mode="json"))),
+            validation=redact(self.validation),
+        )
+
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form, always redacted: whatever is saved or loaded from it holds no secret."""
+        return self.redacted()._plain_dict()
+
+    def _plain_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
             "trial_id": self.trial_id,

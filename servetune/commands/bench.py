@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from servetune.loadgen import TargetUnreachable
+from servetune.redact import redact_text
 from servetune.result import Percentiles, TrialResult, TrialSummary
 from servetune.sla import SLA
 from servetune.workload.spec import WorkloadSpec
@@ -34,7 +35,8 @@ class BadInput(Exception):
 
 
 def _error(message: str) -> None:
-    console.print("[red]error:[/red]", escape(message), highlight=False, soft_wrap=True)
+    """One red line; a URL's password or a key in it is masked (servetune.redact)."""
+    console.print("[red]error:[/red]", escape(redact_text(message)), highlight=False, soft_wrap=True)
 
 
 def _pydantic_line(exc: ValidationError, prefix: str = "") -> str:
@@ -279,7 +281,8 @@ def bench(
                       escape("; ".join(result.summary.invalid_reasons)), highlight=False, soft_wrap=True)
     if result.status != "ok":
         console.print(
-            "[red]trial failed:[/red]", escape(result.failure_reason or "?"), highlight=False, soft_wrap=True
+            "[red]trial failed:[/red]", escape(redact_text(result.failure_reason or "?")), highlight=False,
+            soft_wrap=True
         )
         raise typer.Exit(1)
 

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from servetune.commands.db import DatabaseUrl, warehouse_errors
+from servetune.redact import redact_text
 
 
 def register(app: typer.Typer) -> None:
@@ -39,10 +40,10 @@ def register(app: typer.Typer) -> None:
         for t in report.trials:
             style = {"ok": "green", "rejected": "yellow", "failed": "red"}.get(t.status, "")
             table.add_row(t.trial_id, t.action, f"[{style}]{t.status}[/{style}]" if style else t.status,
-                          str(t.rows.get("request_records", "-")), escape(t.failure_reason or ""))
+                          str(t.rows.get("request_records", "-")), escape(redact_text(t.failure_reason or "")))
         Console().print(table)
         err = Console(stderr=True)
         for e in report.errors:
-            err.print(f"[red]load:[/red] {escape(e)}", soft_wrap=True)
+            err.print(f"[red]load:[/red] {escape(redact_text(e))}", soft_wrap=True)
         if report.errors:
             raise typer.Exit(1)

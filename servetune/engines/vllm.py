@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from servetune.engines.common import EngineBase
+from servetune.redact import split_secret_flags
 
 #: servetune's knobs -> vLLM flag; ``--set`` accepts exactly these (hyphenated) names
 KNOBS: dict[str, str] = {
@@ -25,6 +26,16 @@ KNOBS: dict[str, str] = {
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "tensor_parallel_size": "--tensor-parallel-size",
 }
+
+#: secret flags vLLM also reads from its environment: there they are out of ``ps`` and every log of argv
+SECRET_FLAG_ENV: dict[str, str] = {"api-key": "VLLM_API_KEY"}
+
+
+def secret_flags_to_env(argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """``--api-key K`` (in ``extra_args``) -> ``VLLM_API_KEY=K``; a secret flag without a variable stays."""
+    kept, secrets = split_secret_flags(argv)
+    stay = [w for f, v in secrets.items() if f not in SECRET_FLAG_ENV for w in (f"--{f}", v)]
+    return kept + stay, {**env, **{SECRET_FLAG_ENV[f]: v for f, v in secrets.items() if f in SECRET_FLAG_ENV}}
 
 
 class VLLMConfig(EngineBase):

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from servetune.redact import redact, redact_text
 from servetune.result import SCHEMA as TRIAL_SCHEMA
 from servetune.result import TrialResult
 
@@ -34,6 +35,11 @@ class Campaign:
     experiment: dict[str, Any] = field(default_factory=dict)
     trials: list[TrialResult] = field(default_factory=list)
     recommendation: dict[str, Any] | None = None
+
+    def redacted(self) -> Campaign:
+        """A copy safe to show (``servetune.redact``): the plan's env values, secret flags, URL passwords ``***``."""
+        return Campaign(source=redact_text(self.source), experiment=redact(self.experiment),
+                        trials=[t.redacted() for t in self.trials], recommendation=redact(self.recommendation))
 
     @property
     def experiment_id(self) -> str | None:

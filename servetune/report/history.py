@@ -20,6 +20,7 @@ from rich.text import Text
 from sqlalchemy import Double, Integer, and_, column, func, select, table
 from sqlalchemy.dialects.postgresql import JSONB
 
+from servetune.redact import redact
 from servetune.report.campaign import flag_value
 from servetune.warehouse import db
 from servetune.warehouse.tables import experiments, trials
@@ -107,7 +108,7 @@ def fetch_history(model: str, *, database_url: str | None = None, limit: int = 2
         out.append(HistoryEntry(
             experiment_id=r["experiment_id"], started_at=r["started_at"], status=r["status"], trigger=r["trigger"],
             trials_ok=r["trials_ok"], trials_total=r["trials_total"], ceiling=ceiling,
-            config=rec.get("config") or r["server_config"] or {},
+            config=redact(rec.get("config") or r["server_config"] or {}),
             goodput_rps=_first((rec.get("goodput_rps"), ""), (r["goodput_rps"], ""))[0],
             output_tokens_per_s=_first((rec.get("output_tokens_per_s"), ""), (r["output_tokens_per_s"], ""))[0],
             p99_ttft_ms=_first((rec.get("p99_ttft_ms"), ""), (p99s.get("ttft_ms"), ""), (r["ttft_p99_ms"], ""))[0],

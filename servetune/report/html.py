@@ -238,7 +238,10 @@ def render_html(campaign: Campaign, figures: list[ReportFigure], png_files: dict
 
 
 def write_report(campaign: Campaign, out_dir: str | Path) -> RenderedReport:
-    """Draw every figure, write the PNGs and ``report.html`` into ``out_dir`` (created if missing)."""
+    """Draw every figure, write the PNGs and ``report.html`` into ``out_dir`` (created if missing).
+
+    Drawn from ``campaign.redacted()``: a report is shared, so it never shows a secret the data held."""
+    campaign = campaign.redacted()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figures = all_figures(campaign)

@@ -3,6 +3,8 @@
 servetune does not apply it (no cluster is reachable from CI): ``servetune serve --runner
 kubernetes --dry-run`` prints the YAML and docs/engines.md shows the kubectl steps. The readiness
 probe is the same /health_generate the local lifecycle polls, so "Ready" means "serves".
+Secret flags are not on the container's command: vLLM's go to its env, SGLang's to a ``Secret``
+mounted 0400 and read with ``--config`` (``lifecycle.secure_launch``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from servetune.engines.external import ExternalConfig
 from servetune.runners.base import KubernetesRunnerConfig
 
 
+SECRETS_MOUNT = "/etc/servetune-secrets"
+
+
 class ManifestError(ValueError):
     pass
 
@@ -26,9 +31,12 @@ def build_manifests(engine: EngineBase, runner: KubernetesRunnerConfig) -> list[
 
     if isinstance(engine, ExternalConfig):
         raise ManifestError("an external endpoint is not launched, so it has no Pod")
+    from servetune.runners.lifecycle import SGLANG_SECRETS, secure_launch
+
     argv = engine.launch_argv(host="0.0.0.0", port=runner.container_port)  # reached through the pod IP
     if argv[0].startswith("/") and "python" in argv[0]:
         argv = ["python3", *argv[1:]]  # a host interpreter path means nothing inside the image
+    argv, env, files = secure_launch(engine, argv)
     labels = {"app.kubernetes.io/name": "servetune-engine", "app.kubernetes.io/instance": runner.name,
               "servetune/engine": engine.kind, **runner.labels}
     gpu_limits = {runner.gpu_resource: str(runner.gpus)} if runner.gpus else {}
@@ -40,11 +48,20 @@ def build_manifests(engine: EngineBase, runner: KubernetesRunnerConfig) -> list[
         mounts.append(client.V1VolumeMount(name="models", mount_path=runner.model_mount, read_only=True))
         volumes.append(client.V1Volume(name="models", persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(
             claim_name=runner.model_pvc, read_only=True)))
+    secret = None
+    if files:
+        secret = client.V1Secret(api_version="v1", kind="Secret", type="Opaque", string_data=files,
+                                 metadata=client.V1ObjectMeta(name=f"{runner.name}-secrets", namespace=runner.namespace,
+                                                              labels=labels))
+        mounts.append(client.V1VolumeMount(name="secrets", mount_path=SECRETS_MOUNT, read_only=True))
+        volumes.append(client.V1Volume(name="secrets", secret=client.V1SecretVolumeSource(
+            secret_name=secret.metadata.name, default_mode=0o400)))
+        argv += ["--config", f"{SECRETS_MOUNT}/{SGLANG_SECRETS}"]
     container = client.V1Container(
         name="engine",
         image=runner.image,
         command=argv,
-        env=[client.V1EnvVar(name=k, value=v) for k, v in engine.env.items()],
+        env=[client.V1EnvVar(name=k, value=v) for k, v in env.items()],
         ports=[client.V1ContainerPort(name="http", container_port=runner.container_port)],
         resources=client.V1ResourceRequirements(limits=gpu_limits or None, requests=gpu_limits or None),
         readiness_probe=client.V1Probe(
@@ -63,7 +80,7 @@ def build_manifests(engine: EngineBase, runner: KubernetesRunnerConfig) -> list[
                               node_selector=runner.node_selector or None,
                               termination_grace_period_seconds=int(runner.grace_s)),
     )
-    out = [pod]
+    out = [secret, pod] if secret is not None else [pod]
     if runner.service:
         out.append(client.V1Service(
             api_version="v1", kind="Service",
@@ -80,7 +97,9 @@ def build_manifests(engine: EngineBase, runner: KubernetesRunnerConfig) -> list[
 def validate_manifest(m: dict[str, Any]) -> None:
     """The fields the API server would reject us for, checked before anyone runs kubectl."""
     where = f"{m.get('kind', '?')}/{m.get('metadata', {}).get('name', '?')}"
-    for key in ("apiVersion", "kind", "metadata", "spec"):
+    if m.get("kind") == "Secret" and not (m.get("stringData") or m.get("data")):
+        raise ManifestError(f"{where}: a Secret needs stringData")
+    for key in ("apiVersion", "kind", "metadata", *(() if m.get("kind") == "Secret" else ("spec",))):
         if not m.get(key):
             raise ManifestError(f"{where}: missing {key}")
     if not m["metadata"].get("name"):

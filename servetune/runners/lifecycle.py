@@ -3,6 +3,8 @@
 ``provision(engine, runner)`` is the context manager a trial uses; ``Server`` is the explicit API
 (``start()``, ``wait_ready()``, ``stop()``) for callers that split the steps (Airflow tasks).
 Every failure is an ``EngineFailure`` with a classified kind and the last 50 log lines.
+Secrets never reach an argv (``secure_launch``) and never leave in a log line, a log tail or a printed
+command: the launch's env values and secret flags are masked (``servetune.redact``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.engines.common import EngineBase
+from servetune.engines.vllm import secret_flags_to_env
 from servetune.engines.external import ExternalConfig
 from servetune.engines.failures import EngineFailure, FailureKind, failure_from_log
 from servetune.engines.sglang import SGLangConfig, adopt_runner_version, interpret_parser_check
@@ -33,10 +36,33 @@ from servetune.runners.base import (
     TeardownReport,
     tail_file,
 )
+from servetune.redact import install_log_redaction, known_secrets, redact_argv, redact_text, remember, \
+    scrub, split_secret_flags
 from servetune.runners.preflight import PreflightReport
 
 log = logging.getLogger(__name__)
 TAIL_LINES = 50
+#: the file SGLang reads its secret flags from (``--config``, SGLang >= 0.5.5), 0600 on the runner
+SGLANG_SECRETS = "sglang-secrets.yaml"
+
+
+def secure_launch(engine: EngineBase, argv: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """``(argv, env, files)`` to launch with: secret flags (``--api-key``...) taken off the command line, where
+    ``ps`` would show them. vLLM reads them from its environment (``VLLM_API_KEY``); SGLang reads no such
+    variable, so they go to a YAML file it loads with ``--config`` (``files``: name -> text, written 0600
+    by the runner). The simulator takes neither: its flags stay on argv (redacted wherever shown)."""
+    env = dict(engine.env)
+    if engine.kind == "vllm":
+        argv, env = secret_flags_to_env(argv, env)
+    elif engine.kind == "sglang":
+        kept, secrets = split_secret_flags(argv)
+        if secrets and any(t == "--config" or t.startswith("--config=") for t in kept):
+            log.warning("sglang --config is set: its secret flags (%s) stay on the command line", ", ".join(secrets))
+        elif secrets:
+            import yaml
+
+            return kept, env, {SGLANG_SECRETS: yaml.safe_dump(secrets, default_flow_style=False)}
+    return argv, env, {}
 
 
 def default_log_dir() -> Path:
@@ -87,6 +113,11 @@ class Server:
         self.backend = None if not engine.launches else make_backend(self.runner)
         self.port: int | None = None
         self.argv: list[str] = []
+        self.env: dict[str, str] = dict(engine.env)
+        self.secret_files: dict[str, str] = {}
+        self.known = known_secrets(env=engine.env, values=getattr(engine, "args", None))
+        install_log_redaction()  # every log line of this process, not only ours
+        remember(self.known)
         self.log_path: Path | None = None
         self.running: RunningServer | None = None
         self.preflight_report: PreflightReport | None = None
@@ -101,8 +132,23 @@ class Server:
         if self.backend is None:
             return []
         self.port = self.backend.choose_port(self.requested_port, dry_run=dry_run)
-        self.argv = self.engine.launch_argv(host=self.backend.bind_host, port=self.backend.engine_port)
-        return self.backend.command(self.argv, self.engine.env)
+        self._render(dry_run=dry_run)
+        return redact_argv(self.backend.command(self.argv, self.env), self.known, env_names=self.env)
+
+    def _render(self, *, dry_run: bool = False) -> None:
+        """The launch argv from the engine config, its secret flags moved off it (``secure_launch``)."""
+        argv = self.engine.launch_argv(host=self.backend.bind_host, port=self.backend.engine_port)
+        self.known |= known_secrets(argv=argv)
+        remember(self.known)
+        self.argv, self.env, self.secret_files = secure_launch(self.engine, argv)
+        if self.secret_files:
+            paths = self.backend.stage_secrets(self.secret_files, dry_run=dry_run)
+            self.argv += ["--config", paths[SGLANG_SECRETS]]
+
+    @property
+    def shown_argv(self) -> list[str]:
+        """The launch argv as logs and ``RunningServer.argv`` show it (secret flag values ``***``)."""
+        return redact_argv(self.argv, self.known)
 
     def start(self) -> Server:
         """Preflight (clean environment), then launch. A dirty environment raises ``EngineFailure``."""
@@ -119,8 +165,8 @@ class Server:
             self.preflight_report.raise_if_dirty()
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
         self.log_path = self.log_dir / f"{self.engine.kind}-{self.port}-{stamp}.log"
-        log.info("starting %s: %s (log %s)", self.engine.describe(), self.argv, self.log_path)
-        self.backend.launch(self.argv, self.engine.env, self.log_path)
+        log.info("starting %s: %s (log %s)", self.engine.describe(), self.shown_argv, self.log_path)
+        self.backend.launch(self.argv, self.env, self.log_path)
         return self
 
     def _check_flags_on_runner(self):
@@ -128,7 +174,8 @@ class Server:
         if not isinstance(self.engine, SGLangConfig) or not self.engine.parser_check:
             return None
         argv = self.engine.parser_check_argv(host=self.backend.bind_host, port=self.backend.engine_port)
-        verdict = interpret_parser_check(*self.backend.run_check(argv, self.engine.env), self.engine.version)
+        argv = redact_argv(argv, text=False)  # the parser checks a secret's type, not its value: "***" parses
+        verdict = interpret_parser_check(*self.backend.run_check(argv, self.env), self.engine.version)
         if verdict.checked and not verdict.ok:
             raise EngineFailure(FailureKind.bad_flag, f"sglang {verdict.version} on the runner rejects the flags: "
                                 f"{verdict.error}")
@@ -137,7 +184,7 @@ class Server:
         elif verdict.note:
             log.warning("%s", verdict.note)
         self.engine = adopt_runner_version(self.engine, verdict)  # its version, its catalogue renders the argv
-        self.argv = self.engine.launch_argv(host=self.backend.bind_host, port=self.backend.engine_port)
+        self._render()
         return verdict
 
     @property
@@ -147,9 +194,12 @@ class Server:
         return f"http://{self.backend.url_host}:{self.port}"
 
     def tail_log(self, n: int = TAIL_LINES) -> list[str]:
+        """The last log lines, secrets masked: a tail travels in failure reasons to results and the warehouse."""
         if self.backend is not None and hasattr(self.backend, "tail"):
-            return self.backend.tail(n)
-        return tail_file(self.log_path, n)
+            lines = self.backend.tail(n)
+        else:
+            lines = tail_file(self.log_path, n)
+        return [redact_text(line, self.known) for line in lines]
 
     def wait_ready(self) -> RunningServer:
         """Poll the health endpoint until the deadline; an early exit or a timeout tears down and raises."""
@@ -180,7 +230,7 @@ class Server:
             self.backend.on_ready()
         self.running = RunningServer(
             url=self.url, host=self.backend.url_host if self.backend else self.url, port=self.port or 0,
-            engine_kind=self.engine.kind, argv=self.argv, log_path=self.log_path,
+            engine_kind=self.engine.kind, argv=self.shown_argv, log_path=self.log_path,
             pid=self.backend.pid if self.backend else None, model=self.engine.served_model,
             resolved_args=fetch_resolved_args(self.url), handle=self,
         )
@@ -216,6 +266,7 @@ class Server:
             signals, problems, free, gpu = [], [f"teardown error: {type(exc).__name__}: {exc}"], None, "not checked"
         self.teardown_report = TeardownReport(clean=not problems, problems=problems, signals=signals,
                                               port_free=free, gpu=gpu, seconds=time.monotonic() - t0)
+        _scrub_file(self.log_path, self.known)
         level = logging.INFO if self.teardown_report.clean else logging.WARNING
         log.log(level, "teardown of %s: %s", self.engine.describe(), self.teardown_report)
         return self.teardown_report
@@ -229,6 +280,19 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _scrub_file(path: Path | None, known: set[str]) -> None:
+    """The engine's log without the launch's secret values (an engine may print its own arguments)."""
+    if not known or path is None or not path.is_file():
+        return
+    text = path.read_text(encoding="utf-8", errors="surrogateescape")
+    clean = scrub(text, known)
+    if clean != text:
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(clean, encoding="utf-8", errors="surrogateescape")
+        os.chmod(tmp, 0o600)
+        tmp.replace(path)
 
 
 @contextmanager

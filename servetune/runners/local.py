@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,6 +21,7 @@ class LocalBackend:
         self.cfg = cfg
         self.process: GuardedProcess | None = None
         self.port: int | None = None
+        self.secret_dir: Path | None = None
 
     @property
     def bind_host(self) -> str:
@@ -44,7 +47,8 @@ class LocalBackend:
         return env
 
     def command(self, argv: list[str], extra_env: Mapping[str, str]) -> list[str]:
-        """The exact command, environment included (``env K=V argv``), as --dry-run prints it."""
+        """The exact command, environment included (``env K=V argv``), as --dry-run prints it (values masked
+        by the caller: the launch passes the environment itself, never on a command line)."""
         env = self.engine_env(extra_env)
         return (["env", *(f"{k}={v}" for k, v in env.items())] if env else []) + argv
 
@@ -56,6 +60,24 @@ class LocalBackend:
         except FileNotFoundError as exc:
             return 127, "", str(exc)
         return proc.returncode, proc.stdout, proc.stderr
+
+    def stage_secrets(self, files: Mapping[str, str], *, dry_run: bool = False) -> dict[str, str]:
+        """Files only the engine's user may read (a fresh 0700 directory, each file 0600), removed once the
+        engine is ready or torn down; their paths. A dry run writes nothing."""
+        if dry_run:
+            return {name: str(Path(tempfile.gettempdir()) / "servetune-secrets-XXXXXXXX" / name) for name in files}
+        self.drop_secrets()
+        self.secret_dir = Path(tempfile.mkdtemp(prefix="servetune-secrets-"))
+        for name, text in files.items():
+            fd = os.open(self.secret_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        return {name: str(self.secret_dir / name) for name in files}
+
+    def drop_secrets(self) -> None:
+        if self.secret_dir is not None:
+            shutil.rmtree(self.secret_dir, ignore_errors=True)
+            self.secret_dir = None
 
     def preflight(self, port: int) -> PreflightReport:
         return check_clean(host=self.bind_host, port=port, gpus=self.cfg.gpus, idle_mib=self.cfg.gpu_idle_mib)
@@ -73,6 +95,7 @@ class LocalBackend:
         return self.process.poll() if self.process else None
 
     def on_ready(self) -> None:
+        self.drop_secrets()  # the engine read them at start-up
         if self.process:
             self.process.remember_descendants()
 
@@ -92,6 +115,7 @@ class LocalBackend:
 
     def teardown(self) -> tuple[list[str], list[str], bool | None, str]:
         """``(signals, problems, port_free, gpu verdict)``."""
+        self.drop_secrets()
         if self.process is None:
             return [], [], None, "not checked"
         signals, problems = self.process.stop(self.cfg.grace_s)

@@ -47,6 +47,11 @@ def _pdeathsig_preexec():
     return _set
 
 
+def _private_append(path: Path):
+    """``path`` opened for appending, created 0600 (readable by us alone) when new."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+
+
 def group_members(pgid: int) -> list[psutil.Process]:
     """Live (non-zombie) processes of a process group."""
     out = []
@@ -63,18 +68,27 @@ class GuardedProcess:
     """``argv`` in a new session (its PGID is its PID), output appended to ``log_path``."""
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], log_path: Path, cwd: Path | None = None,
-                 watchdog_grace_s: float = 5.0, stderr_path: Path | None = None, keep_stdin_open: bool = False):
-        """``keep_stdin_open``: the child's stdin is a pipe we hold; it reads EOF exactly when we are gone."""
+                 watchdog_grace_s: float = 5.0, stderr_path: Path | None = None, keep_stdin_open: bool = False,
+                 stdin_data: bytes | None = None):
+        """``keep_stdin_open``: the child's stdin is a pipe we hold; it reads EOF exactly when we are gone.
+        ``stdin_data`` is written to that pipe first (a script with secrets that must stay off argv).
+        Logs are created 0600: an engine may print its own arguments."""
         self.argv = list(argv)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
-        with log_path.open("ab") as log_fh, (stderr_path or log_path).open("ab") as err_fh:
+        with _private_append(log_path) as log_fh, _private_append(stderr_path or log_path) as err_fh:
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.PIPE if keep_stdin_open else subprocess.DEVNULL, stdout=log_fh,
                 stderr=subprocess.STDOUT if stderr_path is None else err_fh,
                 env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=_pdeathsig_preexec(),
             )
         self.pgid = self.proc.pid
+        if stdin_data is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(stdin_data)
+                self.proc.stdin.flush()
+            except BrokenPipeError:  # the child is already gone: its exit code tells why
+                pass
         self._known: dict[int, psutil.Process] = {}
         self.watchdog = subprocess.Popen(
             [sys.executable, "-I", str(WATCHDOG), str(os.getpid()), str(self.pgid), str(watchdog_grace_s)],

@@ -4,6 +4,10 @@ The remote command runs under ``setsid -w`` so its PGID is known (printed as the
 and teardown can kill the whole remote group. The ssh client's stdin is a pipe only we hold: if our
 side disappears (even by SIGKILL; the local watchdog also kills the ssh client), the remote end
 reads EOF on stdin and kills its own group.
+
+The engine's environment (``HF_TOKEN``...) and any secret file travel down that same pipe first, read
+by the remote script up to an end mark; never on a command line, where the remote host's ``ps`` and our
+own would show them. Only the engine's argv (free of secrets, ``lifecycle.secure_launch``) is on one.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import re
 import shlex
 import subprocess
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -27,16 +32,48 @@ from servetune.runners.preflight import (
 from servetune.runners.process import GuardedProcess
 
 PGID_MARK = "servetune-remote-pgid"
-# $0 name, $1 workdir, then the command. fd 3 keeps the ssh channel's stdin: its EOF means we are gone.
-# POSIX `kill -s SIG -- -PGID` (dash's kill rejects `kill -TERM -- -PGID`).
+ENV_END = "__servetune_env_end__"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The environment block arrives on stdin, one line at a time up to ENV_END (``read`` takes no byte more),
+# and is evaluated here: its values never appear on a command line.
+READ_ENV = f"""block=
+while IFS= read -r line; do
+  [ "$line" = "{ENV_END}" ] && break
+  block="$block$line
+"
+done
+eval "$block" || exit 1
+"""
+# $0 name, $1 workdir, then the command. fd 3 keeps the rest of the ssh channel's stdin: its EOF means we
+# are gone. POSIX `kill -s SIG -- -PGID` (dash's kill rejects `kill -TERM -- -PGID`).
 REMOTE_SCRIPT = f"""echo "{PGID_MARK} $$"
-if [ -n "$1" ]; then cd "$1" || exit 1; fi
+secrets=
+{READ_ENV}if [ -n "$1" ]; then cd "$1" || exit 1; fi
 shift
 exec 3<&0
-( trap '' TERM; cat <&3 >/dev/null; kill -s TERM -- -$$; sleep 5; kill -s KILL -- -$$ ) \\
-  </dev/null >/dev/null 2>&1 &
+( trap '' TERM; cat <&3 >/dev/null; [ -n "$secrets" ] && rm -rf "$secrets"; kill -s TERM -- -$$; sleep 5
+  kill -s KILL -- -$$ ) </dev/null >/dev/null 2>&1 &
 exec "$@" 3<&- </dev/null 2>&1
 """
+
+
+def exports(env: Mapping[str, str]) -> str:
+    """``export K='v'`` lines for a script read on stdin (values quoted for the shell, never on argv)."""
+    bad = [k for k in env if not _NAME.fullmatch(k)]
+    if bad:
+        raise ValueError(f"environment variable names must be shell identifiers, got {bad}")
+    return "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in env.items())
+
+
+def secret_files_script(directory: str | None, files: Mapping[str, str]) -> str:
+    """Write ``files`` into a new 0700 ``directory`` (0600 files; mkdir fails if it exists: nobody else's)."""
+    if not directory or not files:
+        return ""
+    out = [f"secrets={shlex.quote(directory)}", "( umask 077", 'mkdir -m 700 "$secrets" || exit 1']
+    for name, text in files.items():
+        mark = f"SERVETUNE_EOF_{uuid.uuid4().hex}"
+        out.append(f'cat > "$secrets"/{shlex.quote(name)} <<\'{mark}\'\n{text.rstrip(chr(10))}\n{mark}')
+    return "\n".join(out) + "\n) || exit 1\n"  # the umask ends with the subshell: the engine keeps its own
 
 
 _FORWARD_NOISE = re.compile(r"^channel \d+: open failed: connect failed")
@@ -53,6 +90,8 @@ class SSHBackend:
         self.port: int | None = None  # local end of the forward
         self.remote_port: int | None = cfg.remote_port
         self.remote_pgid: int | None = None
+        self.secret_dir: str | None = None
+        self._secret_files: dict[str, str] = {}
 
     bind_host = "127.0.0.1"  # the engine binds loopback on the remote host; we reach it through the forward
     url_host = "127.0.0.1"
@@ -70,8 +109,15 @@ class SSHBackend:
             argv += ["-o", opt]
         return argv
 
-    def run_remote(self, argv: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
-        """One remote command; its argv is quoted for the remote shell (ssh sends a single string)."""
+    def run_remote(self, argv: list[str], *, timeout_s: float = 60.0,
+                   env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """One remote command; its argv is quoted for the remote shell (ssh sends a single string);
+        ``env`` goes down stdin (``READ_ENV``), never on the command line."""
+        if env:
+            remote = ["sh", "-c", READ_ENV + 'exec "$@"', "servetune-check", *argv]
+            cmd = self.ssh_base() + [self.cfg.destination, "--", shlex.join(remote)]
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                                  input=exports(env) + ENV_END + "\n")
         cmd = self.ssh_base() + [self.cfg.destination, "--", shlex.join(argv)]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
 
@@ -101,23 +147,40 @@ class SSHBackend:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.cfg.gpus)
         return env
 
-    def remote_argv(self, argv: list[str], extra_env: Mapping[str, str]) -> list[str]:
-        env = self.engine_env(extra_env)
-        return ["setsid", "-w", "sh", "-c", REMOTE_SCRIPT, "servetune-engine", self.cfg.workdir or "",
-                *(["env", *(f"{k}={v}" for k, v in env.items())] if env else []), *argv]
+    def remote_argv(self, argv: list[str]) -> list[str]:
+        """What the remote host runs: REMOTE_SCRIPT, which takes the engine's environment from stdin."""
+        return ["setsid", "-w", "sh", "-c", REMOTE_SCRIPT, "servetune-engine", self.cfg.workdir or "", *argv]
+
+    def launch_input(self, extra_env: Mapping[str, str]) -> str:
+        """The remote shell's stdin: the engine's environment and any secret files, then the end mark."""
+        return (exports(self.engine_env(extra_env)) + secret_files_script(self.secret_dir, self._secret_files)
+                + ENV_END + "\n")
+
+    def stage_secrets(self, files: Mapping[str, str], *, dry_run: bool = False) -> dict[str, str]:
+        """Secret files on the remote host: written by the launch script into a new 0700 directory with an
+        unguessable name, removed once the engine is ready or torn down; their remote paths."""
+        self.secret_dir = f"/tmp/servetune-secrets-{uuid.uuid4().hex}"
+        self._secret_files = dict(files)
+        return {name: f"{self.secret_dir}/{name}" for name in files}
+
+    def drop_secrets(self) -> None:
+        if self.secret_dir is not None and self.process is not None:
+            try:
+                self.run_remote(["rm", "-rf", "--", self.secret_dir], timeout_s=30)
+            except (OSError, subprocess.SubprocessError):
+                pass  # the launch script's watcher removes it too when the engine's group ends
+            self.secret_dir = None
 
     def command(self, argv: list[str], extra_env: Mapping[str, str]) -> list[str]:
         assert self.port is not None and self.remote_port is not None
         return self.ssh_base() + [
             "-o", "ExitOnForwardFailure=yes", "-o", "ServerAliveInterval=15",
             "-L", f"127.0.0.1:{self.port}:127.0.0.1:{self.remote_port}",
-            self.cfg.destination, "--", shlex.join(self.remote_argv(argv, extra_env)),
+            self.cfg.destination, "--", shlex.join(self.remote_argv(argv)),
         ]
 
     def run_check(self, argv: list[str], extra_env: Mapping[str, str], timeout_s: float = 180.0) -> tuple[int, str, str]:
-        env = self.engine_env(extra_env)
-        prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
-        proc = self.run_remote(prefix + argv, timeout_s=timeout_s)
+        proc = self.run_remote(argv, timeout_s=timeout_s, env=self.engine_env(extra_env))
         return proc.returncode, proc.stdout, proc.stderr
 
     def preflight(self, port: int) -> PreflightReport:
@@ -134,7 +197,8 @@ class SSHBackend:
         self._log_path = log_path
         self.ssh_log_path = log_path.with_suffix(".ssh.log")  # the ssh client's own messages, kept apart
         self.process = GuardedProcess(self.command(argv, extra_env), env=dict(os.environ), log_path=log_path,
-                                      watchdog_grace_s=2.0, stderr_path=self.ssh_log_path, keep_stdin_open=True)
+                                      watchdog_grace_s=2.0, stderr_path=self.ssh_log_path, keep_stdin_open=True,
+                                      stdin_data=self.launch_input(extra_env).encode())
 
     def tail(self, n: int) -> list[str]:
         """The engine's log, then what ssh itself said (minus the forward's "not listening yet" noise)."""
@@ -160,6 +224,7 @@ class SSHBackend:
 
     def on_ready(self) -> None:
         self._find_pgid()
+        self.drop_secrets()  # the engine read them at start-up
 
     def running_preflight(self) -> PreflightReport:
         data = self._remote_probe(None)
@@ -179,6 +244,7 @@ class SSHBackend:
         return "alive" in proc.stdout
 
     def teardown(self) -> tuple[list[str], list[str], bool | None, str]:
+        self.drop_secrets()
         if self.process is None:
             return [], [], None, "not checked"
         signals: list[str] = []

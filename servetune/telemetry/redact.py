@@ -1,25 +1,18 @@
-"""Dropping secrets from dicts that end up in logs and stored results."""
+"""Secrets out of what a server says about itself: the policy of ``servetune.redact``, entries dropped.
+
+A server's own account (``/server_info``) is recorded, not ours to keep: secret-named entries are
+left out entirely rather than masked.
+"""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-_SECRET_KEY = re.compile(
-    r"(api[_-]?key|token(?!s)|secret|passw(or)?d|credential|auth(?!ors?$))", re.IGNORECASE
-)
-_TOKEN_COUNT_KEYS = re.compile(r"(tokens|token_(ratio|usage|ids?)|tokenizer)", re.IGNORECASE)
+from servetune.redact import drop_secrets, is_secret_key
 
-
-def is_secret_key(key: str) -> bool:
-    """``api_key``, ``hf_token``, ``admin_password``... but not ``max_tokens`` or ``tokenizer_path``."""
-    return bool(_SECRET_KEY.search(key)) and not _TOKEN_COUNT_KEYS.search(key)
+__all__ = ["is_secret_key", "redact"]
 
 
 def redact(value: Any) -> Any:
     """A copy of ``value`` without any mapping entry whose key names a secret (recursively)."""
-    if isinstance(value, dict):
-        return {k: redact(v) for k, v in value.items() if not (isinstance(k, str) and is_secret_key(k))}
-    if isinstance(value, list | tuple):
-        return [redact(v) for v in value]
-    return value
+    return drop_secrets(value)

@@ -8,7 +8,7 @@ or JSON form. Passwords are never logged: every message uses ``redact``.
 from __future__ import annotations
 
 import os
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import orjson
 from sqlalchemy import Engine, create_engine
@@ -27,8 +27,20 @@ class WarehouseConfigError(ValueError):
     """No usable database URL (the message says where we looked and never shows a password)."""
 
 
+def quote_password(raw: str) -> str:
+    """``scheme://user:p@ss@host/db`` -> ``scheme://user:p%40ss@host/db``: a password with a raw ``@``
+    (or ``/``, ``?``, ``#``) is everything up to the last ``@``, so the URL parses as meant and no part
+    of the password ends up read (and shown) as the host. Already-escaped passwords are unchanged."""
+    scheme, sep, rest = raw.partition("://")
+    at = rest.rfind("@")
+    user, colon, password = rest[:at].partition(":") if at > 0 else ("", "", "")
+    if not sep or not colon or "/" in user:
+        return raw
+    return f"{scheme}://{user}:{quote(unquote(password), safe='')}@{rest[at + 1:]}"
+
+
 def _from_airflow_uri(uri: str) -> URL:
-    parts = urlsplit(uri)
+    parts = urlsplit(quote_password(uri))
     if parts.scheme.replace("-", "_") not in _POSTGRES_SCHEMES:
         raise WarehouseConfigError(
             f"{AIRFLOW_CONN_ENV}: connection type {parts.scheme!r} is not postgres"
@@ -82,7 +94,7 @@ def resolve_url(explicit: str | None = None) -> str:
     """The warehouse URL: an explicit one, ``SERVETUNE_DATABASE_URL``, else the Airflow connection."""
     raw = explicit or os.environ.get(URL_ENV)
     if raw:
-        url = make_url(raw)
+        url = make_url(quote_password(raw))
         if url.drivername in {"postgres", "postgresql"}:
             url = url.set(drivername="postgresql+psycopg")
         return url.render_as_string(hide_password=False)

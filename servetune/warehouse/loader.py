@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from sqlalchemy import Connection, Engine, delete, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 
+from servetune.redact import redact
 from servetune.result import TrialResult
 from servetune.warehouse import db, scheduler_rows
 from servetune.warehouse.request_copy import WIRE_COLUMNS, EncodeError, copy_stream
@@ -119,10 +120,8 @@ def _ts(unix: float | None) -> datetime | None:
 
 
 def _iso(value: str | None) -> datetime | None:
-    if not value:
-        return None
     try:
-        return datetime.fromisoformat(value)
+        return datetime.fromisoformat(value) if value else None
     except ValueError:
         return None
 
@@ -180,8 +179,10 @@ def _header_hasher(result: TrialResult) -> Any:
 def content_sha256(result: TrialResult) -> str:
     """Hash of everything the trial holds: header (sorted keys), then the request rows' COPY bytes.
 
-    The loader hashes the very bytes it sends, so a first load encodes the rows only once.
+    The loader hashes the very bytes it sends, so a first load encodes the rows only once; of the result
+    as stored (``TrialResult.redacted``).
     """
+    result = result.redacted()
     h = _header_hasher(result)
     for _block in _request_stream(result, h, background=False):
         pass
@@ -200,7 +201,7 @@ def _copy(conn: Connection, table: str, columns: Iterable[str], types: list[str]
 
 
 def _upsert_experiment(conn: Connection, exp: ExperimentInfo, *, lone: bool) -> None:
-    values = exp.model_dump()
+    values = redact(exp.model_dump())  # the plan's env values and secret flags stored as *** (servetune.redact)
     stmt = insert(experiments).values(**values)
     if lone:  # a bench result never overwrites an experiment a campaign wrote
         conn.execute(stmt.on_conflict_do_nothing(index_elements=["experiment_id"]))
@@ -288,7 +289,8 @@ def _stored_sha(eng: Engine, trial_id: str) -> str | None:
 
 def load_trial(eng: Engine, result: TrialResult, exp: ExperimentInfo, *, lone: bool = False,
                validate: bool = True, replace: bool = False, **validate_kwargs: Any) -> TrialLoad:
-    """Load one trial in one transaction; see the module docstring for the idempotency rules."""
+    """Load one trial in one transaction (idempotency: the module docstring); stored: ``result.redacted()``."""
+    result = result.redacted()
     if result.experiment_id is not None and result.experiment_id != exp.experiment_id:
         raise LoadError(f"trial {result.trial_id} belongs to experiment {result.experiment_id!r}, "
                         f"not {exp.experiment_id!r}")
