@@ -6,7 +6,8 @@
 # (`servetune bench --rate` at five Poisson rates against one server). Each call runs the steps not
 # done yet and stops before DEADLINE seconds (default 560): a campaign pauses between trials
 # (--stop-after) and the next call resumes it (--resume). Work lives in /tmp/st on the machine; the
-# whole of it comes back as one archive in $OUT, and .sgl/st.tar.gz (carried) restores it on a cold one.
+# whole of it comes back as one archive in $OUT; on a cold machine .sgl/st.tar.gz (carried) restores it,
+# or else the campaigns kept in tests/data/gpu-h200-sglang/ seed it (so `tune:tune-c` resumes tune-c).
 # Needs .sgl/ (git-ignored, carried): the recipe's sglpkgs.tar.xz overlay and sgl_h200.sh.
 set -uo pipefail
 T0=$(date +%s)
@@ -17,7 +18,11 @@ DEADLINE=${DEADLINE:-560}
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 LOG="$OUT/call-$(date +%H%M%S).log"
 {
-  [ -d "$ST" ] || { mkdir -p "$ST"; [ -f .sgl/st.tar.gz ] && tar -C "$ST" -xzf .sgl/st.tar.gz && echo "restored $ST"; }
+  if [ ! -d "$ST" ]; then   # a cold machine: the last archive if carried, else the campaigns kept in tests/data
+    mkdir -p "$ST"
+    if [ -f .sgl/st.tar.gz ]; then tar -C "$ST" -xzf .sgl/st.tar.gz && echo "restored $ST"
+    else for t in tests/data/gpu-h200-sglang/tune-*.tar.xz; do tar -C "$ST" -xJf "$t" && echo "seeded from $t"; done; fi
+  fi
   [ -d /tmp/sglpkgs/sglang ] || bash .sgl/sgl_h200.sh unpack .sgl/sglpkgs.tar.xz | tail -3
   [ -f /tmp/m8b/config.json ] || env -u PYTHONPATH "$PY" scripts/make_random_llama.py /tmp/m8b --hidden 4096 \
       --layers 32 --heads 32 --kv-heads 8 --inter 14336 | tail -2

@@ -1,9 +1,11 @@
 """Real SGLang 0.5.17 on an H200 (docs/gpu.md): the kept results load, validate, and decide as documented.
 
 The data in tests/data/gpu-h200-sglang came from scripts/gpu-h200-sglang.sh on the lent machine: a
-repeat study (one closed-loop trial repeated with different workload seeds) and a `servetune tune`
-campaign whose ramp and ceiling (with 3 repeats at the two deciding levels) finished before the
-call's time limit cut its first refinement trial."""
+repeat study (one closed-loop trial repeated with different workload seeds); campaign tune-a (an
+earlier plan, cut by the call's time limit at its first refinement trial); tune-b and tune-c, the
+same plan (plans/gpu-h200-sglang.yaml) run twice, each across several calls with --stop-after and
+--resume: tune-b to its recommendation, tune-c to two trials before its end (the session's device
+time ran out); and SGLang 0.5.17's own parser output (sglang_probe.py check), recorded."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from servetune.plan import load_plan
+from servetune.plan import TuningPlan, load_plan
 from servetune.result import TrialResult
 from servetune.stats import compare, spread
 from servetune.tuning import CampaignState, next_trials
@@ -68,7 +70,7 @@ def test_study_trials_carry_real_sglang_and_validity_figures() -> None:
 
 
 def test_the_campaign_replays_to_the_same_ceiling_with_repeats() -> None:
-    plan = load_plan(PLAN)
+    plan = TuningPlan.model_validate(orjson.loads((DATA / "tune-a" / "experiment.json").read_bytes())["plan"])
     state = CampaignState.model_validate_json((DATA / "tune-a" / "state.json").read_bytes())
     assert sum(o.concurrency == 64 for o in state.outcomes) == 3 and sum(o.concurrency == 128 for o in state.outcomes) == 3
     assert len({o.seed_offset for o in state.outcomes if o.concurrency == 128}) == 3  # a new seed per repeat
@@ -108,3 +110,129 @@ def test_a_real_sglang_trial_is_accepted_and_loads(database_url) -> None:
     assert row.valid is True and row.completions_in_window == trial.summary.completions_in_window
     assert row.scenario == "closed_loop" and row.in_flight_mean == pytest.approx(64, rel=0.01)
     assert n == len(trial.records)
+
+
+@pytest.fixture(scope="module")
+def campaigns(tmp_path_factory) -> dict[str, Path]:
+    """tune-b and tune-c unpacked (kept as .tar.xz: their trial files hold every request record)."""
+    import tarfile
+
+    root = tmp_path_factory.mktemp("gpu-campaigns")
+    for name in ("tune-b", "tune-c"):
+        with tarfile.open(DATA / f"{name}.tar.xz") as tar:
+            tar.extractall(root, filter="data")
+    return {name: root / name for name in ("tune-b", "tune-c")}
+
+
+def replay(folder: Path):
+    experiment = orjson.loads((folder / "experiment.json").read_bytes())
+    plan = load_plan(PLAN).with_repeats(3)
+    state = CampaignState.model_validate_json((folder / "state.json").read_bytes())
+    return experiment, plan, state, next_trials(plan, state)
+
+
+def test_the_kept_campaigns_ran_this_plan(campaigns) -> None:
+    """The plan file is the one both ran (tune-c can still be resumed from its kept state)."""
+    from servetune.tuning.campaign import plan_digest
+
+    for folder in campaigns.values():
+        experiment, plan, _, _ = replay(folder)
+        assert experiment["plan_digest"] == plan_digest(plan)
+        assert experiment["plan"]["engine"]["version"] == "0.5.17"
+
+
+def test_the_two_campaigns_agree(campaigns) -> None:
+    """Same ceiling (64: level 128 fails its SLA in 3 of 3 repeats in both) and the same refinement
+    verdicts for chunked-prefill-size 16384 and schedule-conservativeness 0.7 (neither beats the
+    defaults). tune-b recommended the defaults at 64 after one max-running-requests 64 trial missed
+    the p99 TTFT bound by 2%; today's rule repeats such a near miss, so both campaigns stand at the
+    same open question: max-running-requests 64 at 64 (tune-c: 1 pass, 1 fail so far)."""
+    eb, _, sb, db = replay(campaigns["tune-b"])
+    ec, _, sc, dc = replay(campaigns["tune-c"])
+    stored = orjson.loads((campaigns["tune-b"] / "recommendation.json").read_bytes())
+    assert eb["status"] == "done" and (stored["concurrency"], stored["config"]) == (
+        64, {"attention-backend": "triton", "sampling-backend": "pytorch", "mem-fraction-static": 0.8,
+             "cuda-graph-max-bs": 160})
+    assert stored["repeats"] == 3 and stored["goodput_cv"] < 0.05
+    assert ec["status"] == "paused"
+    for d in (db, dc):
+        assert not d.done and d.ceiling is not None
+        assert (d.ceiling.level, d.ceiling.kind, d.ceiling.first_fail) == (64, "sla", 128)
+        (spec,) = d.trials
+        assert spec.stage == "refine" and spec.concurrency == 64 and spec.flags.get("max-running-requests") == 64
+    assert "repeat 2 of 3" in db.trials[0].reason
+    assert "repeat 3 of 4 (marginal: the verdict flipped)" in dc.trials[0].reason
+
+    def refine_goodput(state, flag):
+        return [o.summary.goodput_rps for o in state.outcomes if o.stage == "refine" and o.valid and flag in o.flags]
+
+    ramp64 = {n: spread([o.summary.goodput_rps for o in s.outcomes if o.stage == "ramp" and o.concurrency == 64])
+              for n, s in (("b", sb), ("c", sc))}
+    assert compare(ramp64["b"], ramp64["c"], min_change=0.02).outcome == "tie"  # the same config, twice
+    for flag in ("chunked-prefill-size", "schedule-conservativeness"):
+        for state, name in ((sb, "b"), (sc, "c")):
+            (g,) = refine_goodput(state, flag)
+            assert g < ramp64[name].mean  # neither step beat the defaults, in either run
+    for state in (sb, sc):  # max-running 64 serves more; its p99 TTFT is what is in doubt
+        assert min(refine_goodput(state, "max-running-requests")) > 1.05 * ramp64["b"].mean
+
+
+def test_every_trial_of_a_campaign_loads_and_the_invalid_ones_are_rejected(campaigns, database_url) -> None:
+    """All 14 trials of tune-b into the warehouse: the valid ones accepted by the checklist, the three
+    INVALID ones (window not steady) kept and marked rejected; hit rate from usage vs SGLang's counters."""
+    from sqlalchemy import text
+
+    from servetune.warehouse import db, load_result
+    from warehouse_fixtures import migrated
+
+    migrated(database_url)
+    report = load_result(database_url, campaigns["tune-b"], min_measured=100)  # rules: those each trial ran under
+    assert report.errors == [] and len(report.trials) == 14
+    eng = db.engine(database_url)
+    try:
+        with eng.connect() as conn:
+            rows = conn.execute(text("SELECT trial_id, status, valid, stage FROM trials WHERE experiment_id = :e"),
+                                {"e": report.experiment_id}).all()
+    finally:
+        eng.dispose()
+    by_status = {}
+    for r in rows:
+        by_status.setdefault(r.status, []).append(r)
+    assert all(r.valid for r in by_status["ok"]) and len(by_status["ok"]) == 10
+    assert {r.valid for r in by_status["rejected"]} == {False} and len(by_status["rejected"]) == 4  # 3 + correctness
+    for f in (campaigns["tune-b"] / "trials").glob("*.json"):
+        s = TrialResult.read(f).summary
+        if s.valid and s.requests_measured >= 100:
+            assert abs(s.prefix_hit_rate - s.prefix_hit_rate_server) < 0.02
+
+
+def test_a_plan_for_0_5_17_validates_against_its_recorded_parser(tmp_path, monkeypatch) -> None:
+    """The shipped 0.5.17 catalogue came from that version's own parser; the recorded probe output
+    (sglang_probe.py check on the H200) is what the runner answers, and it is adopted and cached."""
+    import lzma
+
+    from servetune.engines.catalog import catalog_for, nearest_version
+    from servetune.engines.sglang import adopt_runner_version, interpret_parser_check
+
+    plan = load_plan(PLAN)
+    assert plan.engine.catalog.label == "sglang 0.5.17"
+    assert nearest_version("sglang", "0.5.16") == "0.5.15" and nearest_version("sglang", "0.5.1") == "0.5.5"
+    ok = lzma.open(DATA / "probe-check-0.5.17.json.xz").read().decode()
+    refused = lzma.open(DATA / "probe-check-refused-0.5.17.json.xz").read().decode()
+    bad = interpret_parser_check(2, refused, "", "0.5.17")
+    assert bad.checked and not bad.ok and bad.error == "unrecognized arguments: --no-such-flag 1"
+    monkeypatch.setenv("SERVETUNE_CATALOG_CACHE", str(tmp_path))
+    unversioned = plan.engine.model_copy(update={"version": None})
+    verdict = interpret_parser_check(0, ok, "", None)
+    assert verdict.ok and verdict.version == "0.5.17" and len(verdict.catalog["flags"]) == 474
+    adopted = adopt_runner_version(unversioned, verdict)
+    assert adopted.version == "0.5.17" and adopted.catalog.version == "0.5.17"
+    assert list(tmp_path.iterdir()) == []  # a shipped catalogue of that version wins over a cache
+    # a version servetune does not ship: the runner's own catalogue is cached and renders the argv
+    future = orjson.loads(ok)
+    future["version"] = future["catalog"]["version"] = "0.5.18"
+    verdict = interpret_parser_check(0, orjson.dumps(future).decode(), "", "0.5.17")
+    assert verdict.ok and "the runner has 0.5.18" in verdict.note
+    adopted = adopt_runner_version(plan.engine, verdict)
+    assert (tmp_path / "sglang-0.5.18.yaml").is_file() and catalog_for("sglang", "0.5.18").version == "0.5.18"
+    assert adopted.launch_argv(host="127.0.0.1", port=1)[-8:] == plan.engine.launch_argv(host="127.0.0.1", port=1)[-8:]

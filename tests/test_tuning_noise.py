@@ -108,6 +108,29 @@ def test_a_real_gain_beyond_the_noise_wins() -> None:
     assert any("schedule-conservativeness 0.7: goodput" in line for line in d.recommendation.explanation)
 
 
+def test_a_candidate_is_not_rejected_on_one_trial_near_its_bound() -> None:
+    """Seen on the H200: max-running-requests 64 served 6% more goodput, and its first trial missed the
+    p99 TTFT bound by 2%. One trial near a bound decides nothing: it gets its repeats, and wins when
+    most of them pass; one that keeps failing is rejected after them, not before."""
+    plan = make_plan(stages__refine=REFINE_ONE, repeats={"count": 3, "max": 5})
+
+    def surface(ttft_of_cand: list[float]):
+        def answer(flags: Flags, level: int, seed: int):
+            tuned = flags.get("schedule-conservativeness") == 0.7
+            ttft = ttft_of_cand[seed % len(ttft_of_cand)] if tuned and level == 32 else 900
+            return summary(thr=level * 0.1 * (1.06 if tuned else 1.0), ttft=ttft, mem=0.95 if level >= 64 else 0.5)
+        return answer
+
+    d, asked = drive(plan, surface([1020, 900, 950]))  # 1020 > the 1000 ms bound, then passes
+    cand = [t for t in asked if t.flags and t.concurrency == 32]
+    assert "repeat 2 of 3" in cand[1].reason and "marginal" in cand[3].reason
+    assert len(cand) == 5  # the verdict flipped: up to repeats.max, passing 3 of 5
+    assert d.recommendation is not None and d.recommendation.config == {"schedule-conservativeness": 0.7}
+    d, asked = drive(plan, surface([1020, 1100, 980]))  # fails 2 of 3 (marginal): up to repeats.max, then lost
+    cand = [t for t in asked if t.flags and t.concurrency == 32]
+    assert len(cand) == 5 and d.recommendation is not None and d.recommendation.config == {}
+
+
 def test_a_marginal_level_gets_more_repeats_and_the_ceiling_says_so() -> None:
     """Level 32's p99 TPOT straddles the 50 ms bound: it passes 2 of 5 repeats, so it fails by majority."""
     plan = make_plan(repeats={"count": 3, "max": 5})

@@ -249,6 +249,7 @@ def _open_campaign(plan: TuningPlan, runner: Any, out: Path | None, *, resume: b
     import uuid
 
     from servetune.tuning.campaign import Campaign
+    from servetune.tuning.decisions import next_trials
 
     kwargs: dict[str, Any] = dict(previous=previous, progress=_progress_printer(plan))
     if resume:
@@ -259,6 +260,9 @@ def _open_campaign(plan: TuningPlan, runner: Any, out: Path | None, *, resume: b
             campaign = Campaign.resume(plan, runner, out, **kwargs)  # type: ignore[arg-type]
         except ValueError as exc:
             _fail(f"--resume: {exc}")
+        if next_trials(campaign.plan, campaign.state, previous=previous).done:  # a finished one can reopen when
+            _fail(f"--resume: the campaign in {out} is done already")  # the decisions now ask for more
+
         console.print(f"campaign {campaign.experiment_id[:8]}: resumed in {out} after"
                       f" {len(campaign.state.outcomes)} trials", highlight=False)
         return campaign
@@ -281,8 +285,6 @@ def _stored_experiment(out: Path | None) -> dict[str, Any]:
         _fail(f"--resume: {out}/experiment.json: {exc}")
     if not isinstance(stored, dict) or not stored.get("experiment_id"):
         _fail(f"--resume: {out}/experiment.json names no experiment_id")
-    if stored.get("status") == "done":
-        _fail(f"--resume: the campaign in {out} is done already (status done)")
     return stored
 
 

@@ -88,7 +88,7 @@ class _Walk:
         level, reason = inc.level, f"refine {what} at concurrency {inc.level}"
         cand = self.measure(flags, level, reason)
         outcome = self._compare(cand, inc)
-        if outcome == "better" or (outcome == "tie" and _simpler(cand, inc)) or cand.n > 1:
+        if outcome == "better" or (outcome == "tie" and _simpler(cand, inc)) or _near_miss(cand, inc) or cand.n > 1:
             # the winner against the config it replaces: repeats on both before deciding (once started,
             # finished: the replay must not stop half-way because the first repeats look tied)
             repeats = self.plan.repeat_count
@@ -128,6 +128,13 @@ class _Walk:
         if not cand.passed:
             return "worse"
         return compare(cand.goodput, inc.goodput, min_change=self.plan.stages.refine.min_improvement).outcome
+
+
+def _near_miss(cand: Evidence, inc: Evidence) -> bool:
+    """A candidate that would win on goodput but failed a latency bound in its one trial: a p99 near its
+    bound flips between repeats, so one trial must not reject it (its repeats decide, by majority)."""
+    return (cand.n == 1 and inc.passed and not cand.passed and cand.verdict.kind == "sla"
+            and goodput(cand) > goodput(inc))
 
 
 def _simpler(a: Evidence, b: Evidence) -> bool:
