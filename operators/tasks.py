@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,11 @@ def prepare(plan_file: str, *, trigger: str, run_id: str, overrides: dict[str, A
     exp_id = experiment_id_for(plan_file, run_id)
     out = Path(results_root or results_dir()) / exp_id
     out.mkdir(parents=True, exist_ok=True)
-    (out / "plan.yaml").write_text(yaml.safe_dump(plan.model_dump(mode="json"), sort_keys=False))
+    # the whole plan (secrets included: the later tasks launch from it), readable by its owner only
+    fd = os.open(out / "plan.yaml", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(yaml.safe_dump(plan.model_dump(mode="json"), sort_keys=False))
+    os.chmod(out / "plan.yaml", 0o600)
     return {"experiment_id": exp_id, "out_dir": str(out), "plan_file": str(plan_file), "plan_name": plan.name,
             "trigger": trigger, "run_id": run_id, "runner": runner_of(plan).name}
 

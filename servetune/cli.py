@@ -20,6 +20,9 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="debug log
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from servetune.redact import install_log_redaction
+
+    install_log_redaction()  # every log line of every module, whatever it formats
 
 
 @app.command()

@@ -47,15 +47,6 @@ SECRETS = {"HF_TOKEN": HF, "opaque env": OPAQUE, "api key": KEY, "bench key": BE
            "db password": DB_PASSWORD, "db password tail": DB_PASSWORD.split("@", 1)[1]}
 WORKLOAD = {"name": "tiny", "seed": 1, "input": {"kind": "uniform", "min": 64, "max": 256},
             "output": {"kind": "fixed", "value": 8}}
-#: artefacts written by modules this change does not own; the exact fix each needs is in docs/reliability.md
-PENDING = {
-    "out/experiment.json": "servetune/tuning/campaign.py: \"plan\": redact(plan.model_dump(mode=\"json\")) and "
-                           "recommendation=redact(rec.model_dump(mode=\"json\"))",
-    "out/state.json": "servetune/tuning/campaign.py: _write_json(state.json, redact(self.state.model_dump(...)))",
-    "out/recommendation.json": "servetune/tuning/campaign.py: _write_json(..., redact(rec.model_dump(mode=\"json\")))",
-    "cli: tune (recommendation table)": "servetune/commands/tune.py: command_text(redact(rec.config))",
-    "cli: tune --dry-run (simulated recommendation line)": "servetune/commands/tune.py: flags {redact(r.config)}",
-}
 
 
 def leaks(text: str) -> list[str]:
@@ -134,25 +125,16 @@ def artefacts(tmp_path_factory, pg_server_url: str) -> Iterator[dict]:
         localdb.drop_database(pg_server_url, make_url(database).database)
 
 
-def _strip_pending_lines(name: str, text: str) -> str:
-    """The lines of a command's output that other modules print (PENDING), out of the strict search."""
-    if name == "tune":
-        return "\n".join(line for line in text.splitlines() if "server flags" not in line)
-    if name == "tune --dry-run":
-        return "\n".join(line for line in text.splitlines() if "simulated recommendation" not in line)
-    return text
-
-
 def test_no_planted_secret_in_any_artefact(artefacts: dict) -> None:
     found = {}
     for name, text in artefacts["files"].items():
-        if name not in PENDING and (hit := leaks(text)):
+        if hit := leaks(text):
             found[name] = hit
     for table, text in artefacts["rows"].items():
         if hit := leaks(text):
             found[f"warehouse.{table}"] = hit
     for name, text in artefacts["outputs"].items():
-        if hit := leaks(_strip_pending_lines(name, text)):
+        if hit := leaks(text):
             found[f"cli: {name}"] = hit
     assert not found, found
     # the search had something to look at: every kind of artefact is there
@@ -182,10 +164,10 @@ def test_the_secrets_are_masked_where_they_were(artefacts: dict) -> None:
     assert "sim serve" in logs or "simulated" in logs
 
 
-@pytest.mark.xfail(strict=True, reason="written by servetune/tuning/campaign.py and servetune/commands/tune.py, "
-                   "outside this change: see PENDING for the one-line fix each needs")
 def test_no_planted_secret_in_the_campaign_files_and_tune_output(artefacts: dict) -> None:
-    found = {n: hit for n in PENDING if n in artefacts["files"] and (hit := leaks(artefacts["files"][n]))}
+    names = ("out/experiment.json", "out/state.json", "out/recommendation.json")
+    assert all(n in artefacts["files"] for n in names)
+    found = {n: hit for n in names if (hit := leaks(artefacts["files"][n]))}
     for name in ("tune", "tune --dry-run"):
         if hit := leaks(artefacts["outputs"][name]):
             found[f"cli: {name}"] = hit

@@ -129,3 +129,24 @@ def test_sigterm_tears_the_engine_down_and_the_campaign_resumes(tmp_path: Path) 
     assert len(state["outcomes"]) > done
     assert json.loads((out / "experiment.json").read_text())["status"] == "done"
     assert (out / "recommendation.json").exists()
+
+
+def test_a_resumed_campaign_keeps_secrets_out_of_its_state_and_still_matches_its_trials(tmp_path: Path) -> None:
+    """state.json stores a secret flag as ***; on --resume the plan's value comes back, so no trial is
+    measured twice and the relaunch gets the real key."""
+    import yaml
+
+    secret = "sk-resume-3c9f1e"
+    plan = yaml.safe_load((PLANS / "demo.yaml").read_text())
+    plan["engine"].setdefault("args", {})["api-key"] = secret
+    path = tmp_path / "demo-key.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    straight, stepped = tmp_path / "straight", tmp_path / "stepped"
+    assert tune(str(path), "--virtual", "--out", str(straight)).exit_code == 0
+    res = tune(str(path), "--virtual", "--out", str(stepped), "--stop-after", "1")
+    while res.exit_code == PAUSED:
+        assert secret not in (stepped / "state.json").read_text() and '"***"' in (stepped / "state.json").read_text()
+        res = tune(str(path), "--virtual", "--out", str(stepped), "--resume", "--stop-after", "1")
+    assert res.exit_code == 0, res.output
+    assert trials(stepped) != [] and len(trials(stepped)) == len(trials(straight))
+    assert all(secret not in p.read_text() for p in stepped.rglob("*.json"))

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from servetune.plan import PlanError, TuningPlan, load_plan
+from servetune.redact import redact
 
 BAD_INPUT = 2
 PAUSED = 75  # EX_TEMPFAIL: stopped by --stop-after, resumable
@@ -118,7 +119,7 @@ def _print_dry_run(plan: TuningPlan) -> None:
                   f" (requests = measured + warm-up); decisive trials: {repeats} trial(s) each")
     if decision.recommendation:
         r = decision.recommendation
-        console.print(f"simulated recommendation: concurrency {r.concurrency}, flags {r.config},"
+        console.print(f"simulated recommendation: concurrency {r.concurrency}, flags {redact(r.config)},"
                       f" goodput {r.goodput_rps or 0:.2f} req/s", highlight=False)
     else:
         console.print(f"simulated campaign ends without a recommendation: {escape(decision.reason)}")
@@ -159,7 +160,7 @@ def _print_recommendation(decision: Any, out: Path) -> None:
         console.print(f"[red]no recommendation[/red]: {escape(decision.reason)}")
         return
     table = Table(title="recommendation", show_header=False)
-    table.add_row("server flags", command_text(rec.config) or "(engine defaults)")
+    table.add_row("server flags", command_text(redact(rec.config)) or "(engine defaults)")
     table.add_row("concurrency", str(rec.concurrency))
     ci = f" ± {rec.goodput_ci95:.2f} (95% CI over {rec.repeats} repeats)" if rec.goodput_ci95 is not None else ""
     table.add_row("goodput", f"{rec.goodput_rps or 0:.2f} req/s{ci}")

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from servetune.plan import TuningPlan
+from servetune.redact import MASK, redact
 from servetune.tuning.decisions import next_trials
 from servetune.tuning.runner import RunReport, TrialRunner, failed_result
 from servetune.tuning.state import CampaignState, Decision, TrialOutcome, TrialSpec
@@ -112,7 +113,7 @@ class Campaign:
             "prompt_template_fingerprint": template_fp,
             "trigger": trigger,
             "dag_run_id": dag_run_id,
-            "plan": plan.model_dump(mode="json"),
+            "plan": redact(plan.model_dump(mode="json")),
             "plan_digest": plan_digest(plan),
             "status": "running",
             "started_at": datetime.now(UTC).isoformat(),
@@ -146,7 +147,7 @@ class Campaign:
                                  "not this one (start a new campaign in a new folder)")
             campaign.experiment.update(started_at=stored["started_at"])
         if state_file.exists():
-            campaign.state = CampaignState.model_validate_json(state_file.read_bytes())
+            campaign.state = _with_secrets(CampaignState.model_validate_json(state_file.read_bytes()), plan)
         return campaign
 
     def advance(self, stages: Iterable[str] | None = None, *, deadline: float | None = None) -> Decision:
@@ -250,18 +251,29 @@ class Campaign:
         self.experiment.update(
             status=status or ("failed" if failed else "done"),
             finished_at=datetime.now(UTC).isoformat(),
-            recommendation=rec.model_dump(mode="json") if rec else None,
+            recommendation=redact(rec.model_dump(mode="json")) if rec else None,
             ceiling=({"concurrency": ceiling.level, **ceiling.model_dump(mode="json", exclude={"level"})}
                      if ceiling else None),
             status_reason=reason,
         )
         if rec is not None:
-            _write_json(self.out / "recommendation.json", rec.model_dump(mode="json"))
+            _write_json(self.out / "recommendation.json", redact(rec.model_dump(mode="json")))
         self._write_experiment()
 
     def _write_experiment(self) -> None:
-        _write_json(self.out / "state.json", self.state.model_dump(mode="json"))
+        _write_json(self.out / "state.json", redact(self.state.model_dump(mode="json")))
         _write_json(self.out / "experiment.json", self.experiment)
+
+
+def _with_secrets(state: CampaignState, plan: TuningPlan) -> CampaignState:
+    """state.json keeps secret flags as ``***``; the plan (the only source of secrets) puts them back, so a
+    resumed campaign matches its trials to the live configs and relaunches with the real values."""
+    real = plan.engine_flags()
+
+    def back(flags: dict[str, Any]) -> dict[str, Any]:
+        return {k: real[k] if v == MASK and k in real else v for k, v in flags.items()}
+
+    return CampaignState(outcomes=[o.model_copy(update={"flags": back(o.flags)}) for o in state.outcomes])
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.plan import TuningPlan
+from servetune.redact import redact
 from servetune.tuning.runner import RunReport, failed_result
 from servetune.tuning.state import ENGINE_CRASH
 from servetune.tuning.state import Flags, TrialSpec
@@ -130,7 +131,7 @@ class LiveTrialRunner:
         try:
             restarted = self._ensure_server(spec.flags)
         except Exception as exc:  # noqa: BLE001 - a config the engine refuses is a failed trial, not a crash
-            log.warning("server with %s failed to start: %s", spec.flags, exc)
+            log.warning("server with %s failed to start: %s", redact(spec.flags), exc)
             self._stop()
             result = failed_result(spec, f"server failed to start: {type(exc).__name__}: {exc}",
                                    experiment_id=experiment_id)
