@@ -76,7 +76,7 @@ async def test_timings_match_the_server_send_log_at_concurrency_64(tmp_path) -> 
 
 @pytest.mark.parametrize("shape,source", [("usage_chunk", "apportioned"), ("usage_every", "usage_per_chunk")])
 async def test_multi_token_chunks_weight_itl_per_token(tmp_path, shape: str, source: str) -> None:
-    """A chunk of k tokens gives k gaps of gap/k (design.md), whichever source counted the tokens."""
+    """A chunk of k tokens gives k gaps of gap/k (docs/metrics.md), whichever source counted the tokens."""
     scenario = Scenario(ttft_ms=5, gap_ms=12, tokens_per_chunk=3, shape=shape)
     with ServerProcess(scenario, tmp_path, rt_priority=5) as srv, _realtime_client():
         t0 = time.perf_counter_ns()

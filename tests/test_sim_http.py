@@ -188,6 +188,13 @@ async def test_info_flush_cache_and_bad_requests(sim_server: tuple[str, SimServe
         long = {"prompt": "x " * 200_000, "max_tokens": 1}
         async with s.post(url + "/v1/completions", json=long) as r:
             assert r.status == 400 and "context length" in (await r.json())["message"]
+        for image_url, why in (("https://example.com/cat.png", "only data: image URLs"),
+                               ("data:image/png,raw", "must be base64"), ("data:image/png;base64,bm90IGFu", "cannot read")):
+            body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it"},
+                                                             {"type": "image_url", "image_url": {"url": image_url}}]}],
+                    "max_tokens": 1}
+            async with s.post(url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 400 and why in (await r.json())["message"]  # a bad image is the client's error
 
 
 async def test_vlm_images_cost_tokens_and_are_cached_by_hash() -> None:

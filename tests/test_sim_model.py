@@ -10,7 +10,8 @@ from servetune.loadgen import LoadConfig
 from servetune.sim import SimArgsError, server_args_from_flags, simulate
 from servetune.sim.args import parse_argv
 from servetune.sim.radix import RadixCache
-from servetune.sim.scheduler import Scheduler, SimRequest
+from servetune.sim.requests import SimRequest
+from servetune.sim.scheduler import Scheduler
 from servetune.validity import ValidityRules
 from servetune.workload import build_requests
 from servetune.workload.request import WorkloadRequest
@@ -37,7 +38,7 @@ def test_defaults_follow_gpu_memory() -> None:
     l40s = server_args_from_flags({"gpu_profile": "L40S"})
     assert a100.chunked_prefill_size == h100.chunked_prefill_size == h200.chunked_prefill_size == 8192
     assert l40s.chunked_prefill_size == 4096
-    assert h100.mem_fraction_static == pytest.approx(0.83, abs=0.01)  # sglang-facts: ~0.83 H100-80G
+    assert h100.mem_fraction_static == pytest.approx(0.83, abs=0.01)  # SGLang's formula: ~0.83 on an H100-80G
     assert h200.mem_fraction_static == pytest.approx(0.90, abs=0.01)  # ~0.90 H200
     # KV pool = (mem_fraction_static x GPU memory - weights) / cell size
     expect = (int(a100.gpu_memory_bytes * a100.mem_fraction_static) - a100.weight_bytes_per_rank) // (128 * 1024)

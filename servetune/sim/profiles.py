@@ -114,7 +114,7 @@ class ModelProfile(BaseModel):
         return max(1, self.num_kv_heads // tp)
 
     def cell_bytes(self, tp: int = 1) -> int:
-        """KV-cache bytes per token per rank: kv_heads * (k_dim + v_dim) * layers * dtype (sglang-facts.md)."""
+        """KV-cache bytes per token per rank: kv_heads * (k_dim + v_dim) * layers * dtype (SGLang's KV pool)."""
         return self.kv_heads_per_rank(tp) * (self.head_dim + self.head_dim) * self.num_layers * self.dtype_bytes
 
     def image_tokens(self, width: int, height: int) -> int:

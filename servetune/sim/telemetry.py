@@ -15,7 +15,8 @@ import numpy as np
 
 from .args import SimArgs
 from .metrics import SimMetrics
-from .scheduler import Iteration, Scheduler, SimRequest
+from .requests import Iteration, SimRequest
+from .scheduler import Scheduler
 
 CUDA_CONTEXT_BYTES = 512 << 20  # CUDA context + NCCL/cuBLAS workspaces, per GPU
 ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN = 2 * 12  # bf16 x (qkv, attention out, MLP up/gate/down, ...)

@@ -26,6 +26,9 @@ MESSAGE_TOKENS = 4  # <|start_header_id|> role <|end_header_id|> ... <|eot_id|>
 GENERATION_PROMPT_TOKENS = 3  # <|start_header_id|> assistant <|end_header_id|>
 
 
+class BadImage(ValueError):
+    """An image the simulated server cannot read: a 400 for the client, as SGLang answers one."""
+
 
 def token_id(piece: str) -> str:
     """A token "id" is the word itself: equality is all the radix cache needs, and str hashes are cached."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from servetune.loadgen.config import LoadConfig
 from servetune.loadgen.strategies import arrival_offsets_s
-from servetune.records import ErrorClass, RequestRecord, TokenCountSource
+from servetune.records import ErrorClass, TokenCountSource
 from servetune.result import TrialResult
 from servetune.sla import SLA
 from servetune.validity import ValidityRules
@@ -30,7 +30,8 @@ from servetune.workload.request import WorkloadRequest
 
 from . import tokens as tk
 from .args import SimArgs, server_args_from_flags
-from .scheduler import Iteration, RequestRejected, Scheduler, SimRequest
+from .requests import Iteration, RequestRejected, SimRequest
+from .scheduler import Scheduler
 from .telemetry import SimTelemetry
 
 ENDPOINTS = ("chat", "completions", "generate")

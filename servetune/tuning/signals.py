@@ -1,6 +1,6 @@
 """SGLang's own tuning-guide signals, read from a trial summary.
 
-The guide (sglang-facts.md "SGLang tuning guide"): a healthy server runs with token usage
+SGLang's hyperparameter-tuning guide: a healthy server runs with token usage
 above 0.9 and some queue; usage below 0.9 *with* a queue means admission is too cautious
 (lower --schedule-conservativeness); frequent retractions (more than about one a minute)
 mean it is too eager (raise it). These explain a recommendation, steer the direction of the
