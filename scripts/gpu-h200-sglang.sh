@@ -3,12 +3,14 @@
 #   bash scripts/gpu-h200-sglang.sh STEP...      e.g.  catalog tune:tune-b tune:tune-c openloop
 # Steps: catalog (the installed SGLang's flag catalogue and a recorded parser check), study (repeats of
 # one trial at three levels), tune:NAME (`servetune tune plans/gpu-h200-sglang.yaml`), openloop
-# (`servetune bench --rate` at five Poisson rates against one server). Each call runs the steps not
-# done yet and stops before DEADLINE seconds (default 560): a campaign pauses between trials
+# (`servetune bench --rate` at five Poisson rates against one server), benchserving (servetune bench
+# and sglang.bench_serving side by side on one server, bench/bench_serving_side_by_side.py). Each call
+# runs the steps not done yet and stops before DEADLINE seconds (default 560): a campaign pauses between trials
 # (--stop-after) and the next call resumes it (--resume). Work lives in /tmp/st on the machine; the
 # whole of it comes back as one archive in $OUT; on a cold machine .sgl/st.tar.gz (carried) restores it,
 # or else the campaigns kept in tests/data/gpu-h200-sglang/ seed it (so `tune:tune-c` resumes tune-c).
-# Needs .sgl/ (git-ignored, carried): the recipe's sglpkgs.tar.xz overlay and sgl_h200.sh.
+# Needs .sgl/ (git-ignored, carried): the prebuilt SGLang 0.5.17 package overlay sglpkgs.tar.xz and its
+# helper sgl_h200.sh (unpack, CUDA_HOME, PYTHONPATH), docs/gpu.md.
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -69,6 +71,27 @@ LOG="$OUT/call-$(date +%H%M%S).log"
               2>&1 | tail -4 || rc=1
         done
         kill -INT "$spid"; wait "$spid" ;;
+      benchserving)   # servetune bench and sglang.bench_serving on one server, the same workload shape
+        mkdir -p "$ST/benchserving"; B="$ST/benchserving"
+        "$PY" -m servetune serve --engine sglang --model /tmp/m8b --python "$PY" --port 30778 \
+            --set attention-backend=triton --set sampling-backend=pytorch --set mem-fraction-static=0.8 \
+            --set cuda-graph-max-bs=160 --log-dir "$B" > "$B/serve.out" 2>&1 &
+        spid=$!
+        for _ in $(seq 200); do grep -q "^ready:" "$B/serve.out" && break; sleep 1; done
+        rc=0
+        st_run() { "$PY" -m servetune bench --url http://127.0.0.1:30778 --concurrency "$1" --requests "$2" \
+            --warmup 16 --workload plans/workloads/bench-serving-gsp.yaml --endpoint chat \
+            --min-window-s 10 --min-completions 100 --out "$B/servetune-c$1.json" 2>&1 | tail -3; }
+        bs_run() { env PYTHONPATH="$PYTHONPATH:$PWD/scripts/offline-shims" "$PY" -m sglang.bench_serving \
+            --backend sglang-oai-chat --host 127.0.0.1 --port 30778 --model /tmp/m8b --tokenizer /tmp/m8b \
+            --dataset-name generated-shared-prefix --gsp-num-groups 4 --gsp-prompts-per-group $(( $2 / 4 )) \
+            --gsp-system-prompt-len 256 --gsp-question-len 512 --gsp-output-len 128 --num-prompts "$2" \
+            --max-concurrency "$1" --request-rate inf --warmup-requests 16 --flush-cache --seed 1 \
+            --output-file "$B/bench-serving-c$1.jsonl" --output-details --disable-tqdm 2>&1 | tail -25; }
+        st_run 16 400 && bs_run 16 400 && bs_run 64 800 && st_run 64 800 || rc=1
+        kill -INT "$spid"; wait "$spid"
+        "$PY" bench/bench_serving_side_by_side.py --pair 16 "$B/servetune-c16.json" "$B/bench-serving-c16.jsonl" \
+            --pair 64 "$B/servetune-c64.json" "$B/bench-serving-c64.jsonl" | tee "$B/side-by-side.md" ;;
       *) echo "unknown step $step"; rc=2 ;;
     esac
     echo "=== $step exit $rc at $(( $(date +%s) - T0 )) s"
@@ -81,7 +104,7 @@ tail -50 "$LOG"
 cp "$LOG" "$ST/"
 # the archive: trial files without their per-chunk arrays, logs capped; /tmp/st itself stays whole
 rm -rf /tmp/st-copy && cp -r "$ST" /tmp/st-copy
-find /tmp/st-copy -name '*.json' -path '*trials*' -print0 -o -name 'r*.json' -path '*openloop*' -print0 \
+find /tmp/st-copy \( -path '*trials*' -o -path '*openloop*' -o -path '*benchserving*' \) -name '*.json' -print0 \
   | xargs -0 -r "$PY" -c '
 import json, sys
 for p in sys.argv[1:]:
