@@ -218,7 +218,10 @@ class TuningPlan(_Strict):
         if not self.stages.refine.enabled:
             return self
         r = self.stages.refine
-        tries = [(f"stages.refine.grid.{flag}", {flag: values[0]}) for flag, values in r.grid.items()]
+        # every grid value, through the engine's own checks (the catalogue's types, bounds and choices):
+        # a value the engine would refuse fails here, not on a GPU halfway through the campaign
+        tries = [(f"stages.refine.grid.{flag}[{i}]", {flag: value})
+                 for flag, values in r.grid.items() for i, value in enumerate(values)]
         if r.set_max_running:
             tries.append(("stages.refine.max_running_flag", {r.max_running_flag: 8}))
         for where, change in tries:

@@ -11,13 +11,14 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servetune.records import RequestRecord
 from servetune.redact import redact, redact_text
+from servetune.result_check import RecordIn, ResultError, check_samples, first_error, read_json
 
 SCHEMA = "servetune.trial/1"
 
@@ -197,28 +198,23 @@ class TrialResult:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrialResult:
+    def from_dict(cls, d: Any) -> TrialResult:
+        """The typed result, or ``ResultError`` naming the first bad field (``servetune.result_check``)."""
+        if not isinstance(d, dict):
+            raise ResultError(f"a trial result must be a JSON object, got {type(d).__name__}")
         if d.get("schema") != SCHEMA:
-            raise ValueError(f"not a servetune trial result (schema={d.get('schema')!r}, want {SCHEMA!r})")
+            raise ResultError(f"not a servetune trial result (schema={d.get('schema')!r}, want {SCHEMA!r})")
+        try:
+            f = _TrialFile.model_validate(d, strict=True)
+        except ValidationError as exc:
+            raise ResultError(first_error(exc)) from None
+        check_samples(f.gpu or {}, f.server or {})
         return cls(
-            trial_id=d["trial_id"],
-            created_at=d["created_at"],
-            status=d.get("status", "ok"),
-            failure_reason=d.get("failure_reason"),
-            stage=d.get("stage"),
-            experiment_id=d.get("experiment_id"),
-            target=d.get("target") or {},
-            server_config=d.get("server_config") or {},
-            load=d.get("load") or {},
-            sla=d.get("sla") or {},
-            workload=d.get("workload") or {},
-            t0_unix=d.get("t0_unix", 0.0),
-            records=[RequestRecord.from_dict(r) for r in d.get("records") or []],
-            gpu=d.get("gpu") or {},
-            server=d.get("server") or {},
-            environment=d.get("environment") or {},
-            summary=TrialSummary.model_validate(d.get("summary") or {}),
-            validation=d.get("validation"),
+            trial_id=f.trial_id, created_at=f.created_at, status=f.status, failure_reason=f.failure_reason,
+            stage=f.stage, experiment_id=f.experiment_id, target=f.target or {}, server_config=f.server_config or {},
+            load=f.load or {}, sla=f.sla or {}, workload=f.workload or {}, t0_unix=f.t0_unix,
+            records=[RequestRecord(**r) for r in f.records], gpu=f.gpu or {}, server=f.server or {},
+            environment=f.environment or {}, summary=f.summary, validation=f.validation,
         )
 
     def save(self, path: str | Path) -> Path:
@@ -231,5 +227,35 @@ class TrialResult:
 
     @classmethod
     def read(cls, path: str | Path) -> TrialResult:
-        """Read a saved result (named ``read``: ``load`` is the load-level field)."""
-        return cls.from_dict(orjson.loads(Path(path).read_bytes()))
+        """Read a saved result (named ``read``: ``load`` is the load-level field); every reader of a result
+        file comes here, so a bad one fails alike everywhere: ``ResultError("PATH: FIELD: what is wrong")``."""
+        data = read_json(path)
+        try:
+            return cls.from_dict(data)
+        except ResultError as exc:
+            raise ResultError(f"{path}: {exc}") from None
+
+
+class _TrialFile(BaseModel):
+    """The JSON form as read back, checked strictly (``TrialResult.from_dict``); unknown top-level keys dropped."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    trial_id: str = Field(min_length=1)
+    created_at: str
+    status: Literal["ok", "failed", "rejected"] = "ok"
+    failure_reason: str | None = None
+    stage: str | None = None
+    experiment_id: str | None = None
+    target: dict[str, Any] | None = None
+    server_config: dict[str, Any] | None = None
+    load: dict[str, Any] | None = None
+    sla: dict[str, Any] | None = None
+    workload: dict[str, Any] | None = None
+    t0_unix: float = 0.0
+    gpu: dict[str, Any] | None = None
+    server: dict[str, Any] | None = None
+    environment: dict[str, Any] | None = None
+    summary: TrialSummary
+    records: list[RecordIn]  # type: ignore[valid-type]
+    validation: dict[str, Any] | None = None

@@ -43,7 +43,7 @@ def test_cuda_graph_max_bs_across_versions():
         engine_from_cli("sglang", model="/m", sets=["cuda-graph-max-bs=64"])
     assert str(err.value) == ("unknown flag --cuda-graph-max-bs for sglang 0.5.23 "
                               "(removed in 0.5.20; use --cuda-graph-max-bs-decode)")
-    with pytest.raises(FlagError, match=r"unknown flag --cuda-graph-bs for sglang 0.5.23 \(present in sglang 0.5.15"):
+    with pytest.raises(FlagError, match=r"unknown flag --cuda-graph-bs for sglang 0.5.23 \(present in sglang 0.5.1[57]"):
         engine_from_cli("sglang", model="/m", sets=["cuda-graph-bs=1,2"])
 
 

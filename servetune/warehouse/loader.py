@@ -15,23 +15,22 @@ from collections.abc import Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 from psycopg.types.json import Jsonb
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, delete, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 
 from servetune.redact import redact
 from servetune.result import TrialResult
 from servetune.warehouse import db, scheduler_rows
+from servetune.warehouse.files import ExperimentInfo, LoadError, iso, read_experiment, read_trial, ts
 from servetune.warehouse.request_copy import WIRE_COLUMNS, EncodeError, copy_stream
 from servetune.warehouse.tables import (
     REQUEST_COLUMNS,
-    TRIGGERS,
     experiments,
     flatten_summary,
     gpu_samples,
@@ -49,50 +48,8 @@ _SERVER_COLUMNS = ("trial_id", "sample_no", "t_s", "name", "labels", "value")
 _SERVER_TYPES = ["text", "int4", "float8", "text", "jsonb", "float8"]
 
 
-class LoadError(ValueError):
-    """A result that cannot be loaded; the message names the file or trial and the cause."""
-
-
 class TrialConflict(LoadError):
     """The trial id is already stored with different content (load with replace=True to swap it)."""
-
-
-class ExperimentInfo(BaseModel):
-    """``DIR/experiment.json`` as written by the tuning CLI."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    experiment_id: str
-    model: str
-    engine: str | None = None
-    model_fingerprint: str | None = None
-    prompt_template_fingerprint: str | None = None
-    trigger: str = "manual"
-    dag_run_id: str | None = None
-    plan: dict[str, Any] | None = None
-    status: str | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    recommendation: dict[str, Any] | None = None
-
-    @field_validator("trigger")
-    @classmethod
-    def _known_trigger(cls, v: str) -> str:
-        if v not in TRIGGERS:
-            raise ValueError(f"trigger must be one of {', '.join(TRIGGERS)}, got {v!r}")
-        return v
-
-    @classmethod
-    def for_lone_trial(cls, result: TrialResult) -> ExperimentInfo:
-        """A ``servetune bench`` result becomes a one-trial experiment whose id derives from the trial."""
-        return cls(
-            experiment_id=result.experiment_id or f"bench-{result.trial_id}",
-            model=str(result.target.get("model") or "unknown"),
-            engine=result.target.get("engine"),
-            trigger="bench" if result.experiment_id is None else "manual",
-            status=result.status,
-            started_at=_ts(result.t0_unix) or _iso(result.created_at),
-        )
 
 
 @dataclass
@@ -113,17 +70,6 @@ class LoadReport:
     @property
     def ok(self) -> bool:
         return not self.errors
-
-
-def _ts(unix: float | None) -> datetime | None:
-    return datetime.fromtimestamp(unix, UTC) if unix else None
-
-
-def _iso(value: str | None) -> datetime | None:
-    try:
-        return datetime.fromisoformat(value) if value else None
-    except ValueError:
-        return None
 
 
 def _copy_request_rows(conn: Connection, result: TrialResult, hasher: Any) -> int:
@@ -243,8 +189,8 @@ def _trial_row(result: TrialResult, exp: ExperimentInfo, sha: str, report) -> di
     return {
         "trial_id": result.trial_id,
         "experiment_id": exp.experiment_id,
-        "created_at": _iso(result.created_at),
-        "started_at": _ts(result.t0_unix),
+        "created_at": iso(result.created_at),
+        "started_at": ts(result.t0_unix),
         "stage": result.stage,
         "status": status,
         "failure_reason": reason,
@@ -345,34 +291,6 @@ def _stored_status(eng: Engine, trial_id: str) -> str:
         return conn.execute(select(trials.c.status).where(trials.c.trial_id == trial_id)).scalar_one()
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return orjson.loads(path.read_bytes())
-    except OSError as e:
-        raise LoadError(f"{path}: cannot read ({e.strerror})") from None
-    except orjson.JSONDecodeError as e:
-        raise LoadError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-
-
-def _read_trial(path: Path) -> TrialResult:
-    data = _read_json(path)
-    if not isinstance(data, dict):
-        raise LoadError(f"{path}: a trial result must be a JSON object")
-    try:
-        return TrialResult.from_dict(data)
-    except (ValueError, KeyError, TypeError) as e:
-        raise LoadError(f"{path}: {e}") from None
-
-
-def _read_experiment(path: Path) -> ExperimentInfo:
-    try:
-        return ExperimentInfo.model_validate(_read_json(path))
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise LoadError(f"{path}: field {where!r}: {first['msg']}") from None
-
-
 def load_result(engine_or_url: Engine | str | None, source: str | Path | TrialResult, *, validate: bool = True,
                 replace: bool = False, **validate_kwargs: Any) -> LoadReport:
     """Load a campaign directory, a trial JSON file or an in-memory ``TrialResult``.
@@ -402,7 +320,7 @@ def _load(eng: Engine, source: str | Path | TrialResult, **kw: Any) -> LoadRepor
         exp_file = path / "experiment.json"
         if not exp_file.is_file():
             raise LoadError(f"{path}: a campaign directory needs experiment.json")
-        exp = _read_experiment(exp_file)
+        exp = read_experiment(exp_file)
         report.experiment_id = exp.experiment_id
         files = sorted((path / "trials").glob("*.json"))
         if not files:
@@ -410,7 +328,7 @@ def _load(eng: Engine, source: str | Path | TrialResult, **kw: Any) -> LoadRepor
                 _upsert_experiment(conn, exp, lone=False)
         for f in files:
             try:
-                report.trials.append(load_trial(eng, _read_trial(f), exp, **kw))
+                report.trials.append(load_trial(eng, read_trial(f), exp, **kw))
             except LoadError as e:
                 report.errors.append(str(e) if str(f) in str(e) else f"{f}: {e}")
             except Exception as e:  # a database error: this trial rolled back, the rest still load
@@ -418,7 +336,7 @@ def _load(eng: Engine, source: str | Path | TrialResult, **kw: Any) -> LoadRepor
         return report
     if not path.exists():
         raise LoadError(f"{path}: no such file or directory")
-    result = _read_trial(path)
+    result = read_trial(path)
     exp = ExperimentInfo.for_lone_trial(result)
     report.experiment_id = exp.experiment_id
     report.trials.append(load_trial(eng, result, exp, lone=True, **kw))

@@ -1,20 +1,41 @@
 """Per-version flag catalogues of an engine, kept as data, so a plan is checked before a GPU is touched.
 
 ``sglang-<version>.yaml`` is generated from SGLang's own argument parser (``sglang_probe.py dump``,
-see ``python -m servetune.engines.catalog --help``); only the ``removed:`` section is written by
-hand (facts the parser of that version cannot know: which flags went away and what replaced them).
+see ``python -m servetune.engines.catalog --help``). Two sections are written by hand, facts the parser
+of that version cannot know, and are carried over whenever a catalogue is regenerated (``__main__``) or
+read from a runner (``cache_runner_catalog``):
+
+``removed:`` which flags went away and what replaced them::
+
+    removed:
+      cuda-graph-max-bs: {since: 0.5.20, replacement: cuda-graph-max-bs-decode, note: ...}
+
+``limits:`` bounds and choices argparse does not check (its ``type=int`` takes 0 and -5 alike), so a
+value SGLang would refuse, or misread, fails at plan validation. Keyed by the catalogue's flag name
+(an alias maps to it); each limit holds any of ``ge``/``gt``/``le``/``lt`` (numbers), ``also`` (values
+allowed outside the bounds, e.g. ``-1`` for "off"), ``choices``, and a ``note`` saying where the rule
+comes from (SGLang's ``ServerArgs`` checks, or what the value means there)::
+
+    limits:
+      chunked-prefill-size: {ge: 1, also: [-1], note: "-1 disables chunked prefill; ..."}
+      mem-fraction-static: {gt: 0, lt: 1, note: ...}
+
+A value breaking one raises ``FlagError``: ``bad value 0 for --chunked-prefill-size (sglang 0.5.17): must
+be -1 or >= 1 (note)``. Strings read by SGLang's ``human_readable_int`` (``128k``, ``1Mi``) are compared
+as the number they stand for; a list value is checked item by item.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 CATALOG_DIR = Path(__file__).parent
 
@@ -59,6 +80,43 @@ class RemovedFlag(BaseModel):
     note: str | None = None
 
 
+class FlagLimit(BaseModel):
+    """A hand-kept bound on one flag's value (the module docstring); ``note`` says whose rule it is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ge: int | float | None = None
+    gt: int | float | None = None
+    le: int | float | None = None
+    lt: int | float | None = None
+    also: list[Scalar] = Field(default_factory=list)
+    choices: list[Scalar] | None = None
+    note: str
+
+    @property
+    def rule(self) -> str:
+        bounds = " and ".join(f"{op} {v}" for op, v in ((">=", self.ge), (">", self.gt), ("<=", self.le),
+                                                        ("<", self.lt)) if v is not None)
+        if self.choices is not None:
+            bounds = " and ".join(filter(None, [bounds, "one of " + ", ".join(map(str, self.choices))]))
+        return " or ".join(filter(None, [*map(str, self.also), bounds]))
+
+    def allows(self, value: Any) -> bool:
+        if any(_same(value, v) for v in self.also):
+            return True
+        if self.choices is not None and not any(_same(value, c) for c in self.choices):
+            return False
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return self.choices is not None  # no number to compare: only choices could be checked
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+
+def _same(a: Any, b: Any) -> bool:
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+    return a == b if numbers else str(a) == str(b)
+
+
 class Catalog(BaseModel):
     """The launch flags one engine version accepts (names without the leading ``--``)."""
 
@@ -70,7 +128,15 @@ class Catalog(BaseModel):
     allow_abbrev: bool = True
     flags: dict[str, FlagSpec]
     removed: dict[str, RemovedFlag] = Field(default_factory=dict)
+    limits: dict[str, FlagLimit] = Field(default_factory=dict)
     planned_for: str | None = Field(default=None, exclude=True)  # the version asked for, where this one is nearest
+
+    @model_validator(mode="after")
+    def _limits_name_flags(self) -> Catalog:
+        unknown = sorted(set(self.limits) - set(self.flags))
+        if unknown:
+            raise ValueError(f"limits: {', '.join(unknown)} not among the flags of {self.engine} {self.version}")
+        return self
 
     @property
     def label(self) -> str:
@@ -103,9 +169,16 @@ class Catalog(BaseModel):
         spec = self.flags[flag]
         where = f"--{flag} ({self.label})"
         try:
-            return flag, _coerce(spec, value)
+            typed = _coerce(spec, value)
         except (TypeError, ValueError) as exc:
             raise FlagError(f"bad value {value!r} for {where}: {exc}") from None
+        limit = self.limits.get(flag)
+        if limit is not None and typed is not None:
+            for item in typed if isinstance(typed, list) else [typed]:
+                if not limit.allows(_number(spec, item)):
+                    shown = value if spec.type == "str" else item  # "128k" as written, a number as typed
+                    raise FlagError(f"bad value {shown!r} for {where}: must be {limit.rule} ({limit.note})")
+        return flag, typed
 
     def to_argv(self, args: dict[str, FlagValue]) -> list[str]:
         """argv for already-coerced ``args`` (None and False leave a flag out)."""
@@ -176,6 +249,8 @@ def _coerce(spec: FlagSpec, value: FlagValue) -> FlagValue:
         return json.dumps(value)
     if isinstance(value, (dict, list)):
         raise ValueError("expected a single value")
+    if spec.parser == "human_readable_int" and not isinstance(value, bool):
+        _human_int(str(value))  # the runner's parser would refuse it: say so now
     return str(value)
 
 
@@ -191,6 +266,27 @@ def _int(value: Any) -> int:
         return int(text)
     except ValueError:
         raise ValueError("expected an integer") from None
+
+
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?")
+_MULTIPLIER = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def _human_int(text: str) -> int:
+    """SGLang's ``human_readable_int``: ``128k`` = 128000, ``1Ki`` = 1024 (decimals with SI suffixes only)."""
+    text = text.strip()
+    sign = -1 if text.startswith("-") else 1
+    m = _HUMAN_INT.fullmatch(text.removeprefix("-"))
+    if m is None or ("." in m[1] and (m[2] or "i").endswith("i")) or (sign < 0 and m[2]):
+        raise ValueError("expected an integer, plain or with a suffix (1k, 1M; 1Ki, 1Mi)")
+    return sign * int(float(m[1]) * _MULTIPLIER.get(m[2] or "", 1))
+
+
+def _number(spec: FlagSpec, value: Any) -> Any:
+    """The number a value stands for where SGLang parses it from text (else the value itself)."""
+    if isinstance(value, str) and spec.parser == "human_readable_int":
+        return _human_int(value)
+    return value
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -254,23 +350,39 @@ def cache_runner_catalog(dump: dict[str, Any]) -> Path | None:
     directory = runner_catalog_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        near = load_catalog(dump["engine"], nearest_version(dump["engine"], dump["version"]))
-        removed = {k: v.model_dump(mode="json") for k, v in near.removed.items()
-                   if _version_key(v.since) <= _version_key(dump["version"])}
-        return write_catalog(catalog_from_probe(dump, removed), directory)
+        return write_catalog(catalog_from_probe(dump, *hand_kept(dump["engine"], dump["version"])), directory)
     except (OSError, ValueError, KeyError):  # a flag kind this servetune does not know: the shipped one serves
         return None
 
 
-def catalog_from_probe(dump: dict[str, Any], removed: dict[str, Any] | None = None) -> Catalog:
-    """A catalogue from ``sglang_probe.py dump`` output (the hand-kept ``removed`` facts carried over)."""
+def hand_kept(engine: str, version: str, directory: Path = CATALOG_DIR) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``removed`` and ``limits`` facts a new catalogue of ``version`` inherits: those of the existing one
+    of that version in ``directory``, else the nearest shipped one's (removals only up to ``version``)."""
+    existing = directory / f"{engine}-{version}.yaml"
+    if existing.is_file():
+        data = yaml.safe_load(existing.read_text()) or {}
+        return data.get("removed") or {}, data.get("limits") or {}
+    near = load_catalog(engine, nearest_version(engine, version))
+    removed = {k: v.model_dump(mode="json", exclude_none=True) for k, v in near.removed.items()
+               if _version_key(v.since) <= _version_key(version)}
+    return removed, {k: v.model_dump(mode="json", exclude_defaults=True) for k, v in near.limits.items()}
+
+
+def catalog_from_probe(dump: dict[str, Any], removed: dict[str, Any] | None = None,
+                       limits: dict[str, Any] | None = None) -> Catalog:
+    """A catalogue from ``sglang_probe.py dump`` output, the hand-kept ``removed`` and ``limits`` carried over
+    (a limit follows its flag through an alias; one on a flag this version lacks is dropped)."""
+    flags = {k: FlagSpec.model_validate(v) for k, v in sorted(dump["flags"].items())}
+    by_alias = {a: k for k, spec in flags.items() for a in spec.aliases}
+    kept = {by_alias.get(k, k): FlagLimit.model_validate(v) for k, v in (limits or {}).items()}
     return Catalog(
         engine=dump["engine"],
         version=dump["version"],
         source=f"generated from {dump['engine']} {dump['version']}'s own argument parser by sglang_probe.py",
         allow_abbrev=dump.get("allow_abbrev", True),
-        flags={k: FlagSpec.model_validate(v) for k, v in sorted(dump["flags"].items())},
+        flags=flags,
         removed={k: RemovedFlag.model_validate(v) for k, v in (removed or {}).items()},
+        limits={k: v for k, v in sorted(kept.items()) if k in flags},
     )
 
 
@@ -278,6 +390,8 @@ def write_catalog(catalog: Catalog, directory: Path = CATALOG_DIR) -> Path:
     path = directory / f"{catalog.engine}-{catalog.version}.yaml"
     data = catalog.model_dump(mode="json", exclude_defaults=True)
     data["flags"] = {k: v.model_dump(mode="json", exclude_defaults=True) for k, v in catalog.flags.items()}
+    data.pop("removed", None), data.pop("limits", None)  # the hand-kept sections last, in this order
     data["removed"] = {k: v.model_dump(mode="json", exclude_none=True) for k, v in catalog.removed.items()}
+    data["limits"] = {k: v.model_dump(mode="json", exclude_defaults=True) for k, v in catalog.limits.items()}
     path.write_text(yaml.safe_dump(data, sort_keys=False, width=120, allow_unicode=True))
     return path

@@ -1,7 +1,7 @@
 """Regenerate a flag catalogue from an installed SGLang: ``python -m servetune.engines.catalog --python PY``.
 
-The probe runs under SGLang's interpreter (``PY``); the hand-kept ``removed:`` facts of an existing
-catalogue of the same version are carried over.
+The probe runs under SGLang's interpreter (``PY``); the hand-kept ``removed:`` and ``limits:`` facts of
+an existing catalogue of the same version are carried over (none: the nearest shipped catalogue's).
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
-import yaml
-
-from servetune.engines.catalog import CATALOG_DIR, catalog_from_probe, write_catalog
+from servetune.engines.catalog import CATALOG_DIR, catalog_from_probe, hand_kept, write_catalog
 
 PROBE = Path(__file__).with_name("sglang_probe.py")
 
@@ -30,10 +28,9 @@ def main() -> None:
         env["PYTHONPATH"] = a.pythonpath
     out = subprocess.run([a.python, str(PROBE), "dump"], env=env, check=True, capture_output=True, text=True)
     dump = json.loads(out.stdout)
-    existing = a.out / f"sglang-{dump['version']}.yaml"
-    removed = (yaml.safe_load(existing.read_text()) or {}).get("removed") if existing.is_file() else None
-    path = write_catalog(catalog_from_probe(dump, removed), a.out)
-    print(f"{path}: {len(dump['flags'])} flags")
+    catalog = catalog_from_probe(dump, *hand_kept("sglang", dump["version"], a.out))
+    path = write_catalog(catalog, a.out)
+    print(f"{path}: {len(dump['flags'])} flags, {len(catalog.removed)} removed, {len(catalog.limits)} limits")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,88 @@
+"""What the loader reads from disk: ``experiment.json`` and trial JSON, each failure one line naming the file.
+
+Trial files go through ``TrialResult.read`` (``servetune.result_check``), the same check ``servetune validate``
+runs, so a result is refused alike by both commands, before any row is written.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from servetune.result import TrialResult
+from servetune.result_check import ResultError, read_json
+from servetune.warehouse.tables import TRIGGERS
+
+
+class LoadError(ValueError):
+    """A result that cannot be loaded; the message names the file or trial and the cause."""
+
+
+def ts(unix: float | None) -> datetime | None:
+    return datetime.fromtimestamp(unix, UTC) if unix else None
+
+
+def iso(value: str | None) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value) if value else None
+    except ValueError:
+        return None
+
+
+class ExperimentInfo(BaseModel):
+    """``DIR/experiment.json`` as written by the tuning CLI."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    experiment_id: str
+    model: str
+    engine: str | None = None
+    model_fingerprint: str | None = None
+    prompt_template_fingerprint: str | None = None
+    trigger: str = "manual"
+    dag_run_id: str | None = None
+    plan: dict[str, Any] | None = None
+    status: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    recommendation: dict[str, Any] | None = None
+
+    @field_validator("trigger")
+    @classmethod
+    def _known_trigger(cls, v: str) -> str:
+        if v not in TRIGGERS:
+            raise ValueError(f"trigger must be one of {', '.join(TRIGGERS)}, got {v!r}")
+        return v
+
+    @classmethod
+    def for_lone_trial(cls, result: TrialResult) -> ExperimentInfo:
+        """A ``servetune bench`` result becomes a one-trial experiment whose id derives from the trial."""
+        return cls(
+            experiment_id=result.experiment_id or f"bench-{result.trial_id}",
+            model=str(result.target.get("model") or "unknown"),
+            engine=result.target.get("engine"),
+            trigger="bench" if result.experiment_id is None else "manual",
+            status=result.status,
+            started_at=ts(result.t0_unix) or iso(result.created_at),
+        )
+
+
+def read_trial(path: Path) -> TrialResult:
+    try:
+        return TrialResult.read(path)
+    except ResultError as e:
+        raise LoadError(str(e)) from None
+
+
+def read_experiment(path: Path) -> ExperimentInfo:
+    try:
+        return ExperimentInfo.model_validate(read_json(path))
+    except ResultError as e:
+        raise LoadError(str(e)) from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise LoadError(f"{path}: field {where!r}: {first['msg']}") from None
