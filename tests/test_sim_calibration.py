@@ -40,7 +40,7 @@ def rows():
 
 
 def test_stored_profile_reproduces_measurements(rows):
-    gpu = load_gpu_profile("H200-hf-eager")
+    gpu = load_gpu_profile("H200-transformers-eager")
     s = cal.summary(gpu, rows)
     assert s["rows"] == 34
     assert s["all"] < 15, s
@@ -51,7 +51,7 @@ def test_stored_profile_reproduces_measurements(rows):
 def test_refit_lands_on_stored_values(rows):
     base = load_gpu_profile("H200")
     fitted = cal.rounded(cal.fit(base, rows, "refit"))
-    stored = load_gpu_profile("H200-hf-eager")
+    stored = load_gpu_profile("H200-transformers-eager")
     for name in cal.FREE:
         assert getattr(fitted, name) == pytest.approx(getattr(stored, name), rel=0.05), name
     assert cal.summary(fitted, rows)["all"] < 15
@@ -73,8 +73,8 @@ def test_uncalibrated_sglang_profile_is_far_off_on_eager_decode(rows):
 
 def test_model_profiles_match_measured_shapes():
     measured = {r["shape"]: r["params"] for r in json.loads(DATA.read_text())["rows"]}
-    for shape, profile in cal.SHAPE_PROFILES.items():
-        assert load_model_profile(profile).params_billion * 1e9 == pytest.approx(measured[shape], rel=1e-3), shape
+    for shape, params in measured.items():
+        assert load_model_profile(cal.SHAPE_PROFILES[shape]).params_billion * 1e9 == pytest.approx(params, rel=1e-3), shape
     small = load_model_profile("llama-1b")
     assert small.cell_bytes() == 8 * 2 * 64 * 16 * 2  # 32 KiB per token
 
@@ -111,14 +111,14 @@ def test_bad_input_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"rows\[3\] has no 'ms_median'"):
         cal.load_rows(bad)
     prof = tmp_path / "gpu.yaml"
-    prof.write_text((ROOT / "servetune/sim/profiles/gpu/H200-hf-eager.yaml").read_text()
+    prof.write_text((ROOT / "servetune/sim/profiles/gpu/H200-transformers-eager.yaml").read_text()
                     .replace("kv_traffic_factor: 8.41", "kv_traffic_factor: 0.5"))
     with pytest.raises(ProfileError, match="kv_traffic_factor"):
         load_gpu_profile(str(prof))
 
 
 def test_errors_are_signed_percentages(rows):
-    gpu = load_gpu_profile("H200-hf-eager")
+    gpu = load_gpu_profile("H200-transformers-eager")
     errs = cal.errors_pct(gpu, rows)
     r = rows[0]
     assert errs[0] == pytest.approx((cal.predict_ms(gpu, r) / r.ms - 1) * 100)
