@@ -243,3 +243,13 @@ def test_requests_longer_than_the_context_fail_like_sglang() -> None:
     bad, good = res.records
     assert bad.error_class == "http_4xx" and "maximum context length" in bad.error_message
     assert good.ok and good.completion_tokens == 10
+
+
+def test_schedule_conservativeness_zero_is_accepted_like_sglang() -> None:
+    """SGLang refuses only a negative value (check_server_args); 0 means no decode reserve at admission."""
+    from servetune.sim.args import SimArgsError, parse_argv
+
+    zero = parse_argv(["--schedule-conservativeness", "0"])
+    assert zero.init_new_token_ratio == 0 and zero.min_new_token_ratio == 0
+    with pytest.raises(SimArgsError, match="must be non-negative"):
+        parse_argv(["--schedule-conservativeness", "-0.5"])

@@ -168,8 +168,8 @@ def resolve(ns: argparse.Namespace | Mapping[str, Any]) -> SimArgs:
     if not 0 < frac < 1:
         raise SimArgsError(f"--mem-fraction-static must be in (0, 1), got {frac}")
     cons = float(a.get("schedule_conservativeness", 1.0))
-    if cons <= 0:
-        raise SimArgsError(f"--schedule-conservativeness must be positive, got {cons}")
+    if cons < 0:  # 0 is SGLang's own edge: no decode reserve at admission
+        raise SimArgsError(f"--schedule-conservativeness must be non-negative, got {cons}")
 
     cell = model.cell_bytes(tp)
     weights = model.weight_bytes // tp
