@@ -5,13 +5,16 @@ the same way. Order matters and is fixed here: validate -> build requests -> cle
 preflight -> server info -> flush the prefix cache (before warm-up, never after: SGLang PR #37359)
 -> telemetry on -> load -> telemetry off -> summary -> fingerprint. Bad input or an unreachable
 target raise before any request is sent; a failure once load has started is recorded on the
-result (status "failed" + reason), never raised, so nothing measured is lost.
+result (status "failed" + reason), never raised, so nothing measured is lost. With an ``Interrupt``
+(``servetune bench``), SIGINT/SIGTERM stop the load the same way: the finished requests are kept and
+the trial is returned failed, its reason saying it was interrupted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +24,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servetune.loadgen import LoadConfig, Target, TargetUnreachable, run_load
+from servetune.loadgen.client import LoadOutcome
 from servetune.loadgen.client import preflight as check_reachable
 from servetune.metrics import summarize
 from servetune.result import TrialResult
@@ -90,8 +94,64 @@ class TrialRequest(BaseModel):
         return self.load.warmup_requests + self.num_requests
 
 
+class Interrupt:
+    """Signals that end a trial early but keep what it measured: the first stops the load (requests in
+    flight are cancelled, the rest never sent) and the trial comes back failed with the reason; a
+    second cancels the trial outright (the caller sees ``CancelledError``/``KeyboardInterrupt``).
+    Installed on the trial's own loop, in the main thread only (elsewhere signals stay as they are)."""
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
+        self.signals = signals
+        self.received: int | None = None
+        self.event = asyncio.Event()
+        self._installed: list[int] = []
+        self._task: asyncio.Task | None = None
+
+    @property
+    def name(self) -> str | None:
+        return signal.Signals(self.received).name if self.received is not None else None
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        for sig in self.signals:
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
+                continue
+            self._installed.append(sig)
+
+    def remove(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self._installed:
+            loop.remove_signal_handler(sig)
+        self._installed.clear()
+
+    def _on_signal(self, sig: int) -> None:
+        if self.received is None:
+            self.received = sig
+            self.event.set()
+            log.warning("%s: stopping the load; the requests finished so far are kept",
+                        signal.Signals(sig).name)
+        elif self._task is not None:
+            self._task.cancel()
+
+    def reason(self, total: int, outcome: LoadOutcome | None = None) -> str:
+        """The failure reason of an interrupted trial: how far it got."""
+        if outcome is None:
+            return f"interrupted by {self.name} before the load started: none of {total} requests was sent"
+        cancelled = sum(r.error_class == "cancelled" for r in outcome.records)
+        done = len(outcome.records) - cancelled
+        return (f"interrupted by {self.name}: a partial result, {done} of {total} requests finished "
+                f"({cancelled} in flight were cancelled, {total - len(outcome.records)} never sent)")
+
+
 def run_trial(
-    req: TrialRequest, *, preflight: Callable[[], None] | None = None, progress: Progress | None = None
+    req: TrialRequest,
+    *,
+    preflight: Callable[[], None] | None = None,
+    progress: Progress | None = None,
+    interrupt: Interrupt | None = None,
 ) -> TrialResult:
     """Run one trial on a fresh event loop (uvloop when installed); see ``run_trial_async``."""
     try:
@@ -101,13 +161,32 @@ def run_trial(
     except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(run_trial_async(req, preflight=preflight, progress=progress))
+        return runner.run(run_trial_async(req, preflight=preflight, progress=progress, interrupt=interrupt))
 
 
 async def run_trial_async(
-    req: TrialRequest, *, preflight: Callable[[], None] | None = None, progress: Progress | None = None
+    req: TrialRequest,
+    *,
+    preflight: Callable[[], None] | None = None,
+    progress: Progress | None = None,
+    interrupt: Interrupt | None = None,
 ) -> TrialResult:
     """Run one trial. Raises ``ValueError``/``TargetUnreachable`` before any request; else returns."""
+    if interrupt is None:
+        return await _run_trial(req, preflight, progress, None)
+    interrupt.install()
+    try:
+        return await _run_trial(req, preflight, progress, interrupt)
+    finally:
+        interrupt.remove()
+
+
+async def _run_trial(
+    req: TrialRequest,
+    preflight: Callable[[], None] | None,
+    progress: Progress | None,
+    interrupt: Interrupt | None,
+) -> TrialResult:
     sampling = {"ignore_eos": req.workload.ignore_eos, "temperature": req.workload.temperature}
     req = req.model_copy(update={"target": req.target.model_copy(update=sampling)})  # the workload decides
     tok_path = req.tokenizer or req.workload.tokenizer
@@ -135,6 +214,8 @@ async def run_trial_async(
     server: dict[str, Any] = {"server_info": await fetch_server_info(req.target.url, req.target.api_key())}
     if req.flush_cache:
         server["flush_cache"] = await _flush_cache(req.target)
+    if interrupt is not None and interrupt.received is not None:
+        return _failed(result, interrupt.reason(req.total_requests), req, batch.lengths_exact)
 
     log_tail = LogTail(req.server_log)  # the lines the engine logs from here on belong to this trial
     t0_ns = time.perf_counter_ns()
@@ -146,7 +227,8 @@ async def run_trial_async(
     try:
         await scraper.start(t0_ns)
         outcome = await run_load(
-            req.target, batch.requests, req.load, t0_ns=t0_ns, progress=progress, tokenizer=tokenizer
+            req.target, batch.requests, req.load, t0_ns=t0_ns, progress=progress, tokenizer=tokenizer,
+            stop=interrupt.event if interrupt is not None else None,
         )
     except Exception as exc:  # noqa: BLE001 - recorded on the result, telemetry kept
         result.status, result.failure_reason = "failed", f"load failed: {type(exc).__name__}: {exc}"
@@ -176,7 +258,9 @@ async def run_trial_async(
     )
     result.environment = _environment(req, server, result.gpu)
 
-    if result.status == "ok":
+    if outcome is not None and outcome.stopped and interrupt is not None:
+        result.status, result.failure_reason = "failed", interrupt.reason(req.total_requests, outcome)
+    elif result.status == "ok":
         reason = await _failure_after_load(req.target, result)
         if reason:
             result.status, result.failure_reason = "failed", reason

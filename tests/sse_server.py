@@ -9,7 +9,9 @@ One ticker task writes every due chunk (a heap of streams ordered by due time) i
 sleeping task per stream: that is what lets it feed 1,000 streams on one core for bench/.
 
 A request picks a behaviour by tags in its prompt: ``#17`` names it (the key of the send log)
-and ``[fail:reset]`` etc. select a failure (see ``FAILURES``).
+and ``[fail:reset]`` etc. select a failure (see ``FAILURES``); a client whose prompts we do not
+write (``servetune bench``) gets one by arrival order instead (``Scenario.fail_nth``). ``stall_mid``
+goes silent after ``fail_after_chunks`` chunks, ``keepalive`` sends only SSE comments from there.
 
 Run standalone (bench/client_overhead.py does): ``python tests/sse_server.py --port 0 --ready-file F
 --log-file L`` prints nothing, writes the bound URL to F, and dumps the send log to L on SIGTERM.
@@ -30,9 +32,11 @@ from pathlib import Path
 
 import orjson
 from aiohttp import web
+from sse_process import ServerProcess  # noqa: F401  (re-exported: this module in its own process)
 
 SHAPES = ("usage_chunk", "usage_in_last", "usage_every", "no_usage")
-FAILURES = ("400", "500", "503", "stall", "reset", "malformed", "error_event", "empty")
+FAILURES = ("400", "500", "503", "stall", "stall_mid", "keepalive", "reset", "malformed", "error_event",
+            "empty")
 _ID = re.compile(r"#(\d+)")
 _FAIL = re.compile(r"\[fail:(\w+)\]")
 _TRAILING_INT = re.compile(r"(\d+)$")  # peers' x-request-id headers, e.g. vLLM's "bench-1a2b-17"
@@ -46,7 +50,8 @@ class Scenario:
     shape: str = "usage_chunk"  # OpenAI stream shape, see SHAPES
     role_chunk: bool = True  # chat: an empty role-only chunk at once (must not count as TTFT)
     cached_tokens: int = 3
-    fail_after_chunks: int = 2  # reset/malformed/error_event happen after this many content chunks
+    fail_after_chunks: int = 2  # reset/malformed/error_event/stall_mid happen after this many content chunks
+    fail_nth: dict[int, str] = field(default_factory=dict)  # POST arrival (0-based) -> failure
 
 
 @dataclass
@@ -88,6 +93,7 @@ class SseServer:
         self._ticker: asyncio.Task | None = None
         self._closing: asyncio.Event | None = None
         self.active = 0  # streams in flight
+        self.posts = 0  # generation requests received
         self.chunks_sent = 0
         app = web.Application()
         app.router.add_get("/stats", self._stats)
@@ -147,7 +153,8 @@ class SseServer:
             m = _TRAILING_INT.search(request.headers.get("x-request-id", "")) or _ID.search(prompt)
             rid = int(m.group(1)) if m else -next(self._seq) - 1
             fm = _FAIL.search(prompt)
-            fail = fm.group(1) if fm else None
+            fail = fm.group(1) if fm else self.scenario.fail_nth.get(self.posts)
+            self.posts += 1
             total = int(
                 body["sampling_params"]["max_new_tokens"] if endpoint == "generate" else body["max_tokens"]
             )
@@ -180,6 +187,9 @@ class SseServer:
             if ending == "reset":
                 request.transport.abort()  # type: ignore[union-attr]
                 return resp
+            if ending in ("stall_mid", "keepalive"):  # silent (or comments only) until the client gives up
+                await self._hold(resp, ending == "keepalive")
+                return resp
             await resp.write_eof()
             return resp
 
@@ -207,10 +217,25 @@ class SseServer:
             if heap:
                 await asyncio.sleep(max(0, heap[0][0] - clock()) / 1e9)
 
+    async def _hold(self, resp: web.StreamResponse, comments: bool) -> None:
+        """Keep the stream open with no data until the client leaves or the server stops."""
+        closing: asyncio.Event = self._closing  # type: ignore[assignment]
+        while not closing.is_set():
+            if comments:
+                try:
+                    await resp.write(b": keep-alive\n\n")
+                except ConnectionError:
+                    return
+            try:
+                await asyncio.wait_for(closing.wait(), self.scenario.gap_ms / 1e3)
+            except TimeoutError:
+                pass
+
     async def _send_next(self, s: _Stream) -> bool:
         """Write the next content chunk (and the trailer after the last); True when the stream ended."""
         sc = self.scenario
-        if s.fail in ("reset", "malformed", "error_event") and s.n_chunks == sc.fail_after_chunks:
+        fails_here = ("reset", "malformed", "error_event", "stall_mid", "keepalive")
+        if s.fail in fails_here and s.n_chunks == sc.fail_after_chunks:
             if s.fail == "malformed":
                 await s.resp.write(b'data: {"choices": [{"delta": {"content": "tr\n\n')
             elif s.fail == "error_event":
@@ -354,64 +379,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
-class ServerProcess:
-    """The server in its own process (uvloop), so a client under test never shares its event loop.
-
-    ``log()`` after ``stop()`` returns the send log the process dumped on SIGTERM.
-    """
-
-    def __init__(
-        self, scenario: Scenario | None = None, workdir: Path | None = None, rt_priority: int = 0
-    ) -> None:
-        import tempfile
-
-        self.scenario = scenario or Scenario()
-        self.rt_priority = rt_priority
-        self._dir = Path(workdir or tempfile.mkdtemp(prefix="sse-server-"))
-        self._proc = None
-        self.url = ""
-
-    def start(self, timeout_s: float = 20.0) -> str:
-        import subprocess
-        import sys
-
-        ready, logf = self._dir / "ready", self._dir / "sendlog.json"
-        ready.unlink(missing_ok=True)
-        sc = self.scenario
-        argv = [
-            sys.executable, str(Path(__file__).resolve()), "--ready-file", str(ready), "--log-file", str(logf),
-            "--ttft-ms", str(sc.ttft_ms), "--gap-ms", str(sc.gap_ms),
-            "--tokens-per-chunk", str(sc.tokens_per_chunk), "--shape", sc.shape,
-            "--rt-priority", str(self.rt_priority),
-        ]  # fmt: skip
-        self._proc = subprocess.Popen(argv)
-        deadline = time.monotonic() + timeout_s
-        while not (ready.exists() and ready.read_text()):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"sse_server did not start (exit code {self._proc.returncode})")
-            time.sleep(0.02)
-        self.url = ready.read_text()
-        return self.url
-
-    def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(15)
-            except Exception:
-                self._proc.kill()
-                self._proc.wait(5)
-
-    def log(self) -> dict[int, dict]:
-        rows = orjson.loads((self._dir / "sendlog.json").read_bytes())
-        return {int(k): v for k, v in rows.items()}
-
-    def __enter__(self) -> ServerProcess:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

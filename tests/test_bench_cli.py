@@ -40,6 +40,7 @@ def _tiny(tmp_path: Path) -> str:
 async def test_bench_writes_a_complete_result(server, tmp_path):
     srv, seen = server
     out = tmp_path / "res" / "result.json"
+    out.parent.mkdir()  # --out's folder must exist (servetune.commands.outpath)
     r = await _bench(
         "--url",
         srv.url,

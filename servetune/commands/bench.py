@@ -1,11 +1,14 @@
 """``servetune bench``: one trial against a running endpoint: progress bar, summary tables, JSON result.
 
-Everything is checked before the first request: a bad option, workload file or SLA, or an
-unreachable URL ends with one line naming the cause and exit code 2, and nothing is sent.
+Everything is checked before the first request: a bad option, workload file, SLA or ``--out`` path,
+or an unreachable URL ends with one line naming the cause and exit code 2, and nothing is sent.
+SIGINT/SIGTERM during the trial write a partial result (the requests finished so far, status
+failed, the reason saying so) and exit 130; a second signal exits 130 at once, writing nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Annotated
@@ -18,6 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from servetune.commands.outpath import check_out_file
 from servetune.loadgen import TargetUnreachable
 from servetune.redact import redact_text
 from servetune.result import Percentiles, TrialResult, TrialSummary
@@ -26,6 +30,7 @@ from servetune.workload.spec import WorkloadSpec
 
 DEFAULT_PRESET = "chat-default"
 BAD_INPUT = 2
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 console = Console(stderr=True)
 
@@ -213,6 +218,9 @@ def bench(
         help="PID of the server's own processes (repeatable): they do not make the GPU 'dirty'")] = None,
     flush_cache: Annotated[bool, typer.Option(help="POST /flush_cache before the warm-up")] = True,
     timeout_s: Annotated[float, typer.Option(help="per-request timeout, stream included")] = 600.0,
+    idle_timeout: Annotated[float, typer.Option(
+        "--idle-timeout", help="fail a request whose stream sends no byte for this many seconds (0: off)")
+    ] = 60.0,
     seed: Annotated[int | None, typer.Option(help="override the workload's seed")] = None,
     server_log: Annotated[Path | None, typer.Option(
         help="the engine's log file (SGLang): its scheduler batch lines during the trial are kept")] = None,
@@ -221,9 +229,11 @@ def bench(
     = 200,
 ) -> None:
     """Benchmark a running endpoint: one trial, its summary, and a JSON result with every record."""
-    from servetune.trial import TrialRequest, run_trial
+    from servetune.trial import Interrupt, TrialRequest, run_trial
 
+    interrupt = Interrupt()
     try:
+        check_out_file(out)
         spec = resolve_workload(workload)
         if seed is not None:
             spec = spec.model_copy(update={"seed": seed})
@@ -242,6 +252,7 @@ def bench(
                         "model": model,
                         "api_key_env": api_key_env,
                         "timeout_s": timeout_s,
+                        "idle_timeout_s": idle_timeout or None,
                     },
                     "load": {
                         "mode": "rate" if rate is not None else "concurrency",
@@ -266,16 +277,25 @@ def bench(
             )
         except ValidationError as exc:
             raise BadInput(_cli_names(_pydantic_line(exc))) from exc
-        result = _run_with_progress(run_trial, req)
+        result = _run_with_progress(run_trial, req, interrupt)
     except (BadInput, TargetUnreachable, ValueError) as exc:
         # ValueError: from building the workload (e.g. a length the tokenizer cannot reach)
         _error(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise typer.Exit(BAD_INPUT) from None
+    except (KeyboardInterrupt, asyncio.CancelledError):  # a signal before the load, or a second one
+        _error(f"interrupted{f' by {interrupt.name} twice' if interrupt.name else ''}: no result written")
+        raise typer.Exit(INTERRUPTED) from None
 
     path = result.save(out)
     for table in summary_tables(result):
         Console().print(table)
     console.print(f"result written to {path}")
+    if interrupt.received is not None:
+        why = (result.failure_reason if result.status != "ok"
+               else f"interrupted by {interrupt.name} after the load had finished: the result is complete")
+        console.print(f"[yellow]{escape(redact_text(why or 'interrupted'))}[/yellow]", highlight=False,
+                      soft_wrap=True)
+        raise typer.Exit(INTERRUPTED)
     if result.summary.valid is False:
         console.print("[yellow]INVALID trial[/yellow] (it decides nothing):",
                       escape("; ".join(result.summary.invalid_reasons)), highlight=False, soft_wrap=True)
@@ -296,6 +316,7 @@ _CLI_NAMES = {
     "target.url": "--url",
     "target.endpoint": "--endpoint",
     "target.timeout_s": "--timeout-s",
+    "target.idle_timeout_s": "--idle-timeout",
     "num_requests": "--requests",
     "gpu_interval_ms": "--gpu-interval-ms",
     "validity.min_window_s": "--min-window-s",
@@ -310,7 +331,7 @@ def _cli_names(line: str) -> str:
     return line
 
 
-def _run_with_progress(run_trial, req) -> TrialResult:  # noqa: ANN001 - keeps the import lazy
+def _run_with_progress(run_trial, req, interrupt) -> TrialResult:  # noqa: ANN001 - keeps the import lazy
     total = req.total_requests
     start = time.perf_counter()
     with Progress(
@@ -329,7 +350,7 @@ def _run_with_progress(run_trial, req) -> TrialResult:  # noqa: ANN001 - keeps t
             elapsed = time.perf_counter() - start
             bar.update(task, completed=done, errors=errors, tps=tokens / elapsed if elapsed > 0 else 0.0)
 
-        return run_trial(req, progress=progress)
+        return run_trial(req, progress=progress, interrupt=interrupt)
 
 
 def register(app: typer.Typer) -> None:

@@ -6,6 +6,7 @@ configuration or connection error becomes a one-line message (never a password) 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
@@ -15,6 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 
 BAD_INPUT = 2
+# before alembic is imported (lazily, by a command): it logs one INFO line per plugin as it loads
+logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 DatabaseUrl = Annotated[str | None, typer.Option(
     "--database-url",
@@ -24,17 +27,18 @@ DatabaseUrl = Annotated[str | None, typer.Option(
 
 @contextmanager
 def warehouse_errors(command: str) -> Iterator[None]:
-    """Known failures -> one red line on stderr and exit 2; the URL is shown redacted only."""
+    """Known failures -> one red line on stderr and exit 2; the URL is shown redacted only. A warehouse
+    that is down, frozen or past a timeout says where and which bound (servetune.warehouse.db)."""
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
-    from servetune.warehouse.db import WarehouseConfigError
+    from servetune.warehouse.db import WarehouseConfigError, WarehouseUnavailable
     from servetune.warehouse.loader import LoadError
     from servetune.warehouse.queries import QueryError
 
     err = Console(stderr=True)
     try:
         yield
-    except (WarehouseConfigError, LoadError, QueryError) as exc:
+    except (WarehouseConfigError, WarehouseUnavailable, LoadError, QueryError) as exc:
         err.print(f"[red]{command}:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(BAD_INPUT) from None
     except (OperationalError, ProgrammingError) as exc:

@@ -1,4 +1,7 @@
-"""``servetune report``: an HTML report (with PNGs) of a campaign or of a single bench result."""
+"""``servetune report``: an HTML report (with PNGs) of a campaign or of a single bench result.
+
+The output folder is checked before anything is read (``--out``) or drawn (the default beside the
+data): one line and exit 2 if it cannot be written."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from servetune.commands.db import DatabaseUrl, warehouse_errors
+from servetune.commands.outpath import OutPathError, check_out_dir
 
 BAD_INPUT = 2
 
@@ -33,15 +37,17 @@ def register(app: typer.Typer) -> None:
         from servetune.report.html import default_out_dir, write_report
 
         try:
+            if out is not None:
+                check_out_dir(out)
             with warehouse_errors("report"):  # an experiment id is read from the warehouse
                 campaign = load_campaign(source, database_url=database_url)
-        except ReportInputError as exc:
+            if not campaign.trials:
+                raise ReportInputError(f"{source}: no trials to report on")
+            target = out or check_out_dir(default_out_dir(source, campaign), "report folder")
+        except (ReportInputError, OutPathError) as exc:
             console.print(f"[red]report:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(BAD_INPUT) from None
-        if not campaign.trials:
-            console.print(f"[red]report:[/red] {escape(source)}: no trials to report on", soft_wrap=True)
-            raise typer.Exit(BAD_INPUT)
-        rendered = write_report(campaign, out or default_out_dir(source, campaign))
+        rendered = write_report(campaign, target)
         for fig in rendered.figures:
             if fig.png is None:
                 console.print(f"[yellow]not drawn[/yellow] {fig.title}: {escape(fig.note)}", soft_wrap=True)

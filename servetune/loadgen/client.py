@@ -3,7 +3,10 @@
 The per-chunk hot path is three operations: await the socket, take ``perf_counter_ns()``,
 append the raw bytes. Everything else (SSE splitting, JSON, token counting) happens once the
 request's stream has ended, so a busy client stamps chunks late as little as possible.
-Failures are recorded on the request (docs/metrics.md, Errors: never an aborted run).
+Failures are recorded on the request (docs/metrics.md, Errors: never an aborted run); a stream
+that goes silent for ``target.idle_timeout_s`` fails as ``idle_timeout`` (idle.py). A ``stop``
+event ends the load early (bench on SIGINT/SIGTERM): requests in flight are recorded as
+cancelled, requests never sent are left out, and the outcome says it was stopped.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 import collections
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +27,7 @@ from servetune.workload.request import WorkloadRequest
 from .capture import capture, release
 from .config import LoadConfig, Target
 from .endpoints import decode_stream, request_body, token_counter
+from .idle import IDLE_TIMEOUT, IdleWatch
 from .sse import split_events
 from .strategies import arrival_offsets_s, closed_loop, open_loop
 
@@ -40,10 +44,11 @@ class TargetUnreachable(ConnectionError):
 
 @dataclass(slots=True)
 class LoadOutcome:
-    records: list[RequestRecord]  # one per request, in request order
+    records: list[RequestRecord]  # one per request sent, in request order
     window_start_s: float  # first measured dispatch, relative to t0 (the steady window: servetune.validity)
     window_end_s: float  # last measured dispatch
     drain_end_s: float  # every request finished
+    stopped: bool = False  # ended early by ``stop``: the requests never sent are not in ``records``
 
 
 def _classify_status(status: int) -> ErrorClass:
@@ -76,8 +81,10 @@ async def run_load(
     t0_ns: int,
     progress: Progress | None = None,
     tokenizer: Any = None,
+    stop: asyncio.Event | None = None,
 ) -> LoadOutcome:
-    """Send ``requests`` (the first ``load.warmup_requests`` as warm-up) and return one record each."""
+    """Send ``requests`` (the first ``load.warmup_requests`` as warm-up) and return one record each
+    (each one sent, when ``stop`` was set before the end)."""
     if not requests:
         raise ValueError("requests: nothing to send")
     if load.warmup_requests >= len(requests):
@@ -95,46 +102,60 @@ async def run_load(
     if key:
         headers["Authorization"] = f"Bearer {key}"
     timeout_s = target.timeout_s
+    idle = IdleWatch(target.idle_timeout_s) if target.idle_timeout_s else None
     counters = [0, 0, 0]  # done, errors, output tokens
+    sent = bytearray(len(requests))  # 1: dispatched (a stopped load keeps only these)
     clock = time.perf_counter_ns
 
     async def send(i: int, queue_ns: int) -> None:
         rec = records[i]
         rec.queue_ms = queue_ns / 1e6
+        sent[i] = 1
         reads: list[bytes] = []
         times: list[int] = []
         t_send = clock()
         t_end = t_send
         try:
-            async with asyncio.timeout(timeout_s), session.post(url, data=bodies[i]) as resp:
-                rec.http_status = resp.status
-                content = resp.content
-                if resp.status >= 400:
-                    body = await content.read(ERROR_BODY_BYTES)
-                    t_end = clock()
-                    rec.error_class = _classify_status(resp.status).value
-                    rec.error_message = f"HTTP {resp.status}: {body.decode('utf-8', 'replace')[:300]}"
-                elif capture(content, times, reads):
-                    try:
-                        await content.wait_eof()
-                    finally:
-                        release(content)
-                    t_end = clock()
-                else:  # an aiohttp we do not know: the public, slower path
-                    readany = content.readany
-                    while data := await readany():
-                        times.append(clock())
-                        reads.append(data)
-                    t_end = clock()
+            async with asyncio.timeout(timeout_s) as deadline:
+                if idle is not None:
+                    idle.watch(i, t_send, times, deadline)
+                async with session.post(url, data=bodies[i]) as resp:
+                    if idle is not None:
+                        idle.alive(i)
+                    rec.http_status = resp.status
+                    content = resp.content
+                    if resp.status >= 400:
+                        body = await content.read(ERROR_BODY_BYTES)
+                        t_end = clock()
+                        rec.error_class = _classify_status(resp.status).value
+                        rec.error_message = f"HTTP {resp.status}: {body.decode('utf-8', 'replace')[:300]}"
+                    elif capture(content, times, reads):
+                        try:
+                            await content.wait_eof()
+                        finally:
+                            release(content)
+                        t_end = clock()
+                    else:  # an aiohttp we do not know: the public, slower path
+                        readany = content.readany
+                        while data := await readany():
+                            times.append(clock())
+                            reads.append(data)
+                        t_end = clock()
         except TimeoutError:
             t_end = clock()
-            rec.error_class = ErrorClass.TIMEOUT.value
-            rec.error_message = f"no complete response within timeout_s={target.timeout_s}"
+            if idle is not None and i in idle.fired:
+                rec.error_class = IDLE_TIMEOUT
+                rec.error_message = (f"the stream sent no byte for {idle.silent_s(i):.1f} s "
+                                     f"(idle_timeout_s={idle.idle_s:g}) after {len(times)} reads")
+            else:
+                rec.error_class = ErrorClass.TIMEOUT.value
+                rec.error_message = f"no complete response within timeout_s={target.timeout_s}"
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
             t_end = clock()
             rec.error_class = ErrorClass.CONNECTION.value
             rec.error_message = f"{type(exc).__name__}: {exc}"
         except asyncio.CancelledError:
+            t_end = clock()
             rec.error_class = ErrorClass.CANCELLED.value
             rec.error_message = "cancelled while in flight"
             raise
@@ -143,6 +164,8 @@ async def run_load(
             rec.error_class = ErrorClass.CLIENT.value
             rec.error_message = f"{type(exc).__name__}: {exc}"
         finally:
+            if idle is not None:
+                idle.forget(i)
             rec.t_send_s = (t_send - t0_ns) / 1e9
             rec.e2e_ms = (t_end - t_send) / 1e6
         finished.append((i, reads, times, t_send))
@@ -197,6 +220,7 @@ async def run_load(
         # The records and bodies are long-lived: keep the collector from re-scanning them all run long.
         gc.freeze()
         decoding = asyncio.create_task(decoder())
+        watching = asyncio.create_task(idle.run()) if idle is not None else None
         try:
             # warm-up and measured requests are one load, without a pause between them: the warm-up
             # is the first requests of the same closed loop or arrival schedule (servetune.validity)
@@ -204,20 +228,51 @@ async def run_load(
             start = clock()
             if load.mode == "rate":
                 offsets = arrival_offsets_s(load, len(everything))
-                await open_loop(everything, offsets, load.concurrency, send, start_ns=start)
+                dispatch = open_loop(everything, offsets, load.concurrency, send, start_ns=start)
             else:
-                await closed_loop(everything, load.concurrency, send)
+                dispatch = closed_loop(everything, load.concurrency, send)
+            stopped = await _until_stopped(dispatch, stop)
             drain_end = clock()
             finished.append(None)
             wake.set()
             await decoding
         finally:
             decoding.cancel()
+            if watching is not None:
+                watching.cancel()
             gc.unfreeze()
-    measured = records[n_warm:]
-    first = min(r.t_send_s for r in measured)
-    last = max(r.t_send_s for r in measured)
-    return LoadOutcome(records, first, last, (drain_end - t0_ns) / 1e9)
+    kept = [r for i, r in enumerate(records) if sent[i]] if stopped else records
+    measured = [r for r in kept if not r.warmup]
+    first = min((r.t_send_s for r in measured), default=0.0)
+    last = max((r.t_send_s for r in measured), default=0.0)
+    return LoadOutcome(kept, first, last, (drain_end - t0_ns) / 1e9, stopped)
+
+
+async def _until_stopped(dispatch: Coroutine[Any, Any, None], stop: asyncio.Event | None) -> bool:
+    """Run the dispatcher to its end, or until ``stop`` is set: then cancel it (the requests in
+    flight record themselves as cancelled) and return True."""
+    if stop is None:
+        await dispatch
+        return False
+    task = asyncio.ensure_future(dispatch)
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        waiter.cancel()
+    if task.done():
+        task.result()  # a dispatcher's own error is raised, as without a stop
+        return False
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        if asyncio.current_task().cancelling():  # type: ignore[union-attr]  # we were cancelled too
+            raise
+    return True
 
 
 def run_load_sync(

@@ -42,11 +42,13 @@ class Target(BaseModel):
     model: str | None = None
     api_key_env: str = "SERVETUNE_API_KEY"
     timeout_s: float = Field(default=600.0, gt=0, description="per request, whole stream included")
+    idle_timeout_s: float | None = Field(
+        default=60.0, gt=0, description="fail a request whose stream sends no byte for this long "
+                                        "(waiting for the first byte included); None: only timeout_s")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every request body")
     ignore_eos: bool = Field(default=True, description="ask for exactly max_tokens (sent only when true: "
                                                        "some OpenAI servers reject the field)")
     temperature: float = Field(default=0.0, ge=0)
-
 
     @property
     def request_url(self) -> str:

@@ -59,14 +59,20 @@ async def open_loop(
         finally:
             slots.release()
 
-    for i, off in zip(indices, offsets_s, strict=True):
-        due = start + int(off * 1e9)
-        wait = due - clock()
-        if wait > 0:
-            await asyncio.sleep(wait / 1e9)
-        await slots.acquire()
-        task = asyncio.create_task(run(i, max(0, clock() - due)))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    while tasks:
-        await asyncio.gather(*tasks)
+    try:
+        for i, off in zip(indices, offsets_s, strict=True):
+            due = start + int(off * 1e9)
+            wait = due - clock()
+            if wait > 0:
+                await asyncio.sleep(wait / 1e9)
+            await slots.acquire()
+            task = asyncio.create_task(run(i, max(0, clock() - due)))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        while tasks:
+            await asyncio.gather(*tasks)
+    finally:  # cancelled (a stopped load): the requests in flight are not this task's children
+        if tasks:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

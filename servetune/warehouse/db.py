@@ -3,28 +3,60 @@
 The library never imports Airflow, so an Airflow connection is read the way Airflow itself
 exports it to tasks: the ``AIRFLOW_CONN_SERVETUNE_WAREHOUSE`` environment variable, in URI
 or JSON form. Passwords are never logged: every message uses ``redact``.
+
+Engines never wait without bound: libpq's ``connect_timeout`` and the server-side
+``statement_timeout`` and ``lock_timeout`` have defaults (``DEFAULT_TIMEOUTS``), overridden by the
+``SERVETUNE_DB_*_TIMEOUT`` variables, overridden in turn by the URL's query (``?connect_timeout=5``).
+A stopped or frozen Postgres, a statement or a lock wait past its bound is one
+``WarehouseUnavailable`` naming host, port and database (never the password).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from urllib.parse import quote, unquote, urlsplit
 
 import orjson
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
+
+from sqlalchemy.exc import OperationalError
 
 from servetune.localdb import redact
 
-__all__ = ["AIRFLOW_CONN_ENV", "URL_ENV", "WarehouseConfigError", "engine", "redact", "resolve_url"]
+__all__ = ["AIRFLOW_CONN_ENV", "URL_ENV", "WarehouseConfigError", "WarehouseUnavailable", "engine", "redact",
+           "resolve_url"]
 
 URL_ENV = "SERVETUNE_DATABASE_URL"
 AIRFLOW_CONN_ENV = "AIRFLOW_CONN_SERVETUNE_WAREHOUSE"
 _POSTGRES_SCHEMES = {"postgres", "postgresql", "postgresql+psycopg", "postgresql+psycopg2"}
 
 
+#: seconds; 0 waits forever (libpq, Postgres)
+DEFAULT_TIMEOUTS = {"connect_timeout": 10.0, "statement_timeout": 300.0, "lock_timeout": 30.0}
+TIMEOUT_ENV = {"connect_timeout": "SERVETUNE_DB_CONNECT_TIMEOUT",
+               "statement_timeout": "SERVETUNE_DB_STATEMENT_TIMEOUT",
+               "lock_timeout": "SERVETUNE_DB_LOCK_TIMEOUT"}
+TIMEOUT_KEYS = tuple(DEFAULT_TIMEOUTS)
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|h)?\s*")
+_UNIT_S = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, None: 1.0}
+
+
 class WarehouseConfigError(ValueError):
     """No usable database URL (the message says where we looked and never shows a password)."""
+
+
+class WarehouseUnavailable(OperationalError):
+    """The warehouse did not answer within a bound, or went away: one line naming where, and which bound."""
+
+    def __init__(self, message: str, orig: BaseException | None = None) -> None:
+        super().__init__(None, None, orig)  # type: ignore[arg-type]
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def quote_password(raw: str) -> str:
@@ -77,7 +109,8 @@ def _from_airflow_json(text: str) -> URL:
     extra = conn.get("extra") or {}
     if isinstance(extra, str):
         extra = orjson.loads(extra) if extra.strip() else {}
-    query = {k: str(v) for k, v in extra.items() if k in {"sslmode", "sslrootcert", "application_name"}}
+    keep = {"sslmode", "sslrootcert", "application_name", "options", *TIMEOUT_KEYS}
+    query = {k: str(v) for k, v in extra.items() if k in keep}
     return URL.create(
         "postgresql+psycopg",
         username=conn.get("login"),
@@ -108,10 +141,103 @@ def resolve_url(explicit: str | None = None) -> str:
     )
 
 
-def engine(url: str | None = None, **kwargs) -> Engine:
-    """A SQLAlchemy engine on psycopg 3 (the password stays out of ``repr`` and logs)."""
+def engine(url: str | None = None, *, check: bool = True, **kwargs) -> Engine:
+    """A SQLAlchemy engine on psycopg 3 (the password stays out of ``repr`` and logs), with connect,
+    statement and lock timeouts (timeouts.py). ``check`` connects once now, so a warehouse that is
+    down fails here with one ``WarehouseUnavailable``, not once per trial of a load."""
+    resolved, connect_args, limits = with_timeouts(make_url(resolve_url(url)))
     kwargs.setdefault("json_serializer", _json_dumps)
-    return create_engine(resolve_url(url), pool_pre_ping=True, **kwargs)
+    kwargs["connect_args"] = {**connect_args, **kwargs.get("connect_args", {})}
+    eng = create_engine(resolved, pool_pre_ping=True, **kwargs)
+    event.listen(eng, "handle_error", explain_errors(resolved, limits), retval=True)
+    if check:
+        with eng.connect():
+            pass
+    return eng
+
+
+def _seconds(value: str, source: str) -> float:
+    """``30``, ``2.5``, ``250ms``, ``30s``, ``5min``, ``1h`` -> seconds (a bare number is seconds)."""
+    m = _DURATION.fullmatch(str(value))
+    if m is None:
+        raise WarehouseConfigError(
+            f"{source}: {value!r} is not a duration (seconds, or 250ms / 30s / 5min / 1h)")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def timeouts(url: URL) -> dict[str, float]:
+    """The bounds in seconds for ``url``: its query, else the environment, else ``DEFAULT_TIMEOUTS``."""
+    out = {}
+    for key, default in DEFAULT_TIMEOUTS.items():
+        raw, env = url.query.get(key), TIMEOUT_ENV[key]
+        if isinstance(raw, tuple):
+            raw = raw[-1]
+        if raw is not None:
+            out[key] = _seconds(raw, f"database URL ?{key}=")
+        elif os.environ.get(env, "").strip():
+            out[key] = _seconds(os.environ[env], env)
+        else:
+            out[key] = default
+    return out
+
+
+def with_timeouts(url: URL) -> tuple[URL, dict[str, object], dict[str, float]]:
+    """``url`` without our keys, the connect arguments that carry the bounds, and the bounds.
+
+    The server-side ones travel in libpq's ``options`` (``-c statement_timeout=...``): set at
+    connection start, no extra round trip; options already in the URL come after ours and win."""
+    if not url.drivername.startswith("postgresql"):
+        return url, {}, {}
+    limits = timeouts(url)
+    query = {k: v for k, v in url.query.items() if k not in (*TIMEOUT_KEYS, "options")}
+    args: dict[str, object] = {"connect_timeout": math.ceil(limits["connect_timeout"])}
+    options = [f"-c {key}={round(limits[key] * 1000)}" for key in ("statement_timeout", "lock_timeout")
+               if limits[key] > 0]
+    theirs = url.query.get("options")
+    options += list(theirs) if isinstance(theirs, tuple) else [theirs] if theirs else []
+    if options:
+        args["options"] = " ".join(options)
+    return url.set(query=query), args, limits
+
+
+def _where(url: URL) -> str:
+    host = url.host or url.query.get("host") or "local socket"
+    return f"{host}:{url.port or 5432}/{url.database or ''}"
+
+
+_SERVER_PREFIX = re.compile(r'^(?:connection failed: )?connection to server (?:at|on) "[^"]*"(?: \([^)]*\))?'
+                            r'(?:, port \d+)? failed: ')
+
+
+def explain_errors(url: URL, limits: dict[str, float]):
+    """A ``handle_error`` hook: a failed connect, a timeout or a lost connection becomes one
+    ``WarehouseUnavailable`` line (where, what, which bound and how to change it)."""
+    import psycopg
+
+    where = _where(url)
+
+    def bound(key: str) -> str:
+        return f"{key}={limits.get(key, 0):g} s ({TIMEOUT_ENV[key]} or ?{key}= to change it)"
+
+    def explain(ctx) -> BaseException | None:  # noqa: ANN001 - sqlalchemy.engine.ExceptionContext
+        orig = ctx.original_exception
+        if ctx.is_pre_ping or not isinstance(orig, psycopg.OperationalError):
+            return None
+        detail = redact(_SERVER_PREFIX.sub("", (str(orig).strip() or type(orig).__name__).splitlines()[0]))
+        if isinstance(orig, psycopg.errors.LockNotAvailable):
+            msg = f"warehouse {where}: waited past {bound('lock_timeout')} for a lock another session holds"
+        elif isinstance(orig, psycopg.errors.QueryCanceled) and "statement timeout" in detail:
+            msg = f"warehouse {where}: a statement ran past {bound('statement_timeout')}"
+        elif ctx.connection is None:
+            late = f" within {bound('connect_timeout')}" if "timeout" in detail.lower() else ""
+            msg = f"warehouse {where} is not reachable: {detail}{late}"
+        elif ctx.is_disconnect:
+            msg = f"warehouse {where} closed the connection: {detail}"
+        else:
+            return None
+        return WarehouseUnavailable(msg, orig)
+
+    return explain
 
 
 def _json_dumps(value: object) -> str:

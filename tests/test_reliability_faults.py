@@ -1,0 +1,240 @@
+"""Client-side faults against real servers: a stream that stalls mid-way (tests/sse_server.py, in
+process), ``servetune bench`` interrupted by SIGINT/SIGTERM (a real process against ``servetune sim
+serve``), and output paths that cannot be written (refused before any request)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from sse_server import Scenario, SseServer
+from test_trial import _serve
+from typer.testing import CliRunner
+
+from servetune.cli import app
+from servetune.loadgen import LoadConfig, Target, run_load
+from servetune.workload.request import WorkloadRequest
+
+TINY = "name: tiny\nseed: 3\ninput: {kind: fixed, value: 32}\noutput: {kind: fixed, value: 8}\n"
+IDLE_S = 0.5
+UNWRITABLE = Path("/sys/fs")  # sysfs refuses new files even to root, where mode bits do not
+
+
+def _tiny(tmp_path: Path, text: str = TINY) -> str:
+    p = tmp_path / "tiny.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+async def _bench(*args: str):
+    return await asyncio.to_thread(CliRunner().invoke, app, ["bench", *args])
+
+
+def _lines(output: str) -> list[str]:
+    return [ln for ln in output.splitlines() if ln.strip()]
+
+
+# --- the stream idle timeout -------------------------------------------------------------------
+
+async def test_a_stream_that_stalls_fails_as_idle_timeout_within_the_bound_and_the_trial_is_kept(tmp_path):
+    # by arrival: #3 goes silent after two chunks, #6 after its role chunk, #9 sends only comments
+    scenario = Scenario(ttft_ms=5, gap_ms=5, fail_after_chunks=2,
+                        fail_nth={3: "stall_mid", 6: "stall", 9: "keepalive"})
+    async with SseServer(scenario) as srv:
+        out = tmp_path / "idle.json"
+        t = time.monotonic()
+        r = await _bench("--url", srv.url, "--concurrency", "4", "--requests", "16", "--warmup", "1",
+                         "--workload", _tiny(tmp_path), "--out", str(out), "--idle-timeout", str(IDLE_S),
+                         "--timeout-s", "2", "--min-window-s", "0.1", "--min-completions", "4")
+        took = time.monotonic() - t
+    assert r.exit_code == 0, r.output
+    d = orjson.loads(out.read_bytes())
+    assert d["status"] == "ok" and len(d["records"]) == 17 and d["target"]["idle_timeout_s"] == IDLE_S
+    by_class: dict[str | None, list[dict]] = {}
+    for rec in d["records"]:
+        by_class.setdefault(rec["error_class"], []).append(rec)
+    assert {k: len(v) for k, v in by_class.items()} == {None: 14, "idle_timeout": 2, "timeout": 1}
+    assert d["summary"]["errors_by_class"] == {"idle_timeout": 2, "timeout": 1}
+    for rec in by_class["idle_timeout"]:  # failed within the bound: idle + one check tick + slack
+        assert IDLE_S * 1000 <= rec["e2e_ms"] <= IDLE_S * 1000 + 300, rec
+        assert re.search(r"sent no byte for 0\.[5-7] s \(idle_timeout_s=0\.5\)", rec["error_message"]), rec
+    mid = next(rec for rec in by_class["idle_timeout"] if rec["chunk_offsets_ms"])
+    assert len(mid["chunk_offsets_ms"]) == 2 and mid["ttft_ms"] is not None  # what came before the stall
+    # bytes that carry no tokens (SSE comments) are still bytes: only the total timeout ends that one
+    assert by_class["timeout"][0]["e2e_ms"] == pytest.approx(2000, abs=300)
+    assert took < 10
+
+
+async def test_idle_timeout_zero_is_off_and_a_negative_one_names_the_option(tmp_path):
+    async with SseServer(Scenario(ttft_ms=5, gap_ms=5, fail_nth={1: "stall"})) as srv:
+        out = tmp_path / "off.json"
+        r = await _bench("--url", srv.url, "--concurrency", "2", "--requests", "3", "--warmup", "0",
+                         "--workload", _tiny(tmp_path), "--out", str(out), "--idle-timeout", "0",
+                         "--timeout-s", "1", "--min-window-s", "0.1", "--min-completions", "1")
+        assert r.exit_code == 0, r.output
+        d = orjson.loads(out.read_bytes())
+        assert d["target"]["idle_timeout_s"] is None and d["summary"]["errors_by_class"] == {"timeout": 1}
+        r = await _bench("--url", srv.url, "--concurrency", "2", "--requests", "3", "--out", str(out),
+                         "--idle-timeout", "-1")
+        assert r.exit_code == 2
+        assert _lines(r.output) == ["error: --idle-timeout: Input should be greater than 0"]
+
+
+async def test_a_stopped_open_loop_load_keeps_what_was_sent_and_leaves_no_task_behind():
+    reqs = [WorkloadRequest(index=i, system=None, user=f"#{i}", input_tokens=2, output_tokens=40)
+            for i in range(60)]
+    stop = asyncio.Event()
+    async with SseServer(Scenario(ttft_ms=5, gap_ms=2)) as srv:
+        asyncio.get_running_loop().call_later(0.5, stop.set)
+        out = await run_load(Target(url=srv.url), reqs, LoadConfig(mode="rate", rate=40, arrival="constant",
+                             concurrency=8), t0_ns=time.perf_counter_ns(), stop=stop)
+        await asyncio.sleep(0)
+        left = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__.startswith("open_loop")]
+        assert left == []  # no request task outlives the stopped load
+        received = len(srv.log)
+    assert out.stopped and 10 <= len(out.records) == received < 60
+    assert [r.request_id for r in out.records] == list(range(len(out.records)))
+    cancelled = [r for r in out.records if r.error_class == "cancelled"]
+    assert 1 <= len(cancelled) <= 8 and all(r.ok for r in out.records if r not in cancelled)
+    assert all(0 < r.e2e_ms < 500 for r in cancelled)  # time in flight until the stop
+
+
+# --- bench interrupted: a partial result -------------------------------------------------------
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _requests_served(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(float(v) for v in re.findall(r"^sglang:num_requests_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[str]:
+    port = _port()
+    proc = subprocess.Popen([sys.executable, "-m", "servetune", "sim", "serve", "--port", str(port),
+                             "--load-seconds", "0", "--enable-metrics"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _requests_served(url)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"sim did not start: {proc.stderr.read().decode()[-2000:]}") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_bench_writes_the_requests_finished_so_far_and_exits_130(sim, tmp_path, sig):
+    out = tmp_path / "partial.json"
+    wl = _tiny(tmp_path, TINY.replace("value: 8", "value: 64"))
+    base = _requests_served(sim)
+    proc = subprocess.Popen([sys.executable, "-m", "servetune", "bench", "--url", sim, "--concurrency", "4",
+                             "--requests", "5000", "--warmup", "2", "--workload", wl, "--out", str(out),
+                             "--endpoint", "generate"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while _requests_served(sim) - base < 16:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr[-3000:]
+    d = orjson.loads(out.read_bytes())
+    reason = d["failure_reason"]
+    assert d["status"] == "failed", reason
+    assert reason.startswith(f"interrupted by {sig.name}: a partial result"), reason
+    records = d["records"]
+    classes = {r["error_class"] for r in records}
+    ok = [r for r in records if r["error_class"] is None]
+    assert classes <= {None, "cancelled"} and len(ok) >= 6 and len(records) - len(ok) <= 4
+    assert f"{len(ok)} of 5002 requests finished ({len(records) - len(ok)} in flight were cancelled, " \
+           f"{5002 - len(records)} never sent)" in reason
+    assert all(r["e2e_ms"] > 0 and r["ttft_ms"] is not None for r in ok)
+    assert d["summary"]["requests_ok"] == len([r for r in ok if not r["warmup"]])
+    assert "result written to" in stderr and reason in stderr and "Traceback" not in stderr
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+# --- output paths, checked before any request --------------------------------------------------
+
+@pytest.fixture
+async def watched():
+    srv, seen = await _serve(Scenario(ttft_ms=5, gap_ms=2))
+    yield srv, seen
+    await srv.stop()
+
+
+def _bench_out_cases(tmp_path: Path) -> list[tuple[Path, str]]:
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "a-file").write_text("x")
+    cases = [
+        (tmp_path / "a-folder", f"--out: {tmp_path / 'a-folder'} is a folder; give a file path"),
+        (tmp_path / "missing" / "r.json", f"--out: folder {tmp_path / 'missing'} does not exist"),
+        (tmp_path / "a-file" / "r.json", f"--out: {tmp_path / 'a-file'} is not a folder"),
+    ]
+    if UNWRITABLE.is_dir():
+        cases.append((UNWRITABLE / "r.json", f"--out: folder {UNWRITABLE} is not writable"))
+    return cases
+
+
+async def test_bench_refuses_an_out_path_it_cannot_write_before_any_request(watched, tmp_path):
+    srv, seen = watched
+    for out, expect in _bench_out_cases(tmp_path):
+        r = await _bench("--url", srv.url, "--concurrency", "2", "--requests", "4", "--out", str(out))
+        assert r.exit_code == 2, r.output
+        assert len(_lines(r.output)) == 1 and _lines(r.output)[0].startswith(f"error: {expect}"), r.output
+    assert seen.calls == []  # not even the reachability check
+
+
+def test_report_refuses_an_out_folder_it_cannot_write_before_reading_anything(tmp_path):
+    from report_fixtures import write_campaign
+
+    (tmp_path / "a-file").write_text("x")
+    cases = [
+        (tmp_path / "a-file", f"--out: {tmp_path / 'a-file'} exists and is not a folder"),
+        (tmp_path / "missing" / "report", f"--out: folder {tmp_path / 'missing'} does not exist"),
+    ]
+    if UNWRITABLE.is_dir():
+        cases += [(UNWRITABLE / "report", f"--out: folder {UNWRITABLE} is not writable"),
+                  (UNWRITABLE, f"--out: folder {UNWRITABLE} is not writable")]
+    runner = CliRunner()
+    for out, expect in cases:  # an experiment id with a warehouse that is not there: never asked
+        res = runner.invoke(app, ["report", "exp-1", "--out", str(out), "--database-url",
+                                  "postgresql://u:pw@127.0.0.1:1/nowhere"])
+        lines = _lines(res.output)
+        assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"report: {expect}"), res.output
+
+    campaign = write_campaign(tmp_path / "runs")
+    (campaign / "report").write_text("not a folder")  # where the default report would go
+    res = runner.invoke(app, ["report", str(campaign)])
+    assert res.exit_code == 2
+    assert _lines(res.output) == [f"report: report folder: {campaign / 'report'} exists and is not a folder"]
+    assert not list(campaign.glob("*.png"))

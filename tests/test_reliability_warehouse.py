@@ -1,0 +1,200 @@
+"""Warehouse faults against a private, real PostgreSQL: frozen (its postmaster SIGSTOPped), stopped, a
+held lock, a slow statement. ``servetune load`` and ``servetune db upgrade`` end within the bound with
+one line naming the host (never the password) and a non-zero exit; once the server is back, a retry
+stores each trial exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from typer.testing import CliRunner
+
+from servetune import localdb
+from servetune.cli import app
+from servetune.warehouse import db, migrate
+from warehouse_fixtures import make_trial, write_campaign
+
+PASSWORD = "Pw-frozen-s3cret"
+CONNECT_S = 2  # psycopg's floor
+SLACK_S = 8.0  # interpreter start and imports on a busy 2-core machine
+
+
+class Cluster:
+    """localdb's private cluster, with the stop/start/freeze a fault test needs (as the postgres user)."""
+
+    def __init__(self) -> None:
+        self.pg = localdb.start_private_cluster()
+        self.server_url = self.pg.url
+        self.url = make_url(localdb.create_database(self.server_url)).set(password=PASSWORD) \
+            .render_as_string(hide_password=False)
+
+    @property
+    def where(self) -> str:
+        return f"127.0.0.1:{self.pg.port}"
+
+    def postmaster(self) -> int:
+        return int((self.pg.datadir / "postmaster.pid").read_text().split()[0])
+
+    def pg_ctl(self, *args: str) -> None:
+        self.pg._run([str(self.pg.bindir / "pg_ctl"), "-D", str(self.pg.datadir), *args])
+
+    def stop(self) -> None:
+        self.pg_ctl("-m", "fast", "-w", "stop")
+
+    def start(self) -> None:
+        opts = f"-c listen_addresses=127.0.0.1 -p {self.pg.port} -k {self.pg.datadir} -c fsync=off"
+        self.pg_ctl("-o", opts, "-w", "-t", "60", "-l", str(self.pg.datadir / "server.log"), "start")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    if localdb._pg_bindir() is None:  # noqa: SLF001
+        pytest.skip("needs PostgreSQL's initdb/pg_ctl to start, stop and freeze a private server")
+    c = Cluster()
+    migrate.upgrade(c.url)
+    try:
+        yield c
+    finally:
+        try:
+            os.kill(c.postmaster(), signal.SIGCONT)
+        except (OSError, ValueError):
+            pass
+        c.pg.stop()
+
+
+def cli(url: str, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+    environ = {**os.environ, db.URL_ENV: url, "SERVETUNE_DB_CONNECT_TIMEOUT": str(CONNECT_S), **env}
+    t = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "servetune", *args], capture_output=True, text=True,
+                          env=environ, timeout=120)
+    return proc, time.monotonic() - t
+
+
+def retry(url: str, *args: str) -> str:
+    """A retry once the server is back, in this process (the faults above needed real ones)."""
+    res = CliRunner().invoke(app, list(args), env={db.URL_ENV: url})
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    assert PASSWORD not in lines[0] and "Traceback" not in lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def campaign(root: Path, exp_id: str, n: int = 3) -> Path:
+    exp = {"experiment_id": exp_id, "model": "m", "engine": "sglang", "trigger": "manual",
+           "status": "finished"}
+    trials = [make_trial(trial_id=f"{exp_id}-c{c}", experiment_id=exp_id, concurrency=c, n=40, warmup=2,
+                         seed=c) for c in (4, 8, 16)[:n]]
+    return write_campaign(root / exp_id, exp, trials)
+
+
+def stored(url: str, exp_id: str) -> tuple[int, int, int]:
+    """(trials, distinct trials, request rows) of one experiment: duplicates or losses show."""
+    with psycopg.connect(localdb.libpq_dsn(url)) as conn:
+        trials, distinct = conn.execute("SELECT count(*), count(DISTINCT trial_id) FROM trials "
+                                        "WHERE experiment_id = %s", (exp_id,)).fetchone()
+        rows = conn.execute("SELECT count(*) FROM request_records r JOIN trials t USING (trial_id) "
+                            "WHERE t.experiment_id = %s", (exp_id,)).fetchone()[0]
+    return trials, distinct, rows
+
+
+def load_twice(url: str, directory: Path, exp_id: str) -> None:
+    """The retry stores every trial once; loading again changes nothing."""
+    for action in ("inserted", "unchanged"):
+        assert retry(url, "load", str(directory), "--no-validate").count(action) == 3
+        assert stored(url, exp_id) == (3, 3, 3 * 42)
+
+
+def test_a_frozen_postgres_fails_within_the_connect_timeout_and_a_retry_loads_once(cluster, tmp_path):
+    directory = campaign(tmp_path, "frozen-1")
+    pid = cluster.postmaster()
+    os.kill(pid, signal.SIGSTOP)  # the kernel still accepts connections; nothing answers them
+    try:
+        for args in (("load", str(directory), "--no-validate"), ("db", "upgrade")):
+            proc, took = cli(cluster.url, *args)
+            line = one_line_error(proc, cluster.where, "not reachable", "connect_timeout=2 s")
+            assert took < CONNECT_S + SLACK_S, (took, line)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert stored(cluster.url, "frozen-1") == (0, 0, 0)
+    load_twice(cluster.url, directory, "frozen-1")
+
+
+def test_a_stopped_postgres_fails_at_once_and_a_retry_after_restart_loads_once(cluster, tmp_path):
+    directory = campaign(tmp_path, "stopped-1")
+    cluster.stop()
+    try:
+        for args in (("load", str(directory), "--no-validate"), ("db", "upgrade")):
+            proc, took = cli(cluster.url, *args)
+            one_line_error(proc, cluster.where, "not reachable", "refused")
+            assert took < SLACK_S
+    finally:
+        cluster.start()
+    load_twice(cluster.url, directory, "stopped-1")
+
+
+def test_a_held_lock_ends_at_the_lock_timeout_and_the_trial_loads_once_released(cluster, tmp_path):
+    trial = make_trial(trial_id="locked-1", n=40, warmup=2)
+    path = trial.save(tmp_path / "locked-1.json")
+    holder = psycopg.connect(localdb.libpq_dsn(cluster.url))
+    holder.execute("LOCK TABLE experiments IN ACCESS EXCLUSIVE MODE")  # a migration would hold this
+    try:
+        proc, took = cli(cluster.url, "load", str(path), "--no-validate", SERVETUNE_DB_LOCK_TIMEOUT="1")
+        one_line_error(proc, cluster.where, "lock_timeout=1 s", "SERVETUNE_DB_LOCK_TIMEOUT")
+        assert took < 1 + SLACK_S
+    finally:
+        holder.rollback()
+        holder.close()
+    for action in ("inserted", "unchanged"):
+        assert action in retry(cluster.url, "load", str(path), "--no-validate")
+    assert stored(cluster.url, "bench-locked-1") == (1, 1, 42)
+
+
+def test_statement_timeout_is_set_server_side_and_overridden_by_env_then_url(cluster, monkeypatch):
+    def shown(url: str) -> tuple[str, str, str]:
+        eng = db.engine(url)
+        try:
+            with eng.connect() as conn:
+                return tuple(conn.execute(text(f"SHOW {k}")).scalar() for k in  # noqa: S608 - fixed names
+                             ("statement_timeout", "lock_timeout", "application_name"))
+        finally:
+            eng.dispose()
+
+    for env in db.TIMEOUT_ENV.values():
+        monkeypatch.delenv(env, raising=False)
+    assert shown(cluster.url) == ("5min", "30s", "")  # the defaults
+    monkeypatch.setenv("SERVETUNE_DB_STATEMENT_TIMEOUT", "1.5")
+    monkeypatch.setenv("SERVETUNE_DB_LOCK_TIMEOUT", "250ms")
+    assert shown(cluster.url) == ("1500ms", "250ms", "")
+    url = cluster.url + "?statement_timeout=2min&options=-c%20application_name%3Dmine"
+    assert shown(url) == ("2min", "250ms", "mine")  # the URL wins; its own options are kept
+
+    eng = db.engine(cluster.url + "?statement_timeout=300ms")
+    try:
+        with eng.connect() as conn, pytest.raises(db.WarehouseUnavailable) as err:
+            conn.execute(text("SELECT pg_sleep(5)"))
+        assert str(err.value).startswith(f"warehouse {cluster.where}/")
+        assert "statement_timeout=0.3 s" in str(err.value)
+    finally:
+        eng.dispose()
+
+    monkeypatch.setenv("SERVETUNE_DB_CONNECT_TIMEOUT", "soon")
+    with pytest.raises(db.WarehouseConfigError, match="CONNECT_TIMEOUT: 'soon' is not a duration"):
+        db.engine(cluster.url)
