@@ -21,6 +21,7 @@ class ErrorClass(StrEnum):
     HTTP_5XX = "http_5xx"
     REJECTED_503 = "rejected_503"
     TIMEOUT = "timeout"
+    IDLE_TIMEOUT = "idle_timeout"  # the stream sent no byte for idle_timeout_s (servetune.loadgen.idle)
     CONNECTION = "connection"  # refused, reset, closed mid-stream
     MALFORMED = "malformed_sse"
     EMPTY = "empty_response"  # stream ended without any generated text

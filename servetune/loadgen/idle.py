@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-#: the error class of a request failed by the idle timeout (beside servetune.records.ErrorClass)
-IDLE_TIMEOUT = "idle_timeout"
+from servetune.records import ErrorClass
+
+IDLE_TIMEOUT = ErrorClass.IDLE_TIMEOUT  #: the error class of a request failed by the idle timeout
 
 
 class IdleWatch:

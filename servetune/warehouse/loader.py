@@ -331,6 +331,8 @@ def _load(eng: Engine, source: str | Path | TrialResult, **kw: Any) -> LoadRepor
                 report.trials.append(load_trial(eng, read_trial(f), exp, **kw))
             except LoadError as e:
                 report.errors.append(str(e) if str(f) in str(e) else f"{f}: {e}")
+            except db.WarehouseUnavailable:  # the server went away: the rest would each wait and fail alike
+                raise
             except Exception as e:  # a database error: this trial rolled back, the rest still load
                 report.errors.append(f"{f}: {type(e).__name__}: {str(e).splitlines()[0]}")
         return report
