@@ -73,6 +73,10 @@ async def test_a_stream_that_stalls_fails_as_idle_timeout_within_the_bound_and_t
     # bytes that carry no tokens (SSE comments) are still bytes: only the total timeout ends that one
     assert by_class["timeout"][0]["e2e_ms"] == pytest.approx(2000, abs=300)
     assert took < 10
+    from servetune.result import TrialResult
+
+    kept = TrialResult.read(out)  # the strict check `validate` and `load` use takes the new class
+    assert sorted(str(r.error_class) for r in kept.records if r.error_class) == ["idle_timeout"] * 2 + ["timeout"]
 
 
 async def test_idle_timeout_zero_is_off_and_a_negative_one_names_the_option(tmp_path):
