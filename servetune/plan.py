@@ -265,7 +265,8 @@ class PlanError(ValueError):
 
 
 def _format_errors(source: str, exc: ValidationError) -> str:
-    lines = [f"{source}: invalid tuning plan ({exc.error_count()} error(s))"]
+    n = exc.error_count()
+    lines = [f"{source}: invalid tuning plan ({n} error{'' if n == 1 else 's'})"]  # then one line per field
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
@@ -274,8 +275,10 @@ def _format_errors(source: str, exc: ValidationError) -> str:
 
 
 def parse_plan(data: Any, *, source: str = "plan") -> TuningPlan:
+    if data is None:
+        raise PlanError(f"{source}: the plan is empty (a plan must be a mapping with name, model and sla)")
     if not isinstance(data, dict):
-        raise PlanError(f"{source}: a plan must be a mapping, got {type(data).__name__}")
+        raise PlanError(f"{source}: a plan must be a mapping of sections, got a {type(data).__name__}")
     try:
         return TuningPlan.model_validate(data)
     except ValidationError as exc:
@@ -288,11 +291,22 @@ def load_plan(path: str | Path) -> TuningPlan:
 
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PlanError(f"{path}: cannot read plan: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise PlanError(f"{path}: cannot read plan: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}"
+                        f" at offset {exc.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise PlanError(f"{path}: not valid YAML: {exc}") from None
+        raise PlanError(f"{path}: not valid YAML{_yaml_where(exc)}") from None
     return parse_plan(data, source=str(path))
+
+
+def _yaml_where(exc: Exception) -> str:
+    """`` at line 2, column 1: expected ',' or ']'``: where and what, on one line (PyYAML's own is several)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{where}: {' '.join(str(what).split())}"

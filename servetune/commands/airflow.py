@@ -15,11 +15,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -78,14 +81,35 @@ class AirflowSetup:
     def airflow(self, *args: str, check: bool = True, quiet: bool = True) -> subprocess.CompletedProcess:
         exe = shutil.which("airflow", path=self.env()["PATH"])
         if exe is None:
-            raise typer.BadParameter("Airflow is not installed: pip install -e '.[airflow]'")
+            raise AirflowFailed("airflow: not installed in this environment (pip install -e '.[airflow]')")
         out = subprocess.PIPE if quiet else None
         proc = subprocess.run([exe, *args], env=self.env(), stdout=out, stderr=subprocess.STDOUT if quiet else None,
                               text=True, check=False)
         if check and proc.returncode != 0:
-            tail = "\n".join((proc.stdout or "").splitlines()[-40:])
-            raise RuntimeError(f"`airflow {' '.join(args)}` failed (exit {proc.returncode}):\n{tail}")
+            raise AirflowFailed(f"`airflow {' '.join(args)}` failed (exit {proc.returncode})",
+                                (proc.stdout or "").splitlines()[-40:])
         return proc
+
+
+class AirflowFailed(RuntimeError):
+    """An ``airflow`` subprocess that failed: a one-line headline, and the tail of its output."""
+
+    def __init__(self, headline: str, tail: list[str] | None = None) -> None:
+        super().__init__("\n".join([f"{headline}:" if tail else headline, *(tail or [])]))
+        self.headline, self.tail = headline, tail or []
+
+
+@contextmanager
+def _airflow_errors() -> Iterator[None]:
+    """Airflow's own output tail first (context), then our one ``error:`` line last; exit 1."""
+    try:
+        yield
+    except AirflowFailed as exc:
+        err = Console(stderr=True, soft_wrap=True, highlight=False)
+        for line in exc.tail:
+            err.print(f"  {escape(line)}", style="dim")
+        err.print(f"[red]error:[/red] {escape(exc.headline)}")
+        raise typer.Exit(1) from None
 
 
 def _ensure_database(server_url: str, name: str) -> str:
@@ -155,10 +179,12 @@ def standalone(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow
     """`airflow standalone` bound to 127.0.0.1 with servetune's DAGs and no example DAGs (Ctrl-C stops)."""
     server_url, cluster = _localdb().resolve_server()
     try:
-        setup = prepare(setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), (state_dir / "results").resolve()))
-        console.print("[bold]airflow standalone[/] on http://127.0.0.1:8080 (credentials in "
-                      f"{setup.home}/simple_auth_manager_passwords.json.generated)")
-        setup.airflow("standalone", check=False, quiet=False)
+        with _airflow_errors():
+            results = (state_dir / "results").resolve()
+            setup = prepare(setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), results))
+            console.print("[bold]airflow standalone[/] on http://127.0.0.1:8080 (credentials in "
+                          f"{setup.home}/simple_auth_manager_passwords.json.generated)")
+            setup.airflow("standalone", check=False, quiet=False)
     finally:
         if cluster:
             cluster.stop()
@@ -177,20 +203,21 @@ def demo(
     server_url, cluster = _localdb().resolve_server()
     run_dir = (state_dir / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     try:
-        console.print(f"[bold]servetune demo[/]: PostgreSQL at {_localdb().redact(server_url)}"
-                      + (" (private cluster, stopped at the end)" if cluster else ""))
-        setup = prepare(setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), run_dir / "results"))
-        console.print("running DAG [bold]servetune_weekly[/] with `airflow dags test` ...")
-        proc = setup.airflow("dags", "test", "servetune_weekly", check=False)
-        (run_dir / "airflow-dags-test.log").write_text(proc.stdout or "")
-        experiments = sorted((run_dir / "results").glob("*/experiment.json"))
-        if proc.returncode != 0 or not experiments:
-            tail = "\n".join((proc.stdout or "").splitlines()[-30:])
-            console.print(f"[red]the DAG run failed[/] (log: {run_dir / 'airflow-dags-test.log'})\n{tail}")
-            raise typer.Exit(1)
-        for exp_file in experiments:
-            _print_outcome(exp_file.parent, setup.warehouse_url)
-        console.print(f"done in {time.monotonic() - t_start:.0f} s; Airflow log: {run_dir / 'airflow-dags-test.log'}")
+        with _airflow_errors():
+            console.print(f"[bold]servetune demo[/]: PostgreSQL at {_localdb().redact(server_url)}"
+                          + (" (private cluster, stopped at the end)" if cluster else ""))
+            setup = prepare(setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), run_dir / "results"))
+            console.print("running DAG [bold]servetune_weekly[/] with `airflow dags test` ...")
+            proc = setup.airflow("dags", "test", "servetune_weekly", check=False)
+            (run_dir / "airflow-dags-test.log").write_text(proc.stdout or "")
+            experiments = sorted((run_dir / "results").glob("*/experiment.json"))
+            if proc.returncode != 0 or not experiments:
+                raise AirflowFailed(f"the DAG run failed (log: {run_dir / 'airflow-dags-test.log'})",
+                                    (proc.stdout or "").splitlines()[-30:])
+            for exp_file in experiments:
+                _print_outcome(exp_file.parent, setup.warehouse_url)
+            log = run_dir / "airflow-dags-test.log"
+            console.print(f"done in {time.monotonic() - t_start:.0f} s; Airflow log: {log}")
     finally:
         if cluster:
             cluster.stop()

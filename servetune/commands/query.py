@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from servetune.commands.db import BAD_INPUT, DatabaseUrl, warehouse_errors
@@ -35,7 +36,7 @@ def register(app: typer.Typer) -> None:
         """Run a named history query (e.g. ceiling_last_month --param model=llama-8b)."""
         from servetune.warehouse import queries
 
-        err = Console(stderr=True)
+        err = Console(stderr=True, soft_wrap=True, highlight=False)  # one unwrapped line per error
         if name is None:
             table = Table(title="queries (sql/queries/)")
             for col in ("name", "parameters", "what"):
@@ -46,13 +47,13 @@ def register(app: typer.Typer) -> None:
             Console().print(table)
             return
         if fmt not in {"table", "csv", "json"}:
-            err.print(f"[red]query:[/red] --format must be table, csv or json, not {fmt!r}")
+            err.print(f"[red]query:[/red] --format must be table, csv or json, not {escape(repr(fmt))}")
             raise typer.Exit(BAD_INPUT)
         given: dict[str, str] = {}
         for item in param or []:
             key, sep, value = item.partition("=")
             if not sep or not key:
-                err.print(f"[red]query:[/red] --param expects k=v, got {item!r}")
+                err.print(f"[red]query:[/red] --param expects k=v, got {escape(repr(item))}")
                 raise typer.Exit(BAD_INPUT)
             given[key.strip()] = value
         with warehouse_errors("query"):

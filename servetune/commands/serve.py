@@ -15,17 +15,42 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(stderr=True, soft_wrap=True)
+RUNNERS = ("local", "ssh", "kubernetes")
+#: an engine or runner field -> the option that sets it, so an error names what the user typed
+_OPTION_OF = {"url": "--url", "model": "--model", "model_profile": "--model", "python": "--python",
+              "version": "--sglang-version", "gpu_profile": "--gpu-profile", "ready_timeout_s": "--ready-timeout",
+              "user": "--ssh-user", "ssh_port": "--ssh-port", "identity_file": "--identity-file",
+              "known_hosts_file": "--known-hosts", "image": "--image", "namespace": "--namespace", "gpus": "--gpus"}
 
 
 def _gpus(text: str | None) -> list[int] | None:
+    from servetune.engines import FlagError
+
     if not text:
         return None
     try:
-        return [int(g) for g in text.split(",") if g.strip()]
+        gpus = [int(g) for g in text.split(",") if g.strip()]
     except ValueError:
-        raise typer.BadParameter(f"--gpus expects indices like 0,1; got {text!r}") from None
+        raise FlagError(f"--gpus: expected GPU indices like 0,1, got {text!r}") from None
+    if any(g < 0 for g in gpus):
+        raise FlagError(f"--gpus: GPU indices are >= 0, got {text!r}")
+    return gpus
+
+
+def _option_names(message: str) -> str:
+    """``url: Field required`` -> ``--url: Field required``: name the option, not the config field."""
+    parts = []
+    for part in message.split("; "):
+        field, sep, rest = part.partition(": ")
+        parts.append(f"{_OPTION_OF[field]}: {rest}" if sep and field in _OPTION_OF else part)
+    return "; ".join(parts)
+
+
+def _pydantic_line(exc) -> str:  # noqa: ANN001 - pydantic is imported lazily
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
 
 
 def serve(
@@ -34,7 +59,7 @@ def serve(
     sets: list[str] = typer.Option([], "--set", help="engine flag as key=value (repeatable), typed per version"),
     runner: str = typer.Option("local", "--runner", help="local | ssh | kubernetes"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the exact command; start nothing"),
-    port: int = typer.Option(None, "--port", help="port to serve on (default: a free one)"),
+    port: int = typer.Option(None, "--port", min=1, max=65535, help="port to serve on (default: a free one)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address the engine binds (local runner)"),
     gpus: str = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1 (CUDA_VISIBLE_DEVICES)"),
     python: str = typer.Option(None, "--python", help="interpreter with the engine installed (on the runner)"),
@@ -43,7 +68,7 @@ def serve(
     url: str = typer.Option(None, "--url", help="external: the endpoint's base URL"),
     ssh_host: str = typer.Option(None, "--ssh-host"),
     ssh_user: str = typer.Option(None, "--ssh-user"),
-    ssh_port: int = typer.Option(22, "--ssh-port"),
+    ssh_port: int = typer.Option(22, "--ssh-port", min=1, max=65535),
     identity_file: Path = typer.Option(None, "--identity-file"),
     known_hosts: Path = typer.Option(None, "--known-hosts"),
     image: str = typer.Option(None, "--image", help="kubernetes: engine image"),
@@ -56,6 +81,8 @@ def serve(
     from pydantic import ValidationError
 
     from servetune.engines import EngineFailure, FlagError, engine_from_cli
+    from servetune.engines.base import ENGINE_KINDS
+    from servetune.redact import redact_text
     from servetune.runners import KubernetesRunnerConfig, LocalRunnerConfig, Server, SSHRunnerConfig
     from servetune.runners.kubernetes import build_manifests, manifests_yaml
 
@@ -64,6 +91,10 @@ def serve(
     allowed = {"sglang": {"python", "version", "ready_timeout_s"}, "vllm": {"python", "ready_timeout_s"},
                "sim": {"python", "version", "gpu_profile", "ready_timeout_s"}, "external": {"url", "ready_timeout_s"}}
     try:
+        if engine not in ENGINE_KINDS:
+            raise FlagError(f"--engine: unknown engine {engine!r} (one of {', '.join(ENGINE_KINDS)})")
+        if runner not in RUNNERS:
+            raise FlagError(f"--runner: unknown runner {runner!r} (one of {', '.join(RUNNERS)})")
         if engine in allowed:
             stray = [k for k, v in fields.items() if v is not None and k not in allowed[engine]]
             if stray:
@@ -83,16 +114,15 @@ def serve(
         elif runner == "kubernetes":
             run_cfg = KubernetesRunnerConfig(**({"image": image} if image else {}), namespace=namespace,
                                              gpus=len(_gpus(gpus) or [0]), **common)
-        else:
-            raise FlagError(f"unknown runner {runner!r} (local | ssh | kubernetes)")
     except (FlagError, ValidationError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        text = _pydantic_line(exc) if isinstance(exc, ValidationError) else str(exc)
+        console.print(f"[red]error:[/red] {escape(redact_text(_option_names(text)))}", highlight=False)
         raise typer.Exit(2) from None
 
     if isinstance(run_cfg, KubernetesRunnerConfig):
         if not dry_run:
-            console.print("[red]error:[/red] the kubernetes runner prints manifests only: use --dry-run and "
-                          "kubectl apply -f (docs/engines.md)")
+            console.print("[red]error:[/red] --runner kubernetes prints manifests only: add --dry-run and "
+                          "kubectl apply -f them (docs/engines.md)", highlight=False)
             raise typer.Exit(2)
         typer.echo(manifests_yaml(build_manifests(cfg, run_cfg)), nl=False)
         return

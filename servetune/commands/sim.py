@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 sim_app = typer.Typer(
@@ -29,15 +31,23 @@ console = Console(stderr=True)
 )
 def serve(ctx: typer.Context) -> None:
     """Start the simulated server: SGLang's flags plus --model-profile/--gpu-profile (try --help)."""
-    from servetune.sim.args import SimArgsError, parse_argv
-    from servetune.sim.profiles import ProfileError
+    from servetune.sim.args import SimArgsError, build_parser, resolve
+    from servetune.sim.profiles import ProfileError, load_gpu_profile, load_model_profile
     from servetune.sim.server import run
 
+    parser = build_parser()
+    parser.error = _refuse  # type: ignore[method-assign] # argparse's usage block -> one line, same words
+    ns = parser.parse_args(list(ctx.args))  # bad flags exit 2 like SGLang
     try:
-        args = parse_argv(ctx.args)  # argparse: bad flags exit 2 like SGLang
+        for flag, load, name in (("--model-profile", load_model_profile, ns.model_profile),
+                                 ("--gpu-profile", load_gpu_profile, ns.gpu_profile)):
+            try:
+                load(name)
+            except ProfileError as exc:
+                raise ProfileError(f"{flag}: {exc}") from None
+        args = resolve(ns)
     except (SimArgsError, ProfileError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+        _refuse(str(exc), usage=False)
     level = getattr(logging, args.log_level.upper(), logging.INFO)
     logging.basicConfig(level=level, format="[%(asctime)s] %(message)s", stream=sys.stderr, force=True)
     run(args)
@@ -66,6 +76,13 @@ def profiles() -> None:
     out = Console()
     out.print(gt)
     out.print(mt)
+
+
+def _refuse(message: str, usage: bool = True) -> NoReturn:
+    """argparse's error: SGLang's wording and exit code 2 (servetune.engines.failures reads it), on one line."""
+    hint = " (see: servetune sim serve --help)" if usage else ""
+    console.print(f"[red]error:[/red] {escape(' '.join(message.split()))}{hint}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
 
 
 def register(app: typer.Typer) -> None:
