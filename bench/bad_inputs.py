@@ -308,15 +308,7 @@ def _cases() -> list[Case]:
     ]
 
 
-KNOWN = {  # cases that fail in files outside this work's ownership: the owner, and what to change (docs/reliability.md)
-    "validate_waive_unknown": "servetune/validation/checklist.py: the message does not name --waive",
-    "load_waive_unknown": "servetune/commands/load.py: the waive ValueError escapes (exit 1), not named --waive",
-    "db_url_malformed": "servetune/warehouse/db.py: resolve_url lets make_url's ArgumentError escape",
-    "db_url_bad_port": "servetune/warehouse/db.py: resolve_url lets the port's ValueError escape",
-    "db_url_not_postgres": "servetune/warehouse/db.py: a non-PostgreSQL driver is not refused by name",
-    "db_downgrade_base_no_yes": "servetune/commands/db.py: printed without soft_wrap (cut at 80 columns)",
-    "db_unknown_revision": "servetune/warehouse/migrate.py: alembic's CommandError escapes (exit 1)",
-}
+KNOWN: dict[str, str] = {}  # cases that still fail, with the owner and what to change (none now)
 CASES: list[Case] = [replace(c, known=KNOWN.get(c.name)) for c in _cases()]
 
 

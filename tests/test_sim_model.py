@@ -253,3 +253,5 @@ def test_schedule_conservativeness_zero_is_accepted_like_sglang() -> None:
     assert zero.init_new_token_ratio == 0 and zero.min_new_token_ratio == 0
     with pytest.raises(SimArgsError, match="must be non-negative"):
         parse_argv(["--schedule-conservativeness", "-0.5"])
+    with pytest.raises(SimArgsError, match="--tp-size must be >= 1, got 0"):  # not read as "the profile's"
+        parse_argv(["--tp-size", "0"])

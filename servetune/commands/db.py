@@ -29,8 +29,10 @@ DatabaseUrl = Annotated[str | None, typer.Option(
 def warehouse_errors(command: str) -> Iterator[None]:
     """Known failures -> one red line on stderr and exit 2; the URL is shown redacted only. A warehouse
     that is down, frozen or past a timeout says where and which bound (servetune.warehouse.db)."""
+    from alembic.util import CommandError
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
+    from servetune.warehouse import migrate
     from servetune.warehouse.db import WarehouseConfigError, WarehouseUnavailable
     from servetune.warehouse.loader import LoadError
     from servetune.warehouse.queries import QueryError
@@ -40,6 +42,10 @@ def warehouse_errors(command: str) -> Iterator[None]:
         yield
     except (WarehouseConfigError, WarehouseUnavailable, LoadError, QueryError) as exc:
         err.print(f"[red]{command}:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(BAD_INPUT) from None
+    except CommandError as exc:  # Alembic: an unknown revision, a bad target
+        err.print(f"[red]{command}:[/red] {escape(str(exc).splitlines()[0])} (servetune's newest revision is "
+                  f"{migrate.head()}; `servetune db current` shows the warehouse's)", soft_wrap=True)
         raise typer.Exit(BAD_INPUT) from None
     except (OperationalError, ProgrammingError) as exc:
         first = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc).splitlines()[0]
@@ -75,7 +81,7 @@ def register(app: typer.Typer) -> None:
 
         if revision == "base" and not yes:
             Console(stderr=True).print("[red]db downgrade:[/red] downgrading to base drops every table "
-                                       "and its data; add --yes to confirm")
+                                       "and its data; add --yes to confirm", soft_wrap=True)
             raise typer.Exit(BAD_INPUT)
         with warehouse_errors("db downgrade"):
             migrate.downgrade(database_url, revision)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from servetune.commands.db import DatabaseUrl, warehouse_errors
+from servetune.commands.db import BAD_INPUT, DatabaseUrl, warehouse_errors
 from servetune.redact import redact_text
 
 
@@ -29,8 +29,14 @@ def register(app: typer.Typer) -> None:
             "--waive", help="checklist item to waive (gpu_memory_curve, clean_gpu), e.g. for a CPU engine")] = None,
     ) -> None:
         """Store every trial of RESULT: one transaction each; reloading the same trial changes nothing."""
+        from servetune.validation.checklist import check_waivable
         from servetune.warehouse.loader import load_result
 
+        try:
+            check_waivable(waive or ())  # before the warehouse is touched
+        except ValueError as exc:
+            Console(stderr=True).print(f"[red]load:[/red] {escape(str(exc))}", soft_wrap=True)
+            raise typer.Exit(BAD_INPUT) from None
         with warehouse_errors("load"):
             report = load_result(database_url, result, validate=validate, replace=replace,
                                  min_measured=min_measured, waive=tuple(waive or ()))

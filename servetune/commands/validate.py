@@ -36,12 +36,13 @@ def register(app: typer.Typer) -> None:
         from servetune.result import TrialResult
         from servetune.result_check import ResultError
         from servetune.validation import validate as run_checklist
-        from servetune.validation.checklist import trial_rules
+        from servetune.validation.checklist import check_waivable, trial_rules
 
         err = Console(stderr=True)
         try:
+            check_waivable(waive or ())  # before any file is read
             trial = TrialResult.read(result)  # the check `servetune load` runs too: the same line for a bad file
-        except ResultError as exc:
+        except (ResultError, ValueError) as exc:
             err.print(f"[red]validate:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(BAD_INPUT) from None
         try:

@@ -154,7 +154,9 @@ def resolve(ns: argparse.Namespace | Mapping[str, Any]) -> SimArgs:
     a = dict(vars(ns)) if isinstance(ns, argparse.Namespace) else dict(ns)
     model = load_model_profile(a["model_profile"])
     gpu = load_gpu_profile(a["gpu_profile"])
-    tp = a.get("tp_size") or model.tp_size
+    tp = model.tp_size if a.get("tp_size") is None else int(a["tp_size"])
+    if tp < 1:  # SGLang divides by it; 0 is no "default"
+        raise SimArgsError(f"--tp-size must be >= 1, got {tp}")
     if tp <= 0:
         raise SimArgsError(f"--tp-size must be positive, got {tp}")
     gpu_mib = gpu.memory_mib

@@ -24,6 +24,14 @@ EXPECTATIONS_DIR = Path(__file__).with_name("expectations")
 SUITES = ("trial_summary", "trial_requests", "trial_gpu")
 #: checklist items a plan may waive (e.g. a CPU-only engine has no GPU memory curve)
 WAIVABLE = frozenset({"gpu_memory_curve", "clean_gpu"})
+
+
+def check_waivable(waive: tuple[str, ...] | list[str]) -> None:
+    """Refuse an item the checklist cannot waive, naming it and the ones it can (``--waive``, ``validation.waive``)."""
+    unknown = sorted(set(waive) - WAIVABLE)
+    if unknown:
+        raise ValueError(f"--waive {', '.join(unknown)}: not a checklist item that can be waived "
+                         f"({', '.join(sorted(WAIVABLE))})")
 #: a GPU state the suites accept: measured by NVML, or synthesized by the simulator
 GPU_STATES_WITH_CURVE = ("ok", "simulated")
 
@@ -216,9 +224,7 @@ def validate(result: TrialResult, *, min_measured: int = 200, expected_interval_
              data_docs_dir: str | Path | None = None, rules: ValidityRules | None = None) -> ValidationReport:
     """Check one trial against the report checklist; ``waive`` drops checklist items a plan waived;
     ``rules`` (default: those the trial was measured under) bound the steady-window checks."""
-    unknown = set(waive) - WAIVABLE
-    if unknown:
-        raise ValueError(f"cannot waive {sorted(unknown)}: only {sorted(WAIVABLE)} may be waived")
+    check_waivable(waive)
     params = parameters(result, min_measured=min_measured, expected_interval_ms=expected_interval_ms,
                         max_error_rate=max_error_rate, rules=rules)
     report = run_suites(build_frames(result), params, waive=frozenset(waive),

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from servetune.localdb import libpq_dsn
 from servetune.result import TrialResult, TrialSummary
 from servetune.validation.checklist import (
-    WAIVABLE,
+    check_waivable,
     ValidationReport,
     gx_context,
     parameters,
@@ -90,9 +90,7 @@ def validate_stored(trial_id: str, *, database_url: str | None = None, min_measu
                     waive: tuple[str, ...] | list[str] = (), data_docs_dir: str | Path | None = None,
                     ) -> ValidationReport:
     """Check a loaded trial against the checklist, reading its rows through GX's Postgres datasource."""
-    unknown = set(waive) - WAIVABLE
-    if unknown:
-        raise ValueError(f"cannot waive {sorted(unknown)}: only {sorted(WAIVABLE)} may be waived")
+    check_waivable(waive)
     url = db.resolve_url(database_url)
     params = parameters(_stored_context(url, trial_id), min_measured=min_measured,
                         expected_interval_ms=expected_interval_ms, max_error_rate=max_error_rate)

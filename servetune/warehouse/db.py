@@ -22,7 +22,7 @@ import orjson
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import ArgumentError, OperationalError
 
 from servetune.localdb import redact
 
@@ -127,7 +127,17 @@ def resolve_url(explicit: str | None = None) -> str:
     """The warehouse URL: an explicit one, ``SERVETUNE_DATABASE_URL``, else the Airflow connection."""
     raw = explicit or os.environ.get(URL_ENV)
     if raw:
-        url = make_url(quote_password(raw))
+        where = "--database-url" if explicit else URL_ENV
+        try:
+            url = make_url(quote_password(raw))
+            url.port  # noqa: B018 - a port that is not a number fails here, not at connect
+        except (ArgumentError, ValueError) as exc:
+            why = "its port is not a number" if "int()" in str(exc) else "not a database URL"
+            raise WarehouseConfigError(f"{where}: {redact(raw)!r}: {why} "
+                                       "(e.g. postgresql+psycopg://user@host:5432/db)") from None
+        if url.drivername.split("+")[0] not in {"postgres", "postgresql"}:
+            raise WarehouseConfigError(f"{where}: {url.drivername}:// is not PostgreSQL: the warehouse needs "
+                                       "postgresql+psycopg://user@host:5432/db")
         if url.drivername in {"postgres", "postgresql"}:
             url = url.set(drivername="postgresql+psycopg")
         return url.render_as_string(hide_password=False)
