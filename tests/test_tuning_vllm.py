@@ -76,7 +76,12 @@ def test_vllm_cpu_campaign_tunes_max_num_seqs_and_batched_tokens(vllm_cpu_env: V
     # the walk: max-num-batched-tokens first, then max-num-seqs = the level (skipped when it already is)
     level = decision.ceiling.level
     assert refine[0].server_config == {**base, "max-num-batched-tokens": 1024}
-    assert all(t.load["concurrency"] == level for t in refine)
+    # at the ceiling; a tie there is also tried one ramp level up (max-num-seqs 2 often makes 4 a plateau)
+    tied_up = [t for t in refine if t.load["concurrency"] != level]
+    if tied_up:
+        assert {t.load["concurrency"] for t in tied_up} == {4} and level == 2
+        assert any("a tie within the noise at concurrency 2" in line for line in decision.recommendation.explanation)
+    refine = [t for t in refine if t not in tied_up]
     seqs_tried = {t.server_config["max-num-seqs"] for t in refine}
     assert seqs_tried == ({2, level} if level != 2 else {2})
 
