@@ -18,6 +18,14 @@ PY=/opt/torch/.venv/bin/python3
 ST=/tmp/st
 DEADLINE=${DEADLINE:-560}
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+# the plan's engine with SGLang's default flags on PORT, logs in DIR, until ready; its pid in $spid
+serve_default() {
+  "$PY" -m servetune serve --engine sglang --model /tmp/m8b --python "$PY" --port "$1" \
+      --set attention-backend=triton --set sampling-backend=pytorch --set mem-fraction-static=0.8 \
+      --set cuda-graph-max-bs=160 --log-dir "$2" > "$2/serve.out" 2>&1 &
+  spid=$!
+  for _ in $(seq 200); do grep -q "^ready:" "$2/serve.out" && break; sleep 1; done
+}
 LOG="$OUT/call-$(date +%H%M%S).log"
 {
   if [ ! -d "$ST" ]; then   # a cold machine: the last archive if carried, else the campaigns kept in tests/data
@@ -55,11 +63,7 @@ LOG="$OUT/call-$(date +%H%M%S).log"
         rc=${PIPESTATUS[0]} ;;
       openloop)
         mkdir -p "$ST/openloop"
-        "$PY" -m servetune serve --engine sglang --model /tmp/m8b --python "$PY" --port 30777 \
-            --set attention-backend=triton --set sampling-backend=pytorch --set mem-fraction-static=0.8 \
-            --set cuda-graph-max-bs=160 --log-dir "$ST/openloop" > "$ST/openloop/serve.out" 2>&1 &
-        spid=$!
-        for _ in $(seq 200); do grep -q "^ready:" "$ST/openloop/serve.out" && break; sleep 1; done
+        serve_default 30777 "$ST/openloop"
         rc=0
         for rate in ${RATES:-6 12 18 24 30}; do
           [ "$(left)" -lt 45 ] && { rc=75; break; }
@@ -73,11 +77,7 @@ LOG="$OUT/call-$(date +%H%M%S).log"
         kill -INT "$spid"; wait "$spid" ;;
       benchserving)   # servetune bench and sglang.bench_serving on one server, the same workload shape
         mkdir -p "$ST/benchserving"; B="$ST/benchserving"
-        "$PY" -m servetune serve --engine sglang --model /tmp/m8b --python "$PY" --port 30778 \
-            --set attention-backend=triton --set sampling-backend=pytorch --set mem-fraction-static=0.8 \
-            --set cuda-graph-max-bs=160 --log-dir "$B" > "$B/serve.out" 2>&1 &
-        spid=$!
-        for _ in $(seq 200); do grep -q "^ready:" "$B/serve.out" && break; sleep 1; done
+        serve_default 30778 "$B"
         rc=0
         st_run() { "$PY" -m servetune bench --url http://127.0.0.1:30778 --concurrency "$1" --requests "$2" \
             --warmup 16 --workload plans/workloads/bench-serving-gsp.yaml --endpoint chat \
