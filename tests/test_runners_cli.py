@@ -36,6 +36,18 @@ def test_dry_run_rejects_a_removed_flag_naming_it_and_the_version():
     assert "unknown flag --cuda-graph-max-bs for sglang 0.5.23 (removed in 0.5.20" in r.output
 
 
+def test_no_version_named_types_the_flags_for_the_sglang_that_python_imports(tmp_path, monkeypatch):
+    """A local install of 0.5.17 (its package metadata on the path): its flag set, not the newest's."""
+    info = tmp_path / "sglang-0.5.17.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.17\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    r = cli.invoke(app, ["serve", "--engine", "sglang", "--model", "/m", "--python", sys.executable,
+                         "--set", "cuda-graph-max-bs=8", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert shlex.split(r.stdout)[-2:] == ["--cuda-graph-max-bs", "8"]
+
+
 def test_dry_run_does_not_check_paths_on_the_runner():
     r = cli.invoke(app, ["serve", "--engine", "vllm", "--model", "/no/such/model", "--set", "max-num-seqs=8",
                          "--dry-run", "--port", "8001"])

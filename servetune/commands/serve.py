@@ -63,7 +63,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="address the engine binds (local runner)"),
     gpus: str = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1 (CUDA_VISIBLE_DEVICES)"),
     python: str = typer.Option(None, "--python", help="interpreter with the engine installed (on the runner)"),
-    version: str = typer.Option(None, "--sglang-version", help="SGLang version the flags are written for (default: the runner's own)"),
+    version: str = typer.Option(None, "--sglang-version", help="SGLang version the flags are written for (default: the one --python imports on the local runner, else the newest catalogued)"),
     gpu_profile: str = typer.Option(None, "--gpu-profile", help="sim: GPU profile"),
     url: str = typer.Option(None, "--url", help="external: the endpoint's base URL"),
     ssh_host: str = typer.Option(None, "--ssh-host"),
@@ -102,6 +102,9 @@ def serve(
             if engine in ("sglang", "vllm") and not model:
                 raise FlagError(f"--engine {engine} needs --model PATH")
             fields = {k: v for k, v in fields.items() if k in allowed[engine]}
+        if engine == "sglang" and runner == "local" and version is None:
+            from servetune.engines.sglang import installed_version
+            fields["version"] = installed_version(python or "python3")  # the runner's own (None: the newest)
         cfg = engine_from_cli(engine, model=model, sets=sets, **fields)
         common = {"check_clean": not no_preflight}
         if runner == "local":

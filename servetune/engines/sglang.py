@@ -150,3 +150,16 @@ def check_with_installed_parser(cfg: SGLangConfig, *, host: str = "127.0.0.1", p
     except FileNotFoundError as exc:
         return ParserVerdict(checked=False, ok=False, version=None, error=None, note=f"no interpreter: {exc}")
     return interpret_parser_check(proc.returncode, proc.stdout, proc.stderr, cfg.version)
+
+
+def installed_version(python: str, timeout_s: float = 60.0) -> str | None:
+    """The SGLang version ``python`` imports, or None: lets ``serve`` type its flags for the local install
+    before the parser check (no version named: the runner's own, not the newest catalogued)."""
+    code = "from importlib.metadata import version; print(version('sglang'))"
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = proc.stdout.strip()
+    return out if proc.returncode == 0 and out else None
