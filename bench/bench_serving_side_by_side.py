@@ -14,6 +14,7 @@ bench_serving's own timestamps, so a gap left after that is measurement, not def
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def read_bench_serving(path: Path) -> dict:
     lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
     if not lines:
         raise SystemExit(f"{path}: no bench_serving result line")
-    return orjson.loads(lines[-1])
+    return json.loads(lines[-1])  # not orjson: bench_serving writes request_rate inf as a bare Infinity
 
 
 def per_token_itl(bs: dict) -> list[float] | None:

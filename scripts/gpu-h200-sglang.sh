@@ -18,14 +18,25 @@ PY=/opt/torch/.venv/bin/python3
 ST=/tmp/st
 DEADLINE=${DEADLINE:-560}
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
-# the plan's engine with SGLang's default flags on PORT, logs in DIR, until ready; its pid in $spid
+# one server with the plan's engine and SGLang's default flags, shared by the openloop and benchserving
+# steps (port 30777, logs in $ST/server), started on first use; its pid in $spid
+SRV=http://127.0.0.1:30777; spid=
 serve_default() {
-  "$PY" -m servetune serve --engine sglang --model /tmp/m8b --python "$PY" --port "$1" \
+  [ -n "$spid" ] && kill -0 "$spid" 2>/dev/null && return 0
+  mkdir -p "$ST/server"
+  "$PY" -m servetune serve --engine sglang --sglang-version 0.5.17 --model /tmp/m8b --python "$PY" --port 30777 \
       --set attention-backend=triton --set sampling-backend=pytorch --set mem-fraction-static=0.8 \
-      --set cuda-graph-max-bs=160 --log-dir "$2" > "$2/serve.out" 2>&1 &
+      --set cuda-graph-max-bs=160 --log-dir "$ST/server" > "$ST/server/serve.out" 2>&1 &
   spid=$!
-  for _ in $(seq 200); do grep -q "^ready:" "$2/serve.out" && break; sleep 1; done
+  for _ in $(seq 200); do
+    grep -q "^ready:" "$ST/server/serve.out" && return 0
+    kill -0 "$spid" 2>/dev/null || { tail -5 "$ST/server/serve.out"; return 1; }
+    sleep 1
+  done
+  return 1
 }
+# a command bounded by the time left before DEADLINE (SIGINT, so a bench keeps its partial result)
+bounded() { timeout -s INT "$(( $(left) - 10 ))" "$@"; }
 LOG="$OUT/call-$(date +%H%M%S).log"
 {
   if [ ! -d "$ST" ]; then   # a cold machine: the last archive if carried, else the campaigns kept in tests/data
@@ -63,33 +74,31 @@ LOG="$OUT/call-$(date +%H%M%S).log"
         rc=${PIPESTATUS[0]} ;;
       openloop)
         mkdir -p "$ST/openloop"
-        serve_default 30777 "$ST/openloop"
+        serve_default || { echo "the server did not start"; rc=1; continue; }
         rc=0
         for rate in ${RATES:-6 12 18 24 30}; do
           [ "$(left)" -lt 45 ] && { rc=75; break; }
           [ -f "$ST/openloop/r$rate.json" ] && continue
-          "$PY" -m servetune bench --url http://127.0.0.1:30777 --rate "$rate" --concurrency 512 \
+          bounded "$PY" -m servetune bench --url "$SRV" --rate "$rate" --concurrency 512 \
               --requests $(( rate * 30 )) --warmup 16 --workload plans/workloads/gpu-chat-shared-prefix.yaml \
               --endpoint chat --sla p99_ttft_ms=1500 --sla p99_tpot_ms=25 --min-window-s 10 --min-completions 100 \
-              --server-log "$(ls -t "$ST"/openloop/sglang-*.log | head -1)" --out "$ST/openloop/r$rate.json" \
+              --server-log "$(ls -t "$ST"/server/sglang-*.log | head -1)" --out "$ST/openloop/r$rate.json" \
               2>&1 | tail -4 || rc=1
-        done
-        kill -INT "$spid"; wait "$spid" ;;
+        done ;;
       benchserving)   # servetune bench and sglang.bench_serving on one server, the same workload shape
         mkdir -p "$ST/benchserving"; B="$ST/benchserving"
-        serve_default 30778 "$B"
+        serve_default || { echo "the server did not start"; rc=1; continue; }
         rc=0
-        st_run() { "$PY" -m servetune bench --url http://127.0.0.1:30778 --concurrency "$1" --requests "$2" \
+        st_run() { bounded "$PY" -m servetune bench --url "$SRV" --concurrency "$1" --requests "$2" \
             --warmup 16 --workload plans/workloads/bench-serving-gsp.yaml --endpoint chat \
             --min-window-s 10 --min-completions 100 --out "$B/servetune-c$1.json" 2>&1 | tail -3; }
-        bs_run() { env PYTHONPATH="$PYTHONPATH:$PWD/scripts/offline-shims" "$PY" -m sglang.bench_serving \
-            --backend sglang-oai-chat --host 127.0.0.1 --port 30778 --model /tmp/m8b --tokenizer /tmp/m8b \
+        bs_run() { bounded env PYTHONPATH="$PYTHONPATH:$PWD/scripts/offline-shims" "$PY" -m sglang.bench_serving \
+            --backend sglang-oai-chat --host 127.0.0.1 --port 30777 --model /tmp/m8b --tokenizer /tmp/m8b \
             --dataset-name generated-shared-prefix --gsp-num-groups 4 --gsp-prompts-per-group $(( $2 / 4 )) \
             --gsp-system-prompt-len 256 --gsp-question-len 512 --gsp-output-len 128 --num-prompts "$2" \
             --max-concurrency "$1" --request-rate inf --warmup-requests 16 --flush-cache --seed 1 \
             --output-file "$B/bench-serving-c$1.jsonl" --output-details --disable-tqdm 2>&1 | tail -25; }
         st_run 16 400 && bs_run 16 400 && bs_run 64 800 && st_run 64 800 || rc=1
-        kill -INT "$spid"; wait "$spid"
         "$PY" bench/bench_serving_side_by_side.py --pair 16 "$B/servetune-c16.json" "$B/bench-serving-c16.jsonl" \
             --pair 64 "$B/servetune-c64.json" "$B/bench-serving-c64.jsonl" | tee "$B/side-by-side.md" ;;
       *) echo "unknown step $step"; rc=2 ;;
@@ -98,6 +107,7 @@ LOG="$OUT/call-$(date +%H%M%S).log"
     [ "$rc" = 0 ] && mkdir -p "$ST/done" && touch "$ST/done/$step"
     [ "$rc" = 75 ] && break   # paused at the deadline: the next call goes on
   done
+  [ -n "$spid" ] && { kill -TERM "$spid"; wait "$spid"; }   # a background job ignores SIGINT
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 } > "$LOG" 2>&1
 tail -50 "$LOG"

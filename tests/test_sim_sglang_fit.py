@@ -136,9 +136,9 @@ def test_held_out_step_times_are_priced_closely(rows_b) -> None:
 def test_held_out_trials_replay_within_the_target() -> None:
     """Six tune-c trials (every level, each refinement flag) replayed with their flags in virtual time:
     median |error| <= 10% on output tok/s and TPOT p50 with H200-sglang, and better than H200 on TPOT
-    and TTFT (docs/sim.md has all 27 held-out trials)."""
+    and TTFT (docs/sim.md has all 32 held-out trials)."""
     trials, invalid = svs.real_trials(["tune-c"])
-    assert invalid == {"tune-c": 3} and len(trials) == 12
+    assert invalid == {"tune-c": 3} and len(trials) == 14
     pick = {"57e1171d", "a39eed09", "df757cc1", "15eb36f4", "7b57ed0d", "af448dfd", "802c1794"}
     subset = [t for t in trials if t["source"].split()[1] in pick]
     assert {t["level"] for t in subset} == {8, 32, 64, 128}
@@ -149,3 +149,17 @@ def test_held_out_trials_replay_within_the_target() -> None:
     fit, unfit = med["H200-sglang"], med["H200"]
     assert fit["output tok/s"] <= 0.10 and fit["TPOT p50 ms"] <= 0.10, med
     assert fit["TPOT p50 ms"] < unfit["TPOT p50 ms"] and fit["TTFT p50 ms"] < unfit["TTFT p50 ms"], med
+
+
+def test_open_loop_trials_replay_under_their_own_arrivals() -> None:
+    """The three real open-loop trials (Poisson 8/16/24 req/s) replayed in virtual time with their own
+    load (rate mode, seed, cap): the simulator keeps the offered rate and TPOT p50 within 10%; its TTFT
+    p50 is short by SGLang's front-end latency, which it does not model (docs/sim.md)."""
+    trials, invalid = svs.real_trials(["openloop"])
+    assert invalid == {"openloop": 0} and sorted(t["load"]["rate"] for t in trials) == [8.0, 16.0, 24.0]
+    assert all(t["load"]["mode"] == "rate" and t["load"]["arrival"] == "poisson" for t in trials)
+    rows = svs.compare(trials, ["H200-sglang"], "llama-8b-v32k")
+    for r in rows:
+        err = r["err"]["H200-sglang"]
+        assert abs(err["output tok/s"]) < 0.02 and abs(err["TPOT p50 ms"]) < 0.10, err
+        assert -0.6 < err["TTFT p50 ms"] < -0.2, err  # the unmodelled front end: 15-24 ms of 35-52
