@@ -58,6 +58,20 @@ def _spans(name: str) -> dict[str, float]:
     return {t["trial_id"]: t["load"]["drain_end_s"] for t in load_trials([where]) if t.get("load", {}).get("drain_end_s")}
 
 
+def _resummarized(trial: dict) -> dict:
+    """An open-loop trial's figures under today's definitions (its set: the window's arrivals), from its
+    records; the stored summary came from an older set (what completed in the window), and the kept
+    records have no per-chunk arrays, so validity stays the stored one."""
+    from servetune.metrics import summarize
+    from servetune.result import TrialResult
+    from servetune.validity import ValidityRules
+
+    t = TrialResult.from_dict(trial)
+    s = summarize(t.records, load=t.load, rules=ValidityRules(**t.summary.validity_rules), sla=None, gpu=None,
+                  server=None, lengths_exact=True).model_dump()
+    return {**s, "valid": trial["summary"]["valid"]}
+
+
 def real_trials(sets: Sequence[str] = HELD_OUT) -> tuple[list[dict], dict[str, int]]:
     """(the kept trials with a VALID summary, INVALID ones left out per set); correctness checks are INVALID.
 
@@ -72,7 +86,7 @@ def real_trials(sets: Sequence[str] = HELD_OUT) -> tuple[list[dict], dict[str, i
                 load = {k: v for k, v in t["load"].items() if not k.endswith("_s") and k != "requests"}
                 rows.append({"source": f"openloop {load['rate']:g} req/s", "level": load["concurrency"],
                              "requests": t["load"]["requests"], "warmup": load["warmup_requests"], "seed_offset": None,
-                             "seed": t["workload"]["spec"]["seed"], "flags": {}, "summary": t["summary"],
+                             "seed": t["workload"]["spec"]["seed"], "flags": {}, "summary": _resummarized(t),
                              "span": t["load"].get("drain_end_s"), "load": load,
                              "spec": t["workload"]["spec"]})
         elif name == "study":

@@ -99,9 +99,16 @@ def summarize(
         if span:
             ws, we = span
         source = "no_steady_window"
-    # half-open (start, end]: the completion that opens a closed loop's window belongs to the turnover
-    in_set = [r for r in measured
-              if ws is not None and we is not None and (e := _end_s(r)) is not None and ws < e <= we]
+    if steady.exists and steady.kind == "open_loop":
+        # an open loop's set is what arrived in the window, each counted whenever it ends: counting what
+        # completed in it would leave out the last E2E's arrivals (rate x E2E / window short, -10% at a
+        # 5 s E2E over 50 s), and an overloaded server's late answers belong to its verdict
+        in_set = [r for r in measured
+                  if ws is not None and we is not None and _end_s(r) is not None and ws <= r.t_send_s <= we]
+    else:
+        # half-open (start, end]: the completion that opens a closed loop's window belongs to the turnover
+        in_set = [r for r in measured
+                  if ws is not None and we is not None and (e := _end_s(r)) is not None and ws < e <= we]
     ok = [r for r in in_set if r.ok]
     s.completions_in_window = len(in_set)
 
@@ -252,7 +259,7 @@ def _validity(s: TrialSummary, records: Sequence[RequestRecord], steady: SteadyW
     s.in_flight_min_fraction = (a.in_flight_min / a.in_flight_target
                                 if a.in_flight_min is not None and a.in_flight_target else None)
     s.dispatch_fraction, s.scheduled_rate = a.dispatch_fraction, a.scheduled_rate
-    s.completion_fraction, s.sustained = a.completion_fraction, a.sustained
+    s.completion_fraction, s.sustained, s.in_flight_growth = a.completion_fraction, a.sustained, a.in_flight_growth
     s.throughput_mismatch = a.throughput_mismatch
 
 

@@ -32,10 +32,40 @@ class CorrectnessStage(_Strict):
     requests: int = Field(default=2, ge=1, le=64)
 
 
+class LoadSection(_Strict):
+    """How every tuning trial offers its load. ``concurrency``: a closed loop, the ramp's levels are
+    streams. ``rate``: an open loop, the levels are requests/s arriving by ``arrival`` (gamma with
+    shape ``burstiness``: < 1 burstier than Poisson, > 1 smoother), at most ``max_in_flight`` at once."""
+
+    mode: Literal["concurrency", "rate"] = "concurrency"
+    arrival: Literal["poisson", "gamma", "constant", "trace"] = "poisson"
+    burstiness: float = Field(default=1.0, gt=0, description="gamma shape (arrival: gamma): < 1 burstier")
+    max_in_flight: int = Field(default=1024, ge=1, description="rate mode: the client's cap on requests in flight")
+
+    @field_validator("arrival")
+    @classmethod
+    def _no_trace_yet(cls, v: str) -> str:
+        if v == "trace":
+            raise ValueError("trace arrivals need a timed trace, which servetune cannot replay yet:"
+                             " use poisson, gamma or constant")
+        return v
+
+    @model_validator(mode="after")
+    def _burstiness_for_gamma(self) -> LoadSection:
+        if self.burstiness != 1.0 and self.arrival != "gamma":
+            raise ValueError(f"burstiness applies to arrival: gamma, not {self.arrival}")
+        return self
+
+
+Level = int | float  # streams (concurrency mode) or requests/s (rate mode)
+
+
 class BaselineStage(_Strict):
     """Step 2: a low-concurrency run whose figures are the reference for everything after."""
 
     concurrency: int = Field(default=8, ge=1)
+    rate: float | None = Field(default=None, gt=0,
+                               description="rate mode: the baseline's requests/s (default: half the first ramp level)")
     requests: int = Field(default=200, ge=1, description="measured requests after warm-up: a floor (servetune.tuning.sizing)")
     warmup: int = Field(default=16, ge=0)
     duration_s: float | None = Field(default=None, gt=0, description="steady window to aim for (>= validation.min_window_s)")
@@ -44,7 +74,8 @@ class BaselineStage(_Strict):
 class RampStage(_Strict):
     """Steps 3-4: raise concurrency level by level until the SLA, memory or errors break, or gains stall."""
 
-    levels: list[int] = Field(default_factory=lambda: [16, 32, 48, 64, 96, 128], min_length=1)
+    levels: list[int | float] = Field(default_factory=lambda: [16, 32, 48, 64, 96, 128], min_length=1,
+                                      description="streams (load.mode concurrency) or requests/s (rate)")
     requests: int = Field(default=200, ge=1, description="measured requests per level after warm-up: a floor")
     warmup: int = Field(default=16, ge=0)
     duration_s: float | None = Field(default=None, gt=0, description="steady window to aim for (>= validation.min_window_s)")
@@ -54,9 +85,9 @@ class RampStage(_Strict):
 
     @field_validator("levels")
     @classmethod
-    def _increasing(cls, v: list[int]) -> list[int]:
+    def _increasing(cls, v: list[int | float]) -> list[int | float]:
         if any(x <= 0 for x in v):
-            raise ValueError("concurrency levels must be positive")
+            raise ValueError("levels must be positive")
         if any(b <= a for a, b in zip(v, v[1:], strict=False)):
             raise ValueError(f"levels must be strictly increasing, got {v}")
         return v
@@ -111,15 +142,6 @@ class Stages(_Strict):
     baseline: BaselineStage = Field(default_factory=BaselineStage)
     ramp: RampStage = Field(default_factory=RampStage)
     refine: RefineStage = Field(default_factory=RefineStage)
-
-    @model_validator(mode="after")
-    def _ramp_above_baseline(self) -> Stages:
-        if self.ramp.levels[0] <= self.baseline.concurrency:
-            raise ValueError(
-                f"ramp.levels must start above baseline.concurrency ({self.baseline.concurrency}),"
-                f" got {self.ramp.levels[0]}"
-            )
-        return self
 
 
 class Budget(_Strict):
@@ -177,6 +199,7 @@ class TuningPlan(_Strict):
     runner: RunnerConfig = Field(default_factory=lambda: LocalRunnerConfig(), description="servetune.runners")
     endpoint: Literal["chat", "completions", "generate"] = "chat"
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    load: LoadSection | None = Field(default=None, description="closed-loop streams (default) or open-loop rates")
     sla: SLA
     stages: Stages = Field(default_factory=Stages)
     budget: Budget = Field(default_factory=Budget)
@@ -208,6 +231,54 @@ class TuningPlan(_Strict):
         if v.p99_ttft_ms is None and v.p99_tpot_ms is None and v.p99_e2e_ms is None:
             raise ValueError("set at least one of p99_ttft_ms, p99_tpot_ms, p99_e2e_ms")
         return v
+
+    @model_validator(mode="after")
+    def _levels_fit_the_mode(self) -> TuningPlan:
+        levels = self.stages.ramp.levels
+        if self.rate_mode:
+            if levels[0] <= self.baseline_level:
+                raise ValueError(f"stages: ramp.levels must start above baseline.rate"
+                                 f" ({self.baseline_level:g} req/s), got {levels[0]:g}")
+            return self
+        if self.stages.baseline.rate is not None:
+            raise ValueError("stages.baseline.rate: only for load.mode rate (the baseline here is"
+                             " stages.baseline.concurrency)")
+        if levels[0] <= self.stages.baseline.concurrency:
+            raise ValueError(f"stages: ramp.levels must start above baseline.concurrency"
+                             f" ({self.stages.baseline.concurrency}), got {levels[0]}")
+        if any(float(x) != int(x) for x in levels):
+            raise ValueError(f"stages.ramp.levels: streams must be whole numbers in concurrency mode, got {levels}"
+                             " (request rates need load.mode: rate)")
+        self.stages.ramp.levels = [int(x) for x in levels]
+        return self
+
+    @property
+    def rate_mode(self) -> bool:
+        """Open-loop trials: the levels are requests/s."""
+        return self.load is not None and self.load.mode == "rate"
+
+    @property
+    def baseline_level(self) -> Level:
+        if not self.rate_mode:
+            return self.stages.baseline.concurrency
+        return self.stages.baseline.rate or self.stages.ramp.levels[0] / 2
+
+    @property
+    def level_unit(self) -> str:
+        return "req/s" if self.rate_mode else "streams"
+
+    def level_text(self, level: Level | None) -> str:
+        """``concurrency 64`` or ``12.5 req/s``: a level as a reader should see it."""
+        if level is None:
+            return "-"
+        return f"{level:g} req/s" if self.rate_mode else f"concurrency {level}"
+
+    def load_at(self, level: Level) -> dict[str, Any]:
+        """A trial's load fields at ``level``: the streams, or the rate and the in-flight cap."""
+        if self.rate_mode:
+            assert self.load is not None
+            return {"concurrency": self.load.max_in_flight, "rate": float(level)}
+        return {"concurrency": int(level)}
 
     @model_validator(mode="after")
     def _tunable(self) -> TuningPlan:

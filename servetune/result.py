@@ -72,7 +72,8 @@ class TrialSummary(BaseModel):
     dispatch_fraction: float | None = None  # open loop: achieved / scheduled dispatch rate
     scheduled_rate: float | None = None  # open loop: the arrival schedule's own rate over the trial
     completion_fraction: float | None = None  # open loop: completions / arrivals in the window
-    sustained: bool | None = None  # open loop: the server kept up (completion_fraction >= the rule)
+    in_flight_growth: float | None = None  # open loop: in flight over the window's last quarter / its first
+    sustained: bool | None = None  # open loop: the server kept up (completions and latency growth within the rules)
     tokens_per_request: float | None = None  # output_tokens_per_s / request_throughput: the set's mean output
     throughput_mismatch: float | None = None  # output_tokens_per_s_arrived / output_tokens_per_s - 1
     # latency distributions (ms): prefill (TTFT) and decode (ITL, TPOT) kept apart

@@ -54,8 +54,13 @@ class ValidityRules(BaseModel):
         default=0.15, ge=0,
         description="|tokens arriving in the window / tokens of the requests completed in it - 1|",
     )
+    max_in_flight_growth: float = Field(
+        default=1.5, gt=1,
+        description="open loop: requests in flight over the window's last quarter / over its first; above it"
+                    " (and 3 requests more) the backlog is growing: not sustained")
     min_completion_fraction: float = Field(
-        default=0.95, ge=0, le=1, description="open loop: completions over arrivals in the window to count as sustained"
+        default=0.95, ge=0, le=1,
+        description="open loop: completions (in the window shifted by the median E2E) over arrivals to count as sustained"
     )
 
     def completions_needed(self, level: float | None) -> int:
@@ -165,6 +170,7 @@ class Assessment(BaseModel):
     dispatch_fraction: float | None = None
     scheduled_rate: float | None = None
     completion_fraction: float | None = None
+    in_flight_growth: float | None = None
     sustained: bool | None = None
     throughput_mismatch: float | None = None
 
@@ -206,7 +212,7 @@ def assess(
             reasons.append(f"in flight {mean_in:.1f} on average (lowest {min_in:.1f}) of {target:.0f} streams"
                            f" < {rules.min_in_flight:.0%}: the client did not hold the load")
     else:
-        _open_loop(records, ws, we, rules, out, reasons, completions)
+        _open_loop(records, ws, we, rules, out, reasons)
     if arrived_tokens_per_s is not None and completed_tokens_per_s:
         out.throughput_mismatch = mismatch = arrived_tokens_per_s / completed_tokens_per_s - 1.0
         if abs(mismatch) > rules.max_throughput_mismatch:
@@ -218,7 +224,7 @@ def assess(
 
 
 def _open_loop(records: Sequence[RequestRecord], ws: float, we: float, rules: ValidityRules,
-               out: Assessment, reasons: list[str], completions: int) -> None:
+               out: Assessment, reasons: list[str]) -> None:
     """Open loop: did the client keep to its schedule, and did the server keep up (sustained)?"""
     measured = [r for r in records if not r.warmup]
     due = np.sort(np.fromiter((r.t_send_s - r.queue_ms / 1000.0 for r in measured), dtype=np.float64))
@@ -234,5 +240,38 @@ def _open_loop(records: Sequence[RequestRecord], ws: float, we: float, rules: Va
                            f" ({achieved:.2f} of {out.scheduled_rate:.2f} req/s) < {rules.min_dispatch_fraction:.0%}:"
                            " it could not hold the load")
     if sent.size:
-        out.completion_fraction = completions / sent.size
-        out.sustained = out.completion_fraction >= rules.min_completion_fraction
+        out.completion_fraction = _completion_fraction(records, ws, we, sent.size)
+        out.in_flight_growth, growing = _in_flight_growth(records, ws, we, rules.max_in_flight_growth)
+        out.sustained = out.completion_fraction >= rules.min_completion_fraction and not growing
+
+
+GROWTH_FLOOR = 3.0  # in-flight requests: from 2 to 4 is noise, not a backlog
+
+
+def _in_flight_growth(records: Sequence[RequestRecord], ws: float, we: float,
+                      limit: float) -> tuple[float | None, bool]:
+    """(mean requests in flight over the window's last quarter / over its first, growing?).
+
+    A server short of the offered rate accumulates the excess, in its queue or in ever larger
+    batches that each run slower: either way the requests in flight climb through the window
+    (Little's law), where a sustained load holds them level."""
+    quarter = (we - ws) / 4
+    a, _ = in_flight(records, ws, ws + quarter)
+    b, _ = in_flight(records, we - quarter, we)
+    if a <= 0:
+        return None, False
+    growth = b / a
+    return growth, growth > limit and b - a > GROWTH_FLOOR
+
+
+def _completion_fraction(records: Sequence[RequestRecord], ws: float, we: float, arrivals: int) -> float:
+    """Completions over the window shifted by the median E2E, over the arrivals in the window.
+
+    A server that keeps up completes what arrives, one latency later: counting completions in the
+    unshifted window would charge a sustained load with the requests still in flight at its end
+    (about rate x E2E of them) and call a server at half its capacity overloaded on a short window.
+    Overloaded, completions run at the server's capacity whatever the shift, below the arrivals."""
+    done = [r for r in records if r.ok and r.e2e_ms is not None]
+    lag = float(np.median([r.e2e_ms for r in done if not r.warmup] or [0.0])) / 1000.0
+    ends = np.fromiter((r.t_send_s + r.e2e_ms / 1000.0 for r in done), dtype=np.float64)  # type: ignore[operator]
+    return float(np.count_nonzero((ends >= ws + lag) & (ends <= we + lag))) / arrivals

@@ -41,7 +41,8 @@ def _progress_printer(plan: TuningPlan) -> Any:
 
     def show(p: Progress) -> None:
         s = p.spec
-        head = f"[bold]#{p.index}[/bold] {s.stage:<11} level {s.concurrency:>4}"
+        level = f"{s.rate:>6g} req/s" if s.rate is not None else f"{s.concurrency:>4}"
+        head = f"[bold]#{p.index}[/bold] {s.stage:<11} level {level}"
         if p.event == "start":
             console.print(f"{head}  start  ({escape(s.reason)})  GPU so far {_fmt_s(p.spent_s)},"
                           f" ETA <= {_fmt_s(p.eta_s)}", highlight=False)
@@ -96,7 +97,8 @@ def _print_dry_run(plan: TuningPlan) -> None:
         console.print(f"estimating with the simulator: {plan.estimate.model} on {plan.estimate.gpu}")
     decision, outcomes, specs = dry_run(plan, runner)
     table = Table(title=f"{plan.name}: trials the campaign would start (simulated, virtual time)")
-    for col in ("#", "stage", "level", "requests", "flags changed", "GPU s", "goodput req/s", "valid"):
+    for col in ("#", "stage", f"level ({plan.level_unit})", "requests", "flags changed", "GPU s", "goodput req/s",
+                "valid"):
         table.add_column(col, no_wrap=col in ("stage", "requests", "valid"))
     base = plan.engine_flags()
     for i, (spec, o) in enumerate(zip(specs, outcomes, strict=True), 1):
@@ -104,7 +106,7 @@ def _print_dry_run(plan: TuningPlan) -> None:
         removed = [k for k in base if k not in spec.flags]
         text = ", ".join([f"{k}={v}" for k, v in changed.items()] + [f"-{k}" for k in removed]) or "-"
         valid = "-" if spec.stage == "correctness" else ("yes" if o.valid else "INVALID")
-        table.add_row(str(i), spec.stage, str(spec.concurrency), f"{spec.requests}+{spec.warmup}", text,
+        table.add_row(str(i), spec.stage, f"{spec.level:g}", f"{spec.requests}+{spec.warmup}", text,
                       f"{o.gpu_seconds:.0f}" + ("*" if o.restarted else ""),
                       f"{o.summary.goodput_rps or 0:.2f}" if o.status == "ok" else "failed", valid)
     console.print(table)
@@ -114,12 +116,20 @@ def _print_dry_run(plan: TuningPlan) -> None:
     repeats = plan.repeats.count or runner.default_repeats
     console.print(f"{len(specs)} trials, estimated GPU time {_fmt_s(total)} (budget {plan.budget.max_gpu_minutes:g} min,"
                   f" restart cost {plan.budget.restart_cost_s:g} s each); the simulator's estimate, not a measurement.")
+    per = "requests in flight" if plan.rate_mode else "streams"
     console.print(f"Each trial is sized for a steady window of >= {rules.min_window_s:g} s and >= max("
-                  f"{rules.min_completions}, {rules.completions_per_stream:g} x streams) completions"
+                  f"{rules.min_completions}, {rules.completions_per_stream:g} x {per}) completions"
                   f" (requests = measured + warm-up); decisive trials: {repeats} trial(s) each")
+    if plan.rate_mode:
+        assert plan.load is not None
+        console.print(f"Open loop: levels are offered requests/s, {plan.load.arrival} arrivals"
+                      + (f" (burstiness {plan.load.burstiness:g})" if plan.load.arrival == "gamma" else "")
+                      + f", at most {plan.load.max_in_flight} in flight")
     if decision.recommendation:
         r = decision.recommendation
-        console.print(f"simulated recommendation: concurrency {r.concurrency}, flags {redact(r.config)},"
+        at = f"capacity {r.rate:g} req/s (about {r.concurrency} in flight)" if r.rate is not None \
+            else f"concurrency {r.concurrency}"
+        console.print(f"simulated recommendation: {at}, flags {redact(r.config)},"
                       f" goodput {r.goodput_rps or 0:.2f} req/s", highlight=False)
     else:
         console.print(f"simulated campaign ends without a recommendation: {escape(decision.reason)}")
@@ -132,15 +142,16 @@ def _print_static_schedule(plan: TuningPlan) -> None:
 
     st = plan.stages
     table = Table(title=f"{plan.name}: trials the campaign would start (worst case; no simulator profile)")
-    for col in ("stage", "levels", "requests each"):
+    for col in ("stage", f"levels ({plan.level_unit})", "requests each"):
         table.add_column(col)
     if st.correctness.enabled:
         table.add_row("correctness", "1", str(st.correctness.requests))
-    table.add_row("baseline", str(st.baseline.concurrency), str(st.baseline.requests + st.baseline.warmup))
-    table.add_row("ramp", ", ".join(map(str, st.ramp.levels)) + " (stops at the ceiling)",
+    table.add_row("baseline", f"{plan.baseline_level:g}", str(st.baseline.requests + st.baseline.warmup))
+    table.add_row("ramp", ", ".join(f"{x:g}" for x in st.ramp.levels) + " (stops at the ceiling)",
                   str(st.ramp.requests + st.ramp.warmup))
     if st.ramp.bisect:
-        table.add_row("bisect", f"between last pass and first fail, down to a gap of {st.ramp.bisect_min_step}",
+        gap = "5% of the failing rate" if plan.rate_mode else str(st.ramp.bisect_min_step)
+        table.add_row("bisect", f"between last pass and first fail, down to a gap of {gap}",
                       str(st.ramp.requests + st.ramp.warmup))
     if st.refine.enabled:
         walk = ", ".join(f"{k} {v}" for k, v in st.refine.grid.items())
@@ -161,7 +172,10 @@ def _print_recommendation(decision: Any, out: Path) -> None:
         return
     table = Table(title="recommendation", show_header=False)
     table.add_row("server flags", command_text(redact(rec.config)) or "(engine defaults)")
-    table.add_row("concurrency", str(rec.concurrency))
+    if rec.rate is not None:
+        table.add_row("capacity at the SLA", f"{rec.rate:g} req/s (about {rec.concurrency} in flight, Little's law)")
+    else:
+        table.add_row("concurrency", str(rec.concurrency))
     ci = f" ± {rec.goodput_ci95:.2f} (95% CI over {rec.repeats} repeats)" if rec.goodput_ci95 is not None else ""
     table.add_row("goodput", f"{rec.goodput_rps or 0:.2f} req/s{ci}")
     table.add_row("p99 TTFT / TPOT / E2E",

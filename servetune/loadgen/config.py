@@ -71,6 +71,9 @@ class LoadConfig(BaseModel):
     )
     arrival: Literal["constant", "poisson", "gamma"] = "poisson"
     burstiness: float = Field(default=1.0, gt=0, description="gamma shape: <1 burstier, >1 smoother")
+    exact_rate: bool = Field(
+        default=False, description="rescale the sampled gaps so the schedule's mean rate is exactly ``rate``"
+                                   " (the gaps keep their shape); the tuner's levels are rates, so it sets it")
     warmup_requests: int = Field(default=0, ge=0)
     seed: int = 0
 

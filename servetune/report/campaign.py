@@ -86,14 +86,20 @@ class Campaign:
     def refine_trials(self) -> list[TrialResult]:
         return [t for t in self.trials if t.stage == "refine"]
 
+    def capacity(self) -> float | None:
+        """Rate mode: the stated capacity, requests/s at the SLA (None for a closed-loop campaign)."""
+        value = self.experiment.get("ceiling")
+        rate = value.get("rate") if isinstance(value, dict) else None
+        return float(rate) if isinstance(rate, int | float) else None
+
     def ceiling(self) -> tuple[int | None, str]:
         """The concurrency ceiling and where the number came from (stated, never silently guessed)."""
         for holder, name in ((self.recommendation or {}, "recommendation"), (self.experiment, "experiment")):
             value = holder.get("ceiling") if isinstance(holder, dict) else None
             if isinstance(value, dict):
-                value = value.get("concurrency")
+                value = value.get("concurrency") if value.get("concurrency") is not None else value.get("rate")
             if isinstance(value, int | float):
-                return int(value), f"{name}.ceiling"
+                return (int(value) if float(value).is_integer() else value), f"{name}.ceiling"  # type: ignore[return-value]
         if self.recommendation and isinstance(self.recommendation.get("concurrency"), int | float):
             return int(self.recommendation["concurrency"]), "recommendation.concurrency"
         derived = derive_ceiling(self.main_curve(), self.sla)
@@ -109,9 +115,17 @@ def flag_value(config: dict[str, Any], name: str) -> Any:
     return None
 
 
-def concurrency_of(trial: TrialResult) -> int | None:
+def concurrency_of(trial: TrialResult) -> int | float | None:
+    """The level the trial ran at: its streams, or the offered requests/s of an open loop."""
+    if trial.load.get("mode") == "rate" and isinstance(trial.load.get("rate"), int | float):
+        return float(trial.load["rate"])
     value = trial.load.get("concurrency")
     return int(value) if isinstance(value, int | float) else None
+
+
+def level_label(trials: list[TrialResult]) -> str:
+    """What the levels of these trials are: an axis and column label."""
+    return "offered req/s" if any(t.load.get("mode") == "rate" for t in trials) else "concurrency"
 
 
 def config_key(config: dict[str, Any]) -> str:

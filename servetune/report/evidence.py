@@ -21,9 +21,9 @@ Getter = Callable[[TrialSummary], float | None]
 
 @dataclass
 class Level:
-    """One concurrency of the main config's curve: the trials that count and the INVALID ones."""
+    """One level of the main config's curve (streams, or req/s offered): the trials that count and the INVALID ones."""
 
-    concurrency: int
+    concurrency: int | float
     used: list[TrialResult] = field(default_factory=list)
     invalid: list[TrialResult] = field(default_factory=list)
 

@@ -25,6 +25,7 @@ from servetune.report.campaign import (
     counts,
     flag_value,
     is_invalid,
+    level_label,
     meets_sla,
 )
 from servetune.report.evidence import Getter, Level, curve_levels, series
@@ -116,12 +117,12 @@ def throughput_figure(campaign: Campaign) -> ReportFigure:
     hollow |= _plot_series(ax1, levels, lambda s: s.goodput_rps, "s-", "goodput (req/s)", "#31a354")
     _mark_ceiling(ax1, ceiling)
     _invalid_legend(ax1, hollow)
-    ax1.set(xlabel="concurrency", ylabel="requests/s", title="requests/s")
+    ax1.set(xlabel=level_label(campaign.trials), ylabel="requests/s", title="requests/s")
     hollow = _plot_series(ax2, levels, lambda s: s.output_tokens_per_s, "o-", "output tok/s", "#756bb1")
     hollow |= _plot_series(ax2, levels, lambda s: s.total_tokens_per_s, "^:", "total tok/s", "#9e9ac8")
     _mark_ceiling(ax2, ceiling)
     _invalid_legend(ax2, hollow)
-    ax2.set(xlabel="concurrency", ylabel="tokens/s", title="tokens/s")
+    ax2.set(xlabel=level_label(campaign.trials), ylabel="tokens/s", title="tokens/s")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -149,7 +150,7 @@ def latency_figure(campaign: Campaign) -> ReportFigure:
                        label=f"SLA p99 {name} {sla[bound]:g} ms")
         _mark_ceiling(ax, ceiling)
         _invalid_legend(ax, hollow)
-        ax.set(xlabel="concurrency", ylabel="ms", title=name)
+        ax.set(xlabel=level_label(campaign.trials), ylabel="ms", title=name)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

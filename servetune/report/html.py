@@ -15,7 +15,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from servetune import __version__
-from servetune.report.campaign import Campaign, concurrency_of, flag_value, meets_sla
+from servetune.report.campaign import Campaign, concurrency_of, flag_value, level_label, meets_sla
 from servetune.report.evidence import ceiling_evidence, goodput_text, validity_cells
 from servetune.report.figures import ReportFigure, all_figures
 from servetune.report.scheduler import hit_rate_text
@@ -160,13 +160,16 @@ def key_cards(campaign: Campaign) -> list[dict[str, str]]:
     """The headline numbers: from the recommendation when there is one, else from the best curve trial."""
     ceiling, _ = campaign.ceiling()
     rec = campaign.recommendation
-    cards = [{"key": "ceiling", "label": "concurrency ceiling", "value": fmt(ceiling)}]
+    capacity = campaign.capacity()
+    cards = [{"key": "capacity", "label": "capacity req/s at the SLA", "value": fmt(capacity, 3)} if capacity
+             else {"key": "ceiling", "label": "concurrency ceiling", "value": fmt(ceiling)}]
     if rec:
         p99s = dict(rec.get("p99s") or {})  # nested (the brief's layout) or flat p99_*_ms (tuning.Recommendation)
         for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
             p99s.setdefault(name, rec.get(f"p99_{name}"))
         cards += [
-            {"key": "recommended-concurrency", "label": "recommended concurrency", "value": fmt(rec.get("concurrency"))},
+            {"key": "recommended-concurrency", "value": fmt(rec.get("concurrency")),
+             "label": "in flight at capacity (Little's law)" if capacity else "recommended concurrency"},
             {"key": "goodput", "label": "goodput req/s", "value": _with_ci(rec)},
             {"key": "repeats", "label": "valid repeats", "value": fmt(rec.get("repeats"))},
             {"key": "output-tps", "label": "output tok/s", "value": fmt(rec.get("output_tokens_per_s"), 0)},
@@ -233,6 +236,7 @@ def render_html(campaign: Campaign, figures: list[ReportFigure], png_files: dict
                      "b64": base64.b64encode(f.png).decode() if f.png else "", "file": png_files.get(f.key, "")}
                     for f in figures],
         "checklist": checklist_rows(campaign), "trial_rows": trial_rows(campaign),
+        "level_label": level_label(campaign.trials),
     }
     return _environment().get_template("report.html.j2").render(**context)
 

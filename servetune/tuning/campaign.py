@@ -52,8 +52,8 @@ def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: 
         refine = 1 + len(st.refine.shared_prefix_policies) + sum(len(v) for v in st.refine.grid.values())
         refine += st.refine.extend_levels + int(st.refine.set_max_running)
     bisect = 4 if st.ramp.bisect else 0
-    measured = {o.concurrency for o in state.outcomes if o.stage in ("baseline", "ramp")}
-    ramp_left = sum(1 for c in [st.baseline.concurrency, *st.ramp.levels] if c not in measured)
+    measured = {o.level for o in state.outcomes if o.stage in ("baseline", "ramp")}
+    ramp_left = sum(1 for c in [plan.baseline_level, *st.ramp.levels] if c not in measured)
     extra = plan.repeat_count - 1  # each decisive measurement and the one it is compared with
     repeats = 2 * extra * (1 + refine)
     if stage in ("correctness", "baseline", "ramp"):
@@ -86,7 +86,15 @@ def plan_digest(plan: TuningPlan) -> str:
     """A hash of the whole plan, secrets included but not readable: a resumed campaign must run the same plan."""
     import hashlib
 
-    return hashlib.sha256(orjson.dumps(plan.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).hexdigest()
+    data = plan.model_dump(mode="json")
+    # fields added since campaigns were first kept, left out at their defaults: an older campaign resumes
+    if data.get("load") is None:
+        data.pop("load", None)
+    if data["stages"]["baseline"].get("rate") is None:
+        data["stages"]["baseline"].pop("rate", None)
+    if data["validation"].get("max_in_flight_growth") == 1.5:
+        data["validation"].pop("max_in_flight_growth", None)
+    return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 class Campaign:
@@ -222,7 +230,7 @@ class Campaign:
         try:
             report = self.runner.run(spec, experiment_id=self.experiment_id)
         except Exception as exc:  # noqa: BLE001 - a broken trial is recorded; the plan decides what follows
-            log.exception("trial %s at concurrency %s failed", spec.stage, spec.concurrency)
+            log.exception("trial %s at %s failed", spec.stage, self.plan.level_text(spec.level))
             report = RunReport(failed_result(spec, f"{type(exc).__name__}: {exc}", experiment_id=self.experiment_id),
                                gpu_seconds=0.0, restarted=False)
         self._ran_here = True
@@ -252,7 +260,8 @@ class Campaign:
             status=status or ("failed" if failed else "done"),
             finished_at=datetime.now(UTC).isoformat(),
             recommendation=redact(rec.model_dump(mode="json")) if rec else None,
-            ceiling=({"concurrency": ceiling.level, **ceiling.model_dump(mode="json", exclude={"level"})}
+            ceiling=({**({"rate": ceiling.level, "concurrency": None} if self.plan.rate_mode
+                         else {"concurrency": ceiling.level}), **ceiling.model_dump(mode="json", exclude={"level"})}
                      if ceiling else None),
             status_reason=reason,
         )

@@ -6,17 +6,22 @@ two levels that decide the ceiling, the last passing and the first failing (or p
 ``repeats`` each; a level whose verdict flips between repeats is marginal and gets more, and the
 walk is replayed with the pooled verdicts, so a repeat that overturns a verdict moves the ceiling.
 The ramp stops on goodput, the figure the plan asks for: a gain within the noise is a plateau.
+In rate mode the levels are offered requests/s; the ceiling is the capacity at the SLA, bisected
+to within ``RATE_STEP`` of the failing rate (an overloaded open loop fails as ``overload``).
 """
 
 from __future__ import annotations
 
-from servetune.plan import TuningPlan
+from servetune.plan import Level, TuningPlan
 from servetune.stats import compare
 from servetune.tuning.evidence import Evidence, gather
 from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialOutcome, TrialSpec
 from servetune.tuning.verdict import judge
 
 __all__ = ["find_ceiling", "judge", "ramp_levels", "throughput", "gains"]
+
+RATE_STEP = 0.05  # rate mode: bisect until the gap is this fraction of the failing rate
+RATE_HALVINGS = 4  # rate mode, nothing passing: halve the lowest rate this many times before giving up
 
 
 def throughput(outcome: TrialOutcome) -> float:
@@ -29,11 +34,11 @@ def gains(now: Evidence, before: Evidence, min_gain: float) -> bool:
     return compare(now.goodput, before.goodput, min_change=min_gain).outcome == "better"
 
 
-def ramp_levels(plan: TuningPlan) -> list[int]:
-    return [plan.stages.baseline.concurrency, *plan.stages.ramp.levels]
+def ramp_levels(plan: TuningPlan) -> list[Level]:
+    return [plan.baseline_level, *plan.stages.ramp.levels]
 
 
-def _gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: int, stage: str, reason: str,
+def _gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, stage: str, reason: str,
             repeats: int = 1) -> TrialSpec | Evidence:
     return gather(plan, state, flags, level, stage=stage, reason=reason, repeats=repeats)
 
@@ -46,7 +51,8 @@ def find_ceiling(plan: TuningPlan, state: CampaignState, flags: Flags) -> TrialS
     plateau = False
     for i, level in enumerate(ramp_levels(plan)):
         stage = "baseline" if i == 0 else "ramp"
-        why = "baseline at low concurrency" if i == 0 else f"ramp: level {level}"
+        why = ("baseline at a low rate" if plan.rate_mode else "baseline at low concurrency") if i == 0 \
+            else f"ramp: level {level:g}"
         ev = _gather(plan, state, flags, level, stage, why)
         if isinstance(ev, TrialSpec):
             return ev
@@ -86,7 +92,7 @@ def _rep(ev: Evidence) -> str | None:
     return rep.trial_id if rep else (ev.invalid_ids[-1] if ev.invalid_ids else None)
 
 
-def _marginal(evs: list[Evidence | None]) -> list[int]:
+def _marginal(evs: list[Evidence | None]) -> list[Level]:
     return sorted({e.level for e in evs if e is not None and e.marginal})
 
 
@@ -104,15 +110,22 @@ def _decisive(plan: TuningPlan, state: CampaignState, flags: Flags, evs: list[Ev
 
 def _bisect(plan: TuningPlan, state: CampaignState, flags: Flags, last_pass: Evidence | None,
             first_fail: Evidence) -> TrialSpec | Ceiling:
-    """Narrow the gap between the last pass and the first fail; with nothing passing, search down to 1."""
+    """Narrow the gap between the last pass and the first fail; with nothing passing, search down to 1
+    stream (a few halvings of the rate in rate mode)."""
     ramp = plan.stages.ramp
     lo, hi = (last_pass.level if last_pass else 0), first_fail.level
     lo_ev, hi_ev = last_pass, first_fail
-    step = ramp.bisect_min_step if last_pass is not None else 1
+    step: float = ramp.bisect_min_step if last_pass is not None else 1
+    floor = first_fail.level / 2 ** RATE_HALVINGS
     if ramp.bisect or last_pass is None:
-        while hi - lo > step:
-            mid = (lo + hi) // 2
-            ev = _gather(plan, state, flags, mid, "bisect", f"bisect between {lo or 'nothing'} (pass) and {hi} (fail)")
+        while hi - lo > (RATE_STEP * hi if plan.rate_mode else step):
+            if plan.rate_mode:
+                if not lo and hi <= floor:
+                    break
+                mid: Level = round((lo + hi) / 2 if lo else hi / 2, 3)
+            else:
+                mid = (lo + hi) // 2
+            ev = _gather(plan, state, flags, mid, "bisect", f"bisect between {lo or 'nothing'} (pass) and {hi:g} (fail)")
             if isinstance(ev, TrialSpec):
                 return ev
             if ev.passed:

@@ -73,7 +73,8 @@ def next_trials(plan: TuningPlan, state: CampaignState, *, previous: dict[str, A
         refined = step
     rec = recommend(plan, state, ceiling, refined, previous)
     return Decision(stage="done", done=True, ceiling=ceiling, recommendation=rec,
-                    reason=f"ceiling at concurrency {ceiling.level}; recommendation at {rec.concurrency if rec else '-'}")
+                    reason=f"ceiling at {plan.level_text(ceiling.level)}; recommendation at"
+                           f" {plan.level_text(rec.rate if plan.rate_mode else rec.concurrency) if rec else '-'}")
 
 
 def _budget_reason(plan: TuningPlan, state: CampaignState) -> str:
@@ -93,7 +94,7 @@ def _stop(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | Non
     if best is None:
         return Decision(stage="done", done=True, failed=True, reason=reason, ceiling=ceiling)
     if ceiling is None:
-        ceiling = Ceiling(level=best.concurrency, kind="budget", pass_trial_id=best.trial_id,
+        ceiling = Ceiling(level=best.level, kind="budget", pass_trial_id=best.trial_id,
                           reasons=["the campaign ended before the ramp found the ceiling"])
     partial = RefineResult(best=best, compared=[o.trial_id for o in state.by_stage("refine")], notes=[reason])
     rec = recommend(plan, state, ceiling, partial, previous)

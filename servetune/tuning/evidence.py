@@ -13,7 +13,7 @@ from collections import Counter
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from servetune.plan import TuningPlan
+from servetune.plan import Level, TuningPlan
 from servetune.stats import Spread, spread
 from servetune.tuning.verdict import judge
 from servetune.tuning.sizing import size_trial
@@ -26,7 +26,7 @@ class Evidence(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     flags: Flags
-    level: int
+    level: Level
     outcomes: list[TrialOutcome] = Field(default_factory=list, description="the valid ones")
     invalid_ids: list[str] = Field(default_factory=list)
     verdict: Verdict
@@ -58,7 +58,7 @@ class Evidence(BaseModel):
         return min(self.outcomes, key=lambda o: abs((o.summary.goodput_rps or 0.0) - mean))
 
 
-def pool(plan: TuningPlan, flags: Flags, level: int, outcomes: list[TrialOutcome]) -> Evidence:
+def pool(plan: TuningPlan, flags: Flags, level: Level, outcomes: list[TrialOutcome]) -> Evidence:
     """Evidence from every trial of (flags, level): the valid ones decide, the invalid ones are named."""
     valid = [o for o in outcomes if o.valid]
     invalid = [o.trial_id for o in outcomes if not o.valid]
@@ -95,7 +95,7 @@ def pool(plan: TuningPlan, flags: Flags, level: int, outcomes: list[TrialOutcome
     )
 
 
-def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: int, *, stage: str, reason: str,
+def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *, stage: str, reason: str,
            repeats: int = 1) -> TrialSpec | Evidence:
     """The next trial (flags, level) needs, or its evidence once it has ``repeats`` valid trials
     (``repeats.max`` when marginal) or has used up its attempts."""
@@ -106,7 +106,7 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: int, *, 
         if len(faults) > plan.repeats.crash_retries:
             return pool(plan, flags, level, everything)  # a fault verdict: the engine keeps dying here
         requests, warmup, how = faults[-1].requests, faults[-1].warmup, "as the trial the engine died under"
-        return TrialSpec(stage=stage, concurrency=level, flags=flags, requests=requests, warmup=warmup,  # type: ignore[arg-type]
+        return TrialSpec(stage=stage, **plan.load_at(level), flags=flags, requests=requests, warmup=warmup,  # type: ignore[arg-type]
                          reason=f"{reason}: re-run after an engine crash ({len(faults)} so far)",
                          seed_offset=len(everything), sizing=how)
     ev = pool(plan, flags, level, outcomes)
@@ -129,5 +129,5 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: int, *, 
         why = f"{reason}: repeat {ev.n + 1} of {wanted}" + (" (marginal: the verdict flipped)" if ev.marginal else "")
     else:
         why = reason
-    return TrialSpec(stage=stage, concurrency=level, flags=flags, requests=requests, warmup=warmup,  # type: ignore[arg-type]
+    return TrialSpec(stage=stage, **plan.load_at(level), flags=flags, requests=requests, warmup=warmup,  # type: ignore[arg-type]
                      reason=why, seed_offset=len(everything), sizing=how)

@@ -17,7 +17,7 @@ from typing import Any
 
 from servetune.plan import TuningPlan
 from servetune.redact import redact
-from servetune.tuning.runner import RunReport, failed_result
+from servetune.tuning.runner import RunReport, failed_result, trial_load
 from servetune.tuning.state import ENGINE_CRASH
 from servetune.tuning.state import Flags, TrialSpec
 
@@ -119,7 +119,7 @@ class LiveTrialRunner:
             stack.close()
 
     def run(self, spec: TrialSpec, *, experiment_id: str) -> RunReport:
-        from servetune.loadgen import LoadConfig, Target
+        from servetune.loadgen import Target
         from servetune.trial import TrialRequest, run_trial
         from servetune.tuning.runner import trial_workload
 
@@ -141,8 +141,7 @@ class LiveTrialRunner:
         target = Target(url=url, endpoint=self.plan.endpoint, model=model)
         req = TrialRequest(
             target=target,
-            load=LoadConfig(mode="concurrency", concurrency=spec.concurrency, warmup_requests=spec.warmup,
-                            seed=self.plan.seed + spec.seed_offset),
+            load=trial_load(self.plan, spec),
             workload=trial_workload(self.plan, spec),
             validity=self.plan.validation.rules(),
             num_requests=spec.requests,

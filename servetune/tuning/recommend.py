@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from servetune.plan import TuningPlan
@@ -25,31 +26,41 @@ def recommend(
     if chosen is None:
         return None
     ev = refined.evidence if refined and refined.evidence else None
-    if ev is None or ev.flags != chosen.flags or ev.level != chosen.concurrency:
-        ev = pool(plan, chosen.flags, chosen.concurrency, state.measurements(chosen.flags, chosen.concurrency))
+    if ev is None or ev.flags != chosen.flags or ev.level != chosen.level:
+        ev = pool(plan, chosen.flags, chosen.level, state.measurements(chosen.flags, chosen.level))
     s = chosen.summary
     evidence = [chosen.trial_id, *(t for t in ev.trial_ids if t != chosen.trial_id)]
     for tid in [*(o.trial_id for o in state.by_stage("baseline")), ceiling.pass_trial_id, ceiling.fail_trial_id,
                 *ceiling.pass_trial_ids, *ceiling.fail_trial_ids, *(refined.compared if refined else [])]:
         if tid and tid not in evidence:
             evidence.append(tid)
-    explanation = [f"ceiling at concurrency {ceiling.level} ({ceiling.kind}): " + "; ".join(ceiling.reasons)]
+    what = "capacity" if plan.rate_mode else "ceiling"
+    explanation = [f"{what} at {plan.level_text(ceiling.level)} ({ceiling.kind}): " + "; ".join(ceiling.reasons)]
+    concurrency = chosen.concurrency
+    if plan.rate_mode and chosen.rate is not None:
+        concurrency = implied_concurrency(chosen)
+        assert plan.load is not None
+        shape = plan.load.arrival + (f", burstiness {plan.load.burstiness:g}" if plan.load.arrival == "gamma" else "")
+        explanation.insert(0, f"capacity {chosen.rate:g} req/s at the SLA under {shape} arrivals; about"
+                              f" {concurrency} requests in flight (Little's law: {chosen.rate:g} req/s x mean E2E"
+                              f" {s.e2e_ms.mean or 0:.0f} ms)")
     if refined:
         explanation.extend(refined.notes or ["no refinement step beat the ramp's config by more than"
                                              f" {plan.stages.refine.min_improvement:.0%} and beyond the noise"])
     if ev.n > 1:
         explanation.append(f"goodput {ev.goodput.text()} req/s over {ev.n} repeats with different workload seeds")
     if faults := [o for o in state.outcomes if o.fault]:
-        levels = sorted({o.concurrency for o in faults})
-        explanation.append(f"the engine died under {len(faults)} trial(s) (concurrency {levels}); each was re-run on a"
+        levels = sorted({o.level for o in faults})
+        explanation.append(f"the engine died under {len(faults)} trial(s) (levels {levels}); each was re-run on a"
                            " restarted engine and none counted as a capacity verdict")
-    explanation.extend(signals.describe(s, chosen.concurrency))
+    explanation.extend(signals.describe(s, concurrency))
     if s.prefix_hit_rate is not None:
         explanation.append(f"prefix hit rate {s.prefix_hit_rate:.1%} (cached/prompt tokens from usage)")
     explanation.extend(notes or [])
     rec = Recommendation(
         config=dict(chosen.flags),
-        concurrency=chosen.concurrency,
+        concurrency=concurrency,
+        rate=chosen.rate,
         evidence_trial_ids=evidence,
         goodput_rps=ev.goodput.mean if ev.n else s.goodput_rps,
         p99_ttft_ms=ev.ttft_p99.mean if ev.n else s.ttft_ms.p99,
@@ -68,6 +79,12 @@ def recommend(
     return rec
 
 
+def implied_concurrency(chosen: TrialOutcome) -> int:
+    """The in-flight level an open loop at its rate holds: rate x mean E2E (Little's law), rounded up."""
+    e2e_s = (chosen.summary.e2e_ms.mean or 0.0) / 1000.0
+    return max(1, math.ceil((chosen.rate or 0.0) * e2e_s))
+
+
 def diff_recommendations(previous: dict[str, Any], current: Recommendation) -> dict[str, Any]:
     """Flags added/removed/changed, the concurrency and the figures, old -> new."""
     old_cfg: dict[str, Any] = previous.get("config") or {}
@@ -75,7 +92,7 @@ def diff_recommendations(previous: dict[str, Any], current: Recommendation) -> d
     changed = {k: {"old": old_cfg.get(k), "new": new_cfg.get(k)}
                for k in sorted(set(old_cfg) | set(new_cfg)) if old_cfg.get(k) != new_cfg.get(k)}
     figures: dict[str, Any] = {}
-    for name in ("concurrency", "goodput_rps", "p99_ttft_ms", "p99_tpot_ms", "p99_e2e_ms",
+    for name in ("concurrency", "rate", "goodput_rps", "p99_ttft_ms", "p99_tpot_ms", "p99_e2e_ms",
                  "output_tokens_per_s", "prefix_hit_rate"):
         old, new = previous.get(name), getattr(current, name)
         entry: dict[str, Any] = {"old": old, "new": new}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from servetune.plan import FlagValue, TuningPlan
+from servetune.plan import FlagValue, Level, TuningPlan
 from servetune.stats import compare
 from servetune.tuning import signals
 from servetune.tuning.ceiling import gains, ramp_levels
@@ -63,17 +63,17 @@ class _NeedTrial(Exception):  # noqa: N818 - control flow inside the replay, nev
 
 
 class _Walk:
-    def __init__(self, plan: TuningPlan, state: CampaignState, levels: list[int] | None = None) -> None:
+    def __init__(self, plan: TuningPlan, state: CampaignState, levels: list[Level] | None = None) -> None:
         self.plan, self.state = plan, state
         self.levels = sorted(set(levels or []))  # where a tied candidate may show it holds more load
         self.compared: list[str] = []
         self.notes: list[str] = []
         self.ties: list[str] = []
 
-    def level_above(self, level: int) -> int | None:
+    def level_above(self, level: Level) -> Level | None:
         return next((x for x in self.levels if x > level), None)
 
-    def measure(self, flags: Flags, level: int, reason: str, repeats: int = 1) -> Evidence:
+    def measure(self, flags: Flags, level: Level, reason: str, repeats: int = 1) -> Evidence:
         """The evidence for ``flags`` at ``level`` with ``repeats`` valid trials, or _NeedTrial."""
         ev = gather(self.plan, self.state, flags, level, stage="refine", reason=reason, repeats=repeats)
         if isinstance(ev, TrialSpec):
@@ -85,7 +85,8 @@ class _Walk:
 
     def try_switch(self, inc: Evidence, flags: Flags, what: str) -> Evidence:
         """The candidate ``flags`` at the incumbent's level if it wins beyond the noise (or ties simpler)."""
-        level, reason = inc.level, f"refine {what} at concurrency {inc.level}"
+        at = self.plan.level_text
+        level, reason = inc.level, f"refine {what} at {at(inc.level)}"
         cand = self.measure(flags, level, reason)
         outcome = self._compare(cand, inc)
         if outcome == "better" or (outcome == "tie" and _simpler(cand, inc)) or _near_miss(cand, inc) or cand.n > 1:
@@ -93,12 +94,12 @@ class _Walk:
             # finished: the replay must not stop half-way because the first repeats look tied)
             repeats = self.plan.repeat_count
             cand = self.measure(flags, level, reason, repeats=repeats)
-            inc = self.measure(inc.flags, level, f"incumbent against {what} at concurrency {level}", repeats=repeats)
+            inc = self.measure(inc.flags, level, f"incumbent against {what} at {at(level)}", repeats=repeats)
             outcome = self._compare(cand, inc)
         g0, g1 = inc.goodput.text(), cand.goodput.text()
         if outcome == "better":
             rel = compare(cand.goodput, inc.goodput, min_change=self.plan.stages.refine.min_improvement)
-            self.notes.append(f"{what}: goodput {g0} -> {g1} req/s at concurrency {level} ({rel.text()})")
+            self.notes.append(f"{what}: goodput {g0} -> {g1} req/s at {at(level)} ({rel.text()})")
             return cand
         if outcome == "tie" and (up := self.level_above(level)) is not None:
             # at a fixed level a closed loop's goodput is capped by the load itself: a tied config may
@@ -108,13 +109,13 @@ class _Walk:
             if c_up.passed and gains(c_up, inc, self.plan.stages.ramp.min_gain):
                 i_up = self.measure(inc.flags, up, f"incumbent at {up}, against {what}")
                 if not i_up.passed:
-                    self.notes.append(f"{what}: a tie at concurrency {level}, but it holds concurrency {up}"
+                    self.notes.append(f"{what}: a tie at {at(level)}, but it holds {at(up)}"
                                       f" (goodput {c_up.goodput.text()} req/s) where the incumbent fails"
                                       f" ({'; '.join(i_up.verdict.reasons)})")
                     return c_up
         if outcome == "tie":
             keep = not _simpler(cand, inc)
-            text = (f"{what}: a tie within the noise at concurrency {level} (goodput {g1} against {g0} req/s);"
+            text = (f"{what}: a tie within the noise at {at(level)} (goodput {g1} against {g0} req/s);"
                     + (" kept the incumbent" if keep else " took it: fewer flags set, closer to the engine's defaults"))
             self.ties.append(text)
             self.notes.append(text)
@@ -178,7 +179,7 @@ def _run(plan: TuningPlan, walk: _Walk, ceiling: Ceiling, base_flags: Flags) -> 
         if ev.passed and gains(ev, inc, plan.stages.ramp.min_gain):
             ev = walk.measure(inc.flags, level, f"tuned config holds level {level}", repeats=plan.repeat_count)
             if ev.passed and gains(ev, inc, plan.stages.ramp.min_gain):
-                walk.notes.append(f"the tuned config holds concurrency {level} (goodput {ev.goodput.text()} req/s)")
+                walk.notes.append(f"the tuned config holds {plan.level_text(level)} (goodput {ev.goodput.text()} req/s)")
                 inc = ev
                 continue
         break
@@ -186,7 +187,12 @@ def _run(plan: TuningPlan, walk: _Walk, ceiling: Ceiling, base_flags: Flags) -> 
     # 4. max-running-requests = the level: a water mark that keeps overload in the queue
     resolved = inc.representative.resolved if inc.representative else {}
     running = inc.flags.get(r.max_running_flag, resolved.get(r.max_running_flag.replace("-", "_")))
-    if r.set_max_running and not _same(running, inc.level):
+    if r.set_max_running and plan.rate_mode:
+        # an open loop has no stream count to cap at, and a cap sized from its mean in-flight level
+        # would queue every burst above it: not tried, and said so
+        walk.notes.append(f"{r.max_running_flag} not tried: in rate mode the in-flight level varies with the"
+                          " arrivals, and a cap at its mean would queue the bursts")
+    elif r.set_max_running and not _same(running, inc.level):
         inc = walk.try_switch(inc, {**inc.flags, r.max_running_flag: inc.level}, f"{r.max_running_flag} {inc.level}")
     return inc
 

@@ -43,13 +43,26 @@ def trial_workload(plan: TuningPlan, spec: TrialSpec) -> Any:
     return plan.workload.model_copy(update={"seed": plan.workload.seed + spec.seed_offset})
 
 
+def trial_load(plan: TuningPlan, spec: TrialSpec) -> Any:
+    """The load generator's settings for ``spec``: its streams, or its rate under the plan's arrivals."""
+    from servetune.loadgen import LoadConfig
+
+    seed = plan.seed + spec.seed_offset
+    if spec.rate is None:
+        return LoadConfig(mode="concurrency", concurrency=spec.concurrency, warmup_requests=spec.warmup, seed=seed)
+    load = plan.load
+    assert load is not None, "a trial with a rate needs the plan's load section"
+    return LoadConfig(mode="rate", concurrency=spec.concurrency, rate=spec.rate, arrival=load.arrival,  # type: ignore[arg-type]
+                      burstiness=load.burstiness, exact_rate=True, warmup_requests=spec.warmup, seed=seed)
+
+
 def failed_result(spec: TrialSpec, reason: str, *, experiment_id: str, target: dict[str, Any] | None = None) -> TrialResult:
     """A trial that could not run (server refused to start, unreachable): recorded, never dropped."""
     return TrialResult(
         status="failed", failure_reason=reason, stage=spec.stage, experiment_id=experiment_id,
         target=target or {}, server_config=dict(spec.flags),
-        load={"mode": "concurrency", "concurrency": spec.concurrency, "warmup_requests": spec.warmup,
-              "requests": spec.requests},
+        load={"mode": "concurrency" if spec.rate is None else "rate", "concurrency": spec.concurrency,
+              "rate": spec.rate, "warmup_requests": spec.warmup, "requests": spec.requests},
     )
 
 
@@ -91,7 +104,6 @@ class SimTrialRunner:
         return self._requests[key]
 
     def run(self, spec: TrialSpec, *, experiment_id: str) -> RunReport:
-        from servetune.loadgen import LoadConfig
         from servetune.sim.args import server_args_from_flags
         from servetune.sim.virtual import simulate
 
@@ -104,8 +116,7 @@ class SimTrialRunner:
             result = failed_result(spec, f"server failed to start: {exc}", experiment_id=experiment_id)
             return RunReport(result=result, gpu_seconds=restart, restarted=True)
         self._running = dict(spec.flags)
-        load = LoadConfig(mode="concurrency", concurrency=spec.concurrency, warmup_requests=spec.warmup,
-                          seed=self.plan.seed + spec.seed_offset)
+        load = trial_load(self.plan, spec)
         result = simulate(args, self._workload(spec), load, sla=self.plan.sla, rules=self.plan.validation.rules(),
                           seed=self.plan.seed, endpoint=self.plan.endpoint)
         result.stage, result.experiment_id = spec.stage, experiment_id

@@ -7,14 +7,15 @@ completions, of which the measured ones are the requests that count. So a level 
 the window long enough, where the rate is estimated from what the campaign already measured
 (throughput grows at most in proportion to the streams, so scaling a lower level's rate up
 by c / c_lower over-estimates it, and an over-estimate only lengthens the trial). The plan's
-``requests`` is a floor; ``budget.max_requests_per_trial`` a cap.
+``requests`` is a floor; ``budget.max_requests_per_trial`` a cap. An open loop (rate mode) knows
+its rate: ``rate x window`` measured requests, and at least the completions the rules ask for.
 """
 
 from __future__ import annotations
 
 import math
 
-from servetune.plan import TuningPlan
+from servetune.plan import Level, TuningPlan
 from servetune.tuning.state import CampaignState, Flags, TrialOutcome
 
 SAFETY = 1.15  # margin for the estimate and the boundary effects of the window
@@ -42,7 +43,7 @@ def _rate(o: TrialOutcome) -> float | None:
     return None
 
 
-def estimate_rate(state: CampaignState, flags: Flags, level: int) -> tuple[float | None, str]:
+def estimate_rate(state: CampaignState, flags: Flags, level: Level) -> tuple[float | None, str]:
     """An upper estimate of the request rate at ``level``, and where it came from."""
     measured = [o for o in state.outcomes if o.status != "failed" and _rate(o)]
     for pool, label in (([o for o in measured if o.flags == flags and o.stage != "correctness"], "same config"),
@@ -57,12 +58,14 @@ def estimate_rate(state: CampaignState, flags: Flags, level: int) -> tuple[float
     return None, "no measurement yet"
 
 
-def size_trial(plan: TuningPlan, state: CampaignState, flags: Flags, level: int, stage: str,
+def size_trial(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, stage: str,
                *, resize_from: TrialOutcome | None = None) -> tuple[int, int, str]:
     """(measured requests, warm-up, how) for a trial of ``flags`` at ``level``."""
     rules = plan.validation.rules()
     floor, warmup, duration = stage_floor(plan, stage)
     window = max(rules.min_window_s, duration or 0.0)
+    if plan.rate_mode:
+        return _size_open_loop(plan, state, flags, float(level), floor, warmup, window, resize_from)
     tail = max(0, 2 * level - warmup)
     needed = math.ceil(rules.completions_needed(level) * SAFETY) + tail
     parts = [f"floor {floor}", f"{rules.completions_needed(level)} completions"]
@@ -80,6 +83,41 @@ def size_trial(plan: TuningPlan, state: CampaignState, flags: Flags, level: int,
     requests = math.ceil(requests * factor)
     if resize_from is not None:  # a re-run is never smaller than the trial it replaces
         requests = max(requests, math.ceil(resize_from.requests * RESIZE))
+    cap = plan.budget.max_requests_per_trial
+    if requests > cap:
+        parts.append(f"capped at budget.max_requests_per_trial {cap}")
+        requests = cap
+    return requests, warmup, "; ".join(parts)
+
+
+def _e2e_estimate(state: CampaignState, flags: Flags, rate: float) -> tuple[float | None, str]:
+    """Seconds a request takes near ``rate``: the slowest mean E2E measured at or below it (this config
+    first); latency only grows with the rate, so the estimate errs long."""
+    done = [o for o in state.outcomes if o.status != "failed" and o.stage != "correctness" and o.summary.e2e_ms.mean]
+    for pool, label in (([o for o in done if o.flags == flags], "same config"), (done, "another config")):
+        below = [o for o in pool if o.rate is not None and o.rate <= rate] or pool
+        if below:
+            e2e = max(o.summary.e2e_ms.mean for o in below) / 1000.0  # type: ignore[operator, type-var]
+            return e2e, f"E2E {e2e:.2f} s ({label})"
+    return None, "no E2E measured yet"
+
+
+def _size_open_loop(plan: TuningPlan, state: CampaignState, flags: Flags, rate: float, floor: int,
+                    warmup: int, window: float, resize_from: TrialOutcome | None) -> tuple[int, int, str]:
+    """The window of an open loop spans the measured arrivals: ``rate x window`` of them, after a warm-up
+    that fills the pipeline (``rate x E2E`` requests in flight: Little's law), and enough of them to
+    complete ``completions_per_stream`` per request in flight."""
+    rules = plan.validation.rules()
+    e2e, how = _e2e_estimate(state, flags, rate)
+    in_flight = rate * e2e if e2e else 0.0
+    warmup = max(warmup, math.ceil(in_flight * SAFETY))
+    by_time = math.ceil(rate * window * SAFETY)
+    needed = math.ceil(rules.completions_needed(in_flight) * SAFETY + in_flight)
+    requests = max(floor, needed, by_time)
+    parts = [f"floor {floor}", f"{window:g} s at {rate:g} req/s", f"{how}: {in_flight:.0f} in flight, warm-up {warmup}"]
+    if resize_from is not None:
+        requests = max(requests, math.ceil(resize_from.requests * RESIZE))
+        parts.append(f"re-sized from the INVALID trial {resize_from.trial_id[:8]}")
     cap = plan.budget.max_requests_per_trial
     if requests > cap:
         parts.append(f"capped at budget.max_requests_per_trial {cap}")

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from servetune.plan import FlagValue
+from servetune.plan import FlagValue, Level
 from servetune.result import TrialResult, TrialSummary
 
 Stage = Literal["correctness", "baseline", "ramp", "bisect", "refine"]
@@ -32,7 +32,8 @@ class TrialSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     stage: Stage
-    concurrency: int = Field(ge=1)
+    concurrency: int = Field(ge=1, description="closed-loop streams; with ``rate``, the in-flight cap")
+    rate: float | None = Field(default=None, gt=0, description="open loop: offered requests/s (the level)")
     flags: Flags = Field(default_factory=dict)
     requests: int = Field(ge=1, description="measured requests")
     warmup: int = Field(default=0, ge=0)
@@ -41,8 +42,13 @@ class TrialSpec(BaseModel):
     sizing: str = Field(default="", description="how the request count was chosen (servetune.tuning.sizing)")
 
     @property
-    def key(self) -> tuple[str, int]:
-        return (config_key(self.flags), self.concurrency)
+    def level(self) -> Level:
+        """What the ramp walks: the streams, or the offered rate of an open loop."""
+        return self.rate if self.rate is not None else self.concurrency
+
+    @property
+    def key(self) -> tuple[str, Level]:
+        return (config_key(self.flags), self.level)
 
 
 class TrialOutcome(BaseModel):
@@ -53,6 +59,7 @@ class TrialOutcome(BaseModel):
     trial_id: str
     stage: Stage
     concurrency: int
+    rate: float | None = None
     flags: Flags = Field(default_factory=dict)
     requests: int = Field(default=0, ge=0, description="measured requests asked for (comparisons keep it equal)")
     warmup: int = Field(default=0, ge=0)
@@ -67,8 +74,12 @@ class TrialOutcome(BaseModel):
     seed_offset: int = Field(default=0, ge=0)
 
     @property
-    def key(self) -> tuple[str, int]:
-        return (config_key(self.flags), self.concurrency)
+    def level(self) -> Level:
+        return self.rate if self.rate is not None else self.concurrency
+
+    @property
+    def key(self) -> tuple[str, Level]:
+        return (config_key(self.flags), self.level)
 
     @property
     def valid(self) -> bool:
@@ -89,6 +100,7 @@ class TrialOutcome(BaseModel):
             trial_id=result.trial_id,
             stage=spec.stage,
             concurrency=spec.concurrency,
+            rate=spec.rate,
             flags=dict(spec.flags),
             requests=spec.requests,
             warmup=spec.warmup,
@@ -115,14 +127,14 @@ class CampaignState(BaseModel):
 
     outcomes: list[TrialOutcome] = Field(default_factory=list)
 
-    def lookup(self, flags: Flags, concurrency: int) -> TrialOutcome | None:
+    def lookup(self, flags: Flags, level: Level) -> TrialOutcome | None:
         """The latest measurement of this server config at this level, from any stage."""
-        found = self.measurements(flags, concurrency)
+        found = self.measurements(flags, level)
         return found[-1] if found else None
 
-    def measurements(self, flags: Flags, concurrency: int) -> list[TrialOutcome]:
+    def measurements(self, flags: Flags, level: Level) -> list[TrialOutcome]:
         """Every trial of this server config at this level (repeats and invalid ones), any stage but correctness."""
-        key = (config_key(flags), concurrency)
+        key = (config_key(flags), level)
         return [o for o in self.outcomes if o.stage != "correctness" and o.key == key]
 
     def by_stage(self, stage: Stage) -> list[TrialOutcome]:
@@ -151,16 +163,16 @@ class Ceiling(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    level: int | None = Field(description="highest passing concurrency; None when nothing passed")
+    level: Level | None = Field(description="highest passing level (streams or req/s); None when nothing passed")
     kind: Literal["sla", "memory", "errors", "failed", "plateau", "exhausted", "budget", "invalid", "overload",
                   "fault"]
-    first_fail: int | None = None
+    first_fail: Level | None = None
     reasons: list[str] = Field(default_factory=list)
     pass_trial_id: str | None = None
     fail_trial_id: str | None = None
     pass_trial_ids: list[str] = Field(default_factory=list, description="every valid repeat at the level")
     fail_trial_ids: list[str] = Field(default_factory=list, description="every valid repeat at first_fail")
-    marginal: list[int] = Field(default_factory=list, description="levels whose SLA verdict flipped between repeats")
+    marginal: list[Level] = Field(default_factory=list, description="levels whose SLA verdict flipped between repeats")
 
 
 class Recommendation(BaseModel):
@@ -169,7 +181,8 @@ class Recommendation(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     config: Flags
-    concurrency: int
+    concurrency: int = Field(description="streams; in rate mode the in-flight level the capacity implies (Little's law)")
+    rate: float | None = Field(default=None, description="rate mode: the capacity, requests/s at the SLA")
     evidence_trial_ids: list[str]
     goodput_rps: float | None
     p99_ttft_ms: float | None

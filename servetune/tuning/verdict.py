@@ -6,6 +6,7 @@ error rate, the p99 bounds, GPU memory, and for an open loop whether the server 
 
 from __future__ import annotations
 
+from servetune.result import TrialSummary
 from servetune.sla import SLA
 from servetune.tuning.state import TrialOutcome, Verdict
 
@@ -18,6 +19,10 @@ def judge(outcome: TrialOutcome, sla: SLA) -> Verdict:
     if outcome.status == "failed":
         return Verdict(passed=False, kind="failed", reasons=[f"trial failed: {outcome.failure_reason or 'unknown'}"])
     s = outcome.summary
+    if s.sustained is False and not _client_fell_behind(s):
+        # an open loop beyond capacity: its queue grows, so its window is no steady state either; the
+        # server not keeping up is the verdict (only a client that could not send the load decides nothing)
+        return Verdict(passed=False, kind="overload", reasons=[_overload_reason(s)])
     if s.valid is False:
         return Verdict(passed=False, kind="invalid", reasons=["INVALID: " + "; ".join(s.invalid_reasons)])
     if s.requests_measured == 0 or s.requests_ok == 0:
@@ -38,8 +43,16 @@ def judge(outcome: TrialOutcome, sla: SLA) -> Verdict:
         if s.gpu_mem_peak_fraction > sla.gpu_memory_limit:
             reasons.append(f"GPU memory peak {s.gpu_mem_peak_fraction:.3f} > limit {sla.gpu_memory_limit}")
             kind = "memory" if kind == "pass" else kind
-    if s.sustained is False:
-        reasons.append(f"the server completed {s.completion_fraction or 0:.0%} of the arrivals in the window:"
-                       " the offered rate is beyond what it sustains")
-        kind = "overload" if kind == "pass" else kind
     return Verdict(passed=not reasons, kind=kind, reasons=reasons)  # type: ignore[arg-type]
+
+
+def _client_fell_behind(s: TrialSummary) -> bool:
+    floor = (s.validity_rules or {}).get("min_dispatch_fraction", 0.95)
+    return s.dispatch_fraction is not None and s.dispatch_fraction < floor
+
+
+def _overload_reason(s: TrialSummary) -> str:
+    growth = f", requests in flight x{s.in_flight_growth:.1f} from the window's first to its last quarter" \
+        if s.in_flight_growth is not None else ""
+    return (f"the server fell behind the offered rate: {s.completion_fraction or 0:.0%} of the arrivals"
+            f" completed one latency later{growth}")

@@ -1,0 +1,31 @@
+"""trials: in_flight_growth (open loop: requests in flight over the window's last quarter / its first)
+
+Revision ID: 0006
+Revises: 0005
+Create Date: 2026-12-01 16:00:00
+
+"""
+from typing import Sequence, Union
+
+import sqlalchemy as sa
+from alembic import op
+
+from servetune.warehouse.views import create_views, drop_views
+
+revision: str = '0006'
+down_revision: Union[str, Sequence[str], None] = '0005'
+branch_labels: Union[str, Sequence[str], None] = None
+depends_on: Union[str, Sequence[str], None] = None
+
+
+def upgrade() -> None:
+    """The views select ``t.*`` (expanded at creation): drop them around the change, create them again."""
+    drop_views(op.get_bind())
+    op.add_column('trials', sa.Column('in_flight_growth', sa.Double(), nullable=True))
+    create_views(op.get_bind())
+
+
+def downgrade() -> None:
+    drop_views(op.get_bind())
+    op.drop_column('trials', 'in_flight_growth')
+    create_views(op.get_bind())

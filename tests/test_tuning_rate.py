@@ -1,0 +1,206 @@
+"""Tuning in rate mode (open loop): the plan's load section, exact-rate schedules, the overload verdict,
+the capacity search in virtual time against an exhaustive rate grid, and the CLI's dry run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from servetune.cli import app
+from servetune.loadgen import LoadConfig
+from servetune.loadgen.strategies import arrival_offsets_s
+from servetune.metrics import summarize
+from servetune.plan import PlanError, TuningPlan, parse_plan
+from servetune.records import RequestRecord
+from servetune.tuning.campaign import Campaign, plan_digest
+from servetune.tuning.runner import SimTrialRunner
+from servetune.tuning.state import TrialOutcome, TrialSpec
+from servetune.tuning.verdict import judge
+from servetune.validity import ValidityRules
+
+RULES = ValidityRules(min_window_s=10, min_completions=50)
+
+
+def rate_plan(**over) -> TuningPlan:
+    data = {
+        "name": "rate", "model": "llama-3.1-8b",
+        "engine": {"kind": "sim", "gpu_profile": "A100-80G", "model_profile": "llama-3.1-8b"},
+        "workload": {"seed": 4, "input": {"kind": "lognormal", "median": 1024, "sigma": 0.5, "min": 64, "max": 4096},
+                     "output": {"kind": "fixed", "value": 128},
+                     "shared_prefix": {"tokens": 256, "share_ratio": 0.8, "num_prefixes": 2}},
+        "load": {"mode": "rate", "arrival": "poisson", "max_in_flight": 512},
+        "sla": {"p99_ttft_ms": 1500, "p99_tpot_ms": 50},
+        "stages": {"correctness": {"requests": 1}, "baseline": {"rate": 1, "requests": 40, "warmup": 4},
+                   "ramp": {"levels": [2, 4, 8, 16, 32], "requests": 40, "warmup": 4},
+                   "refine": {"enabled": False}},
+        "validation": {"min_measured": 40, "min_window_s": 15, "min_completions": 60},
+        "budget": {"max_gpu_minutes": 120, "restart_cost_s": 2},
+        "repeats": {"count": 1},
+    }
+    data.update(over)
+    return parse_plan(data)
+
+
+@pytest.mark.parametrize(("load", "why"), [
+    ({"mode": "rate", "arrival": "trace"}, "trace arrivals need a timed trace"),
+    ({"mode": "rate", "arrival": "poisson", "burstiness": 0.5}, "burstiness applies to arrival: gamma"),
+    ({"mode": "rate", "max_in_flight": 0}, "greater than or equal to 1"),
+    ({"mode": "open"}, "'concurrency' or 'rate'"),
+    ({"mode": "rate", "arrivals": "poisson"}, "Extra inputs"),
+])
+def test_a_bad_load_section_names_its_field(load: dict, why: str) -> None:
+    with pytest.raises(PlanError) as exc:
+        rate_plan(load=load)
+    assert "load" in str(exc.value) and why in str(exc.value)
+
+
+def test_levels_must_fit_the_mode() -> None:
+    with pytest.raises(PlanError, match="streams must be whole numbers in concurrency mode"):
+        rate_plan(load=None, stages={"baseline": {"concurrency": 1}, "ramp": {"levels": [2, 4.5]}})
+    with pytest.raises(PlanError, match="stages.baseline.rate: only for load.mode rate"):
+        rate_plan(load=None, stages={"baseline": {"rate": 1}, "ramp": {"levels": [2, 4]}})
+    with pytest.raises(PlanError, match=r"ramp.levels must start above baseline.rate \(3 req/s\)"):
+        rate_plan(stages={"baseline": {"rate": 3}, "ramp": {"levels": [2, 4]}})
+    plan = rate_plan(stages={"ramp": {"levels": [2.5, 5]}})  # no baseline rate: half the first level
+    assert plan.baseline_level == 1.25 and plan.level_text(2.5) == "2.5 req/s"
+    assert plan.load_at(2.5) == {"concurrency": 512, "rate": 2.5}
+
+
+def test_a_plan_without_a_load_section_keeps_its_digest() -> None:
+    """Campaigns started before rate mode existed resume: the new fields at their defaults are left out."""
+    plan = rate_plan(load=None, stages={"baseline": {"concurrency": 2}, "ramp": {"levels": [4, 8]}})
+    dumped = plan.model_dump(mode="json")
+    assert dumped["load"] is None and dumped["stages"]["baseline"]["rate"] is None
+    assert isinstance(dumped["stages"]["ramp"]["levels"][0], int)
+    older = {k: v for k, v in dumped.items() if k != "load"}
+    older["stages"]["baseline"] = {k: v for k, v in older["stages"]["baseline"].items() if k != "rate"}
+    older["validation"] = {k: v for k, v in older["validation"].items() if k != "max_in_flight_growth"}
+    import hashlib
+
+    import orjson
+
+    assert plan_digest(plan) == hashlib.sha256(orjson.dumps(older, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+@pytest.mark.parametrize("arrival", ["poisson", "gamma"])
+def test_an_exact_rate_schedule_offers_the_rate_it_names_and_keeps_its_shape(arrival: str) -> None:
+    for seed in range(5):
+        load = LoadConfig(mode="rate", concurrency=64, rate=4.0, arrival=arrival, seed=seed,
+                          burstiness=0.25 if arrival == "gamma" else 1.0)
+        loose = np.diff(arrival_offsets_s(load, 121))
+        exact = np.diff(arrival_offsets_s(load.model_copy(update={"exact_rate": True}), 121))
+        assert 120 / exact.sum() == pytest.approx(4.0, rel=1e-9)
+        cv = exact.std() / exact.mean()
+        assert cv == pytest.approx(loose.std() / loose.mean(), rel=1e-9)  # the same gaps, stretched
+        assert (1.5 if arrival == "gamma" else 0.7) < cv < (2.6 if arrival == "gamma" else 1.3)
+    drift = [abs(120 / np.diff(arrival_offsets_s(LoadConfig(mode="rate", concurrency=64, rate=4.0, seed=s),
+                                                    121)).sum() / 4.0 - 1) for s in range(20)]
+    assert max(drift) > 0.05  # what a plain Poisson draw of 120 gaps misses its rate by
+
+
+def _req(i: int, send: float, e2e: float, out: int = 10, ttft: float = 0.05) -> RequestRecord:
+    """A successful request whose ``out`` tokens arrive evenly after its first."""
+    step = (e2e - ttft) / (out - 1)
+    return RequestRecord(request_id=i, t_send_s=send, ttft_ms=ttft * 1000, e2e_ms=e2e * 1000,
+                         chunk_offsets_ms=[1000.0 * (ttft + k * step) for k in range(out)], chunk_tokens=[1] * out,
+                         prompt_tokens=100, completion_tokens=out, http_status=200)
+
+
+def test_an_open_loops_set_is_what_arrived_in_the_window() -> None:
+    """E2E 5 s, 60 s of arrivals at 4 req/s after a 5 s warm-up that fills the pipeline: what completed in
+    the window would say 3.7 req/s; the window's arrivals, each counted when it ends, say 4. Without the
+    warm-up the first quarter holds the fill, and the in-flight level seems to grow."""
+    recs = [_req(i, i / 4.0, 5.0) for i in range(260)]
+    for r in recs[:20]:
+        r.warmup = True
+    load = {"mode": "rate", "rate": 4.0, "concurrency": 512, "warmup_requests": 20}
+    s = summarize(recs, load=load, rules=RULES, sla=None, gpu=None, server=None, lengths_exact=True)
+    assert s.request_throughput == pytest.approx(4.0, rel=0.01) and s.completions_in_window == 240
+    assert s.valid and s.sustained is True and s.in_flight_growth == pytest.approx(1.0, abs=0.05)
+    cold = summarize(recs[20:], load={**load, "warmup_requests": 0}, rules=RULES, sla=None, gpu=None, server=None,
+                     lengths_exact=True)
+    assert cold.in_flight_growth > 1.15
+
+
+def test_a_growing_backlog_is_an_overload_verdict_even_when_the_window_is_not_steady() -> None:
+    """Arrivals at 10 req/s into a server finishing each one later than the last (in flight climbs): not
+    sustained, and the verdict says overload, not INVALID; a client that fell behind stays INVALID."""
+    recs = [_req(i, i / 10.0, 0.5 + 0.02 * i) for i in range(400)]
+    s = summarize(recs, load={"mode": "rate", "rate": 10.0, "concurrency": 1000}, rules=RULES, sla=None,
+                  gpu=None, server=None, lengths_exact=True)
+    assert s.sustained is False and s.in_flight_growth > 1.5
+    o = TrialOutcome(trial_id="t", stage="ramp", concurrency=1000, rate=10.0, summary=s)
+    v = judge(o, rate_plan().sla)
+    assert v.kind == "overload" and "fell behind the offered rate" in v.reasons[0] and "in flight x" in v.reasons[0]
+    late = [_req(i, i / 10.0 * 1.3, 0.5 + 0.02 * i) for i in range(400)]  # dispatched 30% slower than due
+    for r, due in zip(late, range(400), strict=True):
+        r.queue_ms = (r.t_send_s - due / 10.0) * 1000
+    s2 = summarize(late, load={"mode": "rate", "rate": 10.0, "concurrency": 1000}, rules=RULES, sla=None,
+                   gpu=None, server=None, lengths_exact=True)
+    assert judge(TrialOutcome(trial_id="u", stage="ramp", concurrency=1000, rate=10.0, summary=s2),
+                 rate_plan().sla).kind == "invalid"
+
+
+def _grid_capacity(plan: TuningPlan, rates: list[float]) -> tuple[float | None, float]:
+    """The exhaustive grid: every rate sized like the campaign's ramp; the best passing VALID one, GPU s."""
+    runner = SimTrialRunner(plan)
+    best, gpu = None, 0.0
+    for rate in rates:
+        spec = TrialSpec(stage="ramp", **plan.load_at(rate), requests=max(60, int(rate * 20 * 1.15)),
+                         warmup=max(4, int(rate * 8)))
+        rep = runner.run(spec, experiment_id="grid")
+        gpu += rep.gpu_seconds
+        o = TrialOutcome.from_result(spec, rep.result, gpu_seconds=rep.gpu_seconds, restarted=rep.restarted)
+        if o.valid and judge(o, plan.sla).passed:
+            best = max(best or 0.0, rate)
+    return best, gpu
+
+
+def test_the_capacity_search_matches_an_exhaustive_rate_grid(tmp_path: Path) -> None:
+    plan = rate_plan()
+    decision = Campaign(plan, SimTrialRunner(plan), tmp_path).run()
+    assert decision.done and not decision.failed
+    rec = decision.recommendation
+    assert rec is not None and rec.rate == decision.ceiling.level
+    state = json.loads((tmp_path / "state.json").read_text())
+    rates = [o["rate"] for o in state["outcomes"] if o["stage"] != "correctness"]
+    assert all(r is not None for r in rates) and rec.rate in rates
+    bisected = sorted({o["rate"] for o in state["outcomes"] if o["stage"] == "bisect"})
+    assert bisected, "the capacity lies between two ramp rates: it is bisected"
+    fail = decision.ceiling.first_fail
+    assert fail is not None and (fail - rec.rate) <= 0.05 * fail + 1e-9  # bisected to within 5%
+    # Little's law: the in-flight level the capacity implies
+    chosen = next(o for o in state["outcomes"] if o["trial_id"] == rec.evidence_trial_ids[0])
+    assert rec.concurrency == pytest.approx(rec.rate * chosen["summary"]["e2e_ms"]["mean"] / 1000, abs=1)
+    assert any("capacity" in line and "Little's law" in line for line in rec.explanation)
+    exp = json.loads((tmp_path / "experiment.json").read_text())
+    assert exp["ceiling"]["rate"] == rec.rate and exp["ceiling"]["concurrency"] is None
+    grid = [round(x * 0.25, 2) for x in range(4, 4 * 16 + 1)]  # 1 .. 16 req/s in steps of 0.25
+    best, grid_gpu = _grid_capacity(plan, [r for r in grid if r <= 2 * fail])
+    assert best is not None and rec.rate >= 0.95 * best, (rec.rate, best)
+    campaign_gpu = sum(o["gpu_seconds"] for o in state["outcomes"])
+    assert campaign_gpu <= 0.5 * grid_gpu, (campaign_gpu, grid_gpu)
+
+    from servetune.report.campaign import load_campaign
+    from servetune.report.html import write_report
+
+    report = write_report(load_campaign(tmp_path), tmp_path / "report")
+    page = report.html_path.read_text()
+    assert "capacity req/s at the SLA" in page and "in flight at capacity (Little&#39;s law)" in page
+    assert "<th>offered req/s</th>" in page and "concurrency ceiling" not in page
+
+
+def test_the_dry_run_shows_rates_and_the_capacity(tmp_path: Path) -> None:
+    import yaml
+
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(rate_plan().model_dump(mode="json", exclude_none=True)))
+    r = CliRunner().invoke(app, ["tune", str(path), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "level (req/s)" in r.output.replace("\n", " ") or "(req/s)" in r.output
+    assert "Open loop: levels are offered requests/s, poisson arrivals, at most 512 in flight" in r.output
+    assert "simulated recommendation: capacity" in r.output and "in flight" in r.output
