@@ -245,19 +245,29 @@ def _archive(name: str, tmp_path: Path) -> Path:
     return tmp_path / name
 
 
-def test_open_loop_on_real_sglang_measures_the_offered_rate(tmp_path) -> None:
-    """`servetune bench --rate` at 8, 16 and 24 Poisson req/s on real SGLang: each trial VALID, and the
-    measured request rate within 2% of the offered one (the window no longer counts the drain)."""
+def test_open_loop_on_real_sglang_measures_the_rate_its_schedule_offered(tmp_path) -> None:
+    """`servetune bench --rate` at 8, 16 and 24 Poisson req/s on real SGLang, each trial VALID when run.
+    Re-summarised with today's open-loop set (the window's arrivals), the measured rate is the
+    schedule's own within 1%, and the Poisson draw itself was 2-6% above the nominal rate; the
+    stored figures (the set that completed in the window) are 1-6% below the schedule's."""
+    from servetune.metrics import summarize
+    from servetune.validity import ValidityRules
+
     folder = _archive("openloop", tmp_path) / "trials"
-    rates = {}
+    seen = []
     for f in sorted(folder.glob("*.json")):
         t = TrialResult.read(f)
         assert t.summary.valid and t.summary.scenario == "open_loop" and t.load["mode"] == "rate"
         assert t.summary.window_s >= 25 and t.summary.errors_by_class == {}
-        rates[t.load["rate"]] = t.summary.request_throughput
-    assert sorted(rates) == [8.0, 16.0, 24.0]
-    for offered, measured in rates.items():
-        assert measured == pytest.approx(offered, rel=0.02), (offered, measured)
+        now = summarize(t.records, load=t.load, rules=ValidityRules(**t.summary.validity_rules), sla=None, gpu=None,
+                        server=None, lengths_exact=True)
+        offered, scheduled = t.load["rate"], now.scheduled_rate
+        assert 1.02 < scheduled / offered < 1.06
+        assert now.request_throughput == pytest.approx(scheduled, rel=0.01)
+        assert 0.94 < t.summary.request_throughput / scheduled < 0.99
+        assert now.sustained is True and now.in_flight_growth < 1.5
+        seen.append(offered)
+    assert sorted(seen) == [8.0, 16.0, 24.0]
 
 
 def test_servetune_and_bench_serving_agree_where_their_definitions_do(tmp_path) -> None:
