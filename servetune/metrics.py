@@ -259,7 +259,7 @@ def _validity(s: TrialSummary, records: Sequence[RequestRecord], steady: SteadyW
     s.in_flight_min_fraction = (a.in_flight_min / a.in_flight_target
                                 if a.in_flight_min is not None and a.in_flight_target else None)
     s.dispatch_fraction, s.scheduled_rate = a.dispatch_fraction, a.scheduled_rate
-    s.completion_fraction, s.sustained, s.in_flight_growth = a.completion_fraction, a.sustained, a.in_flight_growth
+    s.completion_fraction, s.sustained, s.latency_growth = a.completion_fraction, a.sustained, a.latency_growth
     s.throughput_mismatch = a.throughput_mismatch
 
 

@@ -72,7 +72,7 @@ class TrialSummary(BaseModel):
     dispatch_fraction: float | None = None  # open loop: achieved / scheduled dispatch rate
     scheduled_rate: float | None = None  # open loop: the arrival schedule's own rate over the trial
     completion_fraction: float | None = None  # open loop: completions / arrivals in the window
-    in_flight_growth: float | None = None  # open loop: in flight over the window's last quarter / its first
+    latency_growth: float | None = None  # open loop: E2E per token, last quarter of arrivals / the second
     sustained: bool | None = None  # open loop: the server kept up (completions and latency growth within the rules)
     tokens_per_request: float | None = None  # output_tokens_per_s / request_throughput: the set's mean output
     throughput_mismatch: float | None = None  # output_tokens_per_s_arrived / output_tokens_per_s - 1

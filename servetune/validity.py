@@ -54,10 +54,10 @@ class ValidityRules(BaseModel):
         default=0.15, ge=0,
         description="|tokens arriving in the window / tokens of the requests completed in it - 1|",
     )
-    max_in_flight_growth: float = Field(
+    max_latency_growth: float = Field(
         default=1.5, gt=1,
-        description="open loop: requests in flight over the window's last quarter / over its first; above it"
-                    " (and 3 requests more) the backlog is growing: not sustained")
+        description="open loop: median E2E per output token of the window's last quarter of arrivals over its"
+                    " second; above it the backlog is growing: not sustained")
     min_completion_fraction: float = Field(
         default=0.95, ge=0, le=1,
         description="open loop: completions (in the window shifted by the median E2E) over arrivals to count as sustained"
@@ -170,7 +170,7 @@ class Assessment(BaseModel):
     dispatch_fraction: float | None = None
     scheduled_rate: float | None = None
     completion_fraction: float | None = None
-    in_flight_growth: float | None = None
+    latency_growth: float | None = None
     sustained: bool | None = None
     throughput_mismatch: float | None = None
 
@@ -212,7 +212,7 @@ def assess(
             reasons.append(f"in flight {mean_in:.1f} on average (lowest {min_in:.1f}) of {target:.0f} streams"
                            f" < {rules.min_in_flight:.0%}: the client did not hold the load")
     else:
-        _open_loop(records, ws, we, rules, out, reasons)
+        _open_loop(records, ws, we, rules, out, reasons, cap=conc)
     if arrived_tokens_per_s is not None and completed_tokens_per_s:
         out.throughput_mismatch = mismatch = arrived_tokens_per_s / completed_tokens_per_s - 1.0
         if abs(mismatch) > rules.max_throughput_mismatch:
@@ -223,8 +223,11 @@ def assess(
     return out
 
 
+CAP_BOUND = 0.9  # in flight on average at this share of the cap: the cap, not the client, held the dispatch
+
+
 def _open_loop(records: Sequence[RequestRecord], ws: float, we: float, rules: ValidityRules,
-               out: Assessment, reasons: list[str]) -> None:
+               out: Assessment, reasons: list[str], *, cap: int | None) -> None:
     """Open loop: did the client keep to its schedule, and did the server keep up (sustained)?"""
     measured = [r for r in records if not r.warmup]
     due = np.sort(np.fromiter((r.t_send_s - r.queue_ms / 1000.0 for r in measured), dtype=np.float64))
@@ -235,33 +238,43 @@ def _open_loop(records: Sequence[RequestRecord], ws: float, we: float, rules: Va
         out.scheduled_rate = (due.size - 1) / scheduled_span
         achieved = (sent.size - 1) / span
         out.dispatch_fraction = frac = achieved / out.scheduled_rate
-        if frac < rules.min_dispatch_fraction:
+        capped = bool(cap) and (out.in_flight_mean or 0.0) >= CAP_BOUND * cap  # type: ignore[operator]
+        if frac < rules.min_dispatch_fraction and capped:
+            reasons.append(f"dispatched at {frac:.0%} of the scheduled rate ({achieved:.2f} of"
+                           f" {out.scheduled_rate:.2f} req/s) with {out.in_flight_mean:.0f} of at most {cap} in"
+                           " flight: the cap held arrivals back because the server did not finish them")
+        elif frac < rules.min_dispatch_fraction:
             reasons.append(f"the client dispatched at {frac:.0%} of its scheduled rate"
                            f" ({achieved:.2f} of {out.scheduled_rate:.2f} req/s) < {rules.min_dispatch_fraction:.0%}:"
                            " it could not hold the load")
     if sent.size:
         out.completion_fraction = _completion_fraction(records, ws, we, sent.size)
-        out.in_flight_growth, growing = _in_flight_growth(records, ws, we, rules.max_in_flight_growth)
-        out.sustained = out.completion_fraction >= rules.min_completion_fraction and not growing
+        out.latency_growth, growing = _latency_growth(records, ws, we, rules.max_latency_growth)
+        held_back = bool(cap) and (out.dispatch_fraction or 1.0) < rules.min_dispatch_fraction \
+            and (out.in_flight_mean or 0.0) >= CAP_BOUND * cap  # type: ignore[operator]
+        out.sustained = out.completion_fraction >= rules.min_completion_fraction and not growing and not held_back
 
 
-GROWTH_FLOOR = 3.0  # in-flight requests: from 2 to 4 is noise, not a backlog
+def _latency_growth(records: Sequence[RequestRecord], ws: float, we: float,
+                    limit: float) -> tuple[float | None, bool]:
+    """(median E2E per output token of the window's last quarter of arrivals / of its second, growing?).
 
-
-def _in_flight_growth(records: Sequence[RequestRecord], ws: float, we: float,
-                      limit: float) -> tuple[float | None, bool]:
-    """(mean requests in flight over the window's last quarter / over its first, growing?).
-
-    A server short of the offered rate accumulates the excess, in its queue or in ever larger
-    batches that each run slower: either way the requests in flight climb through the window
-    (Little's law), where a sustained load holds them level."""
+    A server short of the offered rate accumulates the excess, queued or in ever larger batches
+    that each run slower: either way a later arrival takes longer per token than an earlier one,
+    where a sustained load keeps it level. Per output token, so the lengths drawn do not move it;
+    the second quarter, not the first, so a warm-up still filling the pipeline does not; latency,
+    not the in-flight count, so a lull in the arrivals (a Poisson draw's quiet spell) does not."""
     quarter = (we - ws) / 4
-    a, _ = in_flight(records, ws, ws + quarter)
-    b, _ = in_flight(records, we - quarter, we)
-    if a <= 0:
+
+    def per_token(lo: float, hi: float) -> list[float]:
+        return [r.e2e_ms / r.completion_tokens for r in records  # type: ignore[operator]
+                if not r.warmup and r.ok and r.e2e_ms and r.completion_tokens and lo <= r.t_send_s <= hi]
+
+    early, late = per_token(ws + quarter, ws + 2 * quarter), per_token(we - quarter, we)
+    if len(early) < 5 or len(late) < 5:
         return None, False
-    growth = b / a
-    return growth, growth > limit and b - a > GROWTH_FLOOR
+    growth = float(np.median(late)) / float(np.median(early))
+    return growth, growth > limit
 
 
 def _completion_fraction(records: Sequence[RequestRecord], ws: float, we: float, arrivals: int) -> float:

@@ -265,7 +265,7 @@ def test_open_loop_on_real_sglang_measures_the_rate_its_schedule_offered(tmp_pat
         assert 1.02 < scheduled / offered < 1.06
         assert now.request_throughput == pytest.approx(scheduled, rel=0.01)
         assert 0.94 < t.summary.request_throughput / scheduled < 0.99
-        assert now.sustained is True and now.in_flight_growth < 1.5
+        assert now.sustained is True and now.latency_growth < 1.5
         seen.append(offered)
     assert sorted(seen) == [8.0, 16.0, 24.0]
 

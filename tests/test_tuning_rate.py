@@ -18,7 +18,7 @@ from servetune.plan import PlanError, TuningPlan, parse_plan
 from servetune.records import RequestRecord
 from servetune.tuning.campaign import Campaign, plan_digest
 from servetune.tuning.runner import SimTrialRunner
-from servetune.tuning.state import TrialOutcome, TrialSpec
+from servetune.tuning.state import TrialOutcome
 from servetune.tuning.verdict import judge
 from servetune.validity import ValidityRules
 
@@ -78,7 +78,7 @@ def test_a_plan_without_a_load_section_keeps_its_digest() -> None:
     assert isinstance(dumped["stages"]["ramp"]["levels"][0], int)
     older = {k: v for k, v in dumped.items() if k != "load"}
     older["stages"]["baseline"] = {k: v for k, v in older["stages"]["baseline"].items() if k != "rate"}
-    older["validation"] = {k: v for k, v in older["validation"].items() if k != "max_in_flight_growth"}
+    older["validation"] = {k: v for k, v in older["validation"].items() if k != "max_latency_growth"}
     import hashlib
 
     import orjson
@@ -113,29 +113,29 @@ def _req(i: int, send: float, e2e: float, out: int = 10, ttft: float = 0.05) -> 
 def test_an_open_loops_set_is_what_arrived_in_the_window() -> None:
     """E2E 5 s, 60 s of arrivals at 4 req/s after a 5 s warm-up that fills the pipeline: what completed in
     the window would say 3.7 req/s; the window's arrivals, each counted when it ends, say 4. Without the
-    warm-up the first quarter holds the fill, and the in-flight level seems to grow."""
+    warm-up the pipeline fills in the window's first quarter, which is no backlog."""
     recs = [_req(i, i / 4.0, 5.0) for i in range(260)]
     for r in recs[:20]:
         r.warmup = True
     load = {"mode": "rate", "rate": 4.0, "concurrency": 512, "warmup_requests": 20}
     s = summarize(recs, load=load, rules=RULES, sla=None, gpu=None, server=None, lengths_exact=True)
     assert s.request_throughput == pytest.approx(4.0, rel=0.01) and s.completions_in_window == 240
-    assert s.valid and s.sustained is True and s.in_flight_growth == pytest.approx(1.0, abs=0.05)
+    assert s.valid and s.sustained is True and s.latency_growth == pytest.approx(1.0, abs=0.05)
     cold = summarize(recs[20:], load={**load, "warmup_requests": 0}, rules=RULES, sla=None, gpu=None, server=None,
                      lengths_exact=True)
-    assert cold.in_flight_growth > 1.15
+    assert cold.sustained is True and cold.latency_growth == pytest.approx(1.0, abs=0.05)
 
 
 def test_a_growing_backlog_is_an_overload_verdict_even_when_the_window_is_not_steady() -> None:
-    """Arrivals at 10 req/s into a server finishing each one later than the last (in flight climbs): not
+    """Arrivals at 10 req/s into a server finishing each one later than the last (latency climbs): not
     sustained, and the verdict says overload, not INVALID; a client that fell behind stays INVALID."""
     recs = [_req(i, i / 10.0, 0.5 + 0.02 * i) for i in range(400)]
     s = summarize(recs, load={"mode": "rate", "rate": 10.0, "concurrency": 1000}, rules=RULES, sla=None,
                   gpu=None, server=None, lengths_exact=True)
-    assert s.sustained is False and s.in_flight_growth > 1.5
+    assert s.sustained is False and s.latency_growth > 1.5
     o = TrialOutcome(trial_id="t", stage="ramp", concurrency=1000, rate=10.0, summary=s)
     v = judge(o, rate_plan().sla)
-    assert v.kind == "overload" and "fell behind the offered rate" in v.reasons[0] and "in flight x" in v.reasons[0]
+    assert v.kind == "overload" and "fell behind the offered rate" in v.reasons[0] and "latency per token x" in v.reasons[0]
     late = [_req(i, i / 10.0 * 1.3, 0.5 + 0.02 * i) for i in range(400)]  # dispatched 30% slower than due
     for r, due in zip(late, range(400), strict=True):
         r.queue_ms = (r.t_send_s - due / 10.0) * 1000
@@ -145,19 +145,17 @@ def test_a_growing_backlog_is_an_overload_verdict_even_when_the_window_is_not_st
                  rate_plan().sla).kind == "invalid"
 
 
-def _grid_capacity(plan: TuningPlan, rates: list[float]) -> tuple[float | None, float]:
-    """The exhaustive grid: every rate sized like the campaign's ramp; the best passing VALID one, GPU s."""
-    runner = SimTrialRunner(plan)
-    best, gpu = None, 0.0
-    for rate in rates:
-        spec = TrialSpec(stage="ramp", **plan.load_at(rate), requests=max(60, int(rate * 20 * 1.15)),
-                         warmup=max(4, int(rate * 8)))
-        rep = runner.run(spec, experiment_id="grid")
-        gpu += rep.gpu_seconds
-        o = TrialOutcome.from_result(spec, rep.result, gpu_seconds=rep.gpu_seconds, restarted=rep.restarted)
-        if o.valid and judge(o, plan.sla).passed:
-            best = max(best or 0.0, rate)
-    return best, gpu
+def _capacity_bench():
+    """bench/capacity_search.py, whose grid (every 5% of rate, sized by the tuner's rule) the test reuses."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "capacity_search.py"
+    spec = importlib.util.spec_from_file_location("capacity_search", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def test_the_capacity_search_matches_an_exhaustive_rate_grid(tmp_path: Path) -> None:
@@ -179,11 +177,12 @@ def test_the_capacity_search_matches_an_exhaustive_rate_grid(tmp_path: Path) -> 
     assert any("capacity" in line and "Little's law" in line for line in rec.explanation)
     exp = json.loads((tmp_path / "experiment.json").read_text())
     assert exp["ceiling"]["rate"] == rec.rate and exp["ceiling"]["concurrency"] is None
-    grid = [round(x * 0.25, 2) for x in range(4, 4 * 16 + 1)]  # 1 .. 16 req/s in steps of 0.25
-    best, grid_gpu = _grid_capacity(plan, [r for r in grid if r <= 2 * fail])
+    cs = _capacity_bench()
+    grid = cs.run_grid(plan, cs.grid_rates(plan.baseline_level, 16, 0.05))
+    best, grid_gpu = cs.best_rate(plan, grid), sum(o.gpu_seconds for o in grid)
     assert best is not None and rec.rate >= 0.95 * best, (rec.rate, best)
     campaign_gpu = sum(o["gpu_seconds"] for o in state["outcomes"])
-    assert campaign_gpu <= 0.5 * grid_gpu, (campaign_gpu, grid_gpu)
+    assert campaign_gpu <= 0.3 * grid_gpu, (campaign_gpu, grid_gpu)
 
     from servetune.report.campaign import load_campaign
     from servetune.report.html import write_report
@@ -204,3 +203,34 @@ def test_the_dry_run_shows_rates_and_the_capacity(tmp_path: Path) -> None:
     assert "level (req/s)" in r.output.replace("\n", " ") or "(req/s)" in r.output
     assert "Open loop: levels are offered requests/s, poisson arrivals, at most 512 in flight" in r.output
     assert "simulated recommendation: capacity" in r.output and "in flight" in r.output
+
+
+@pytest.mark.timeout(180)
+def test_a_rate_mode_campaign_runs_open_loops_over_http(tmp_path: Path) -> None:
+    """The live runner against a real `servetune sim serve` process: every trial an open loop at its rate,
+    dispatched on an exact-rate Poisson schedule over loopback HTTP."""
+    from servetune.result import TrialResult
+    from servetune.tuning.live import LiveTrialRunner
+
+    plan = rate_plan(
+        engine={"kind": "sim", "gpu_profile": "A100-80G", "model_profile": "llama-3.1-8b", "load_seconds": 0.2},
+        workload={"seed": 3, "input": {"kind": "lognormal", "median": 256, "sigma": 0.5, "min": 32, "max": 1024},
+                  "output": {"kind": "uniform", "min": 8, "max": 24}},
+        stages={"correctness": {"requests": 1}, "baseline": {"rate": 10, "requests": 40, "warmup": 4},
+                "ramp": {"levels": [20, 40], "requests": 40, "warmup": 4}, "refine": {"enabled": False}},
+        validation={"min_measured": 30, "min_window_s": 4, "min_completions": 30},
+        repeats={"count": 1})
+    decision = Campaign(plan, LiveTrialRunner(plan), tmp_path).run()
+    assert decision.done and not decision.failed, decision.reason
+    trials = [TrialResult.read(p) for p in (tmp_path / "trials").glob("*.json")]
+    measured = [t for t in trials if t.stage != "correctness"]
+    rates = {t.load["rate"] for t in measured}
+    assert {10.0, 20.0, 40.0} <= rates
+    for t in measured:
+        assert t.load["mode"] == "rate" and t.load["exact_rate"] is True and t.summary.scenario == "open_loop"
+        assert t.target["url"].startswith("http://127.0.0.1:")
+        if t.summary.valid:
+            assert t.summary.scheduled_rate == pytest.approx(t.load["rate"], rel=0.02)
+            assert t.summary.request_throughput == pytest.approx(t.load["rate"], rel=0.1)
+    rec = decision.recommendation
+    assert rec is not None and rec.rate in rates and rec.concurrency >= 1

@@ -27,10 +27,14 @@ def arrival_offsets_s(load: LoadConfig, n: int) -> list[float]:
         gaps = rng.exponential(1.0 / rate, size=n - 1)
     else:  # gamma: shape = burstiness, mean gap 1/rate (vLLM's --burstiness semantics)
         gaps = rng.gamma(shape=load.burstiness, scale=1.0 / (rate * load.burstiness), size=n - 1)
-    if load.exact_rate and gaps.size and gaps.sum() > 0:
+    if load.exact_rate:
         # 120 Poisson arrivals miss their nominal rate by ~9% (one sigma): a level the tuner compares
-        # must be the rate it names, so the sample is stretched to it; its burstiness is kept
-        gaps *= (n - 1) / rate / gaps.sum()
+        # must be the rate it names, so the sample is stretched to it, the warm-up's gaps and the
+        # measured ones (the steady window's) each on their own; its burstiness is kept
+        w = min(load.warmup_requests, gaps.size)
+        for part in (gaps[:w], gaps[w:]):
+            if part.size and part.sum() > 0:
+                part *= part.size / rate / part.sum()
     return [0.0, *np.cumsum(gaps).tolist()]
 
 

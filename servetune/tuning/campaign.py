@@ -92,8 +92,8 @@ def plan_digest(plan: TuningPlan) -> str:
         data.pop("load", None)
     if data["stages"]["baseline"].get("rate") is None:
         data["stages"]["baseline"].pop("rate", None)
-    if data["validation"].get("max_in_flight_growth") == 1.5:
-        data["validation"].pop("max_in_flight_growth", None)
+    if data["validation"].get("max_latency_growth") == 1.5:
+        data["validation"].pop("max_latency_growth", None)
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 

@@ -20,6 +20,8 @@ from servetune.tuning.state import CampaignState, Flags, TrialOutcome
 
 SAFETY = 1.15  # margin for the estimate and the boundary effects of the window
 RESIZE = 1.3  # an INVALID trial is re-run this much bigger than its own rate asks for
+WINDOW_E2E = 3.0  # open loop: the window spans at least this many mean latencies
+WARMUP_FILL = 1.5  # open loop: warm-up requests per request in flight (the E2E estimate comes from lower rates)
 
 
 def stage_floor(plan: TuningPlan, stage: str) -> tuple[int, int, float | None]:
@@ -110,7 +112,8 @@ def _size_open_loop(plan: TuningPlan, state: CampaignState, flags: Flags, rate: 
     rules = plan.validation.rules()
     e2e, how = _e2e_estimate(state, flags, rate)
     in_flight = rate * e2e if e2e else 0.0
-    warmup = max(warmup, math.ceil(in_flight * SAFETY))
+    window = max(window, WINDOW_E2E * (e2e or 0.0))  # a window of a few latencies, or no steady state shows
+    warmup = max(warmup, math.ceil(in_flight * WARMUP_FILL))
     by_time = math.ceil(rate * window * SAFETY)
     needed = math.ceil(rules.completions_needed(in_flight) * SAFETY + in_flight)
     requests = max(floor, needed, by_time)

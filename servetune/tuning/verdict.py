@@ -9,6 +9,7 @@ from __future__ import annotations
 from servetune.result import TrialSummary
 from servetune.sla import SLA
 from servetune.tuning.state import TrialOutcome, Verdict
+from servetune.validity import CAP_BOUND
 
 
 def judge(outcome: TrialOutcome, sla: SLA) -> Verdict:
@@ -47,12 +48,15 @@ def judge(outcome: TrialOutcome, sla: SLA) -> Verdict:
 
 
 def _client_fell_behind(s: TrialSummary) -> bool:
+    """Late dispatches the client is to blame for; with the in-flight cap full it is the server's backlog."""
     floor = (s.validity_rules or {}).get("min_dispatch_fraction", 0.95)
+    if s.offered_concurrency and (s.in_flight_mean or 0.0) >= CAP_BOUND * s.offered_concurrency:
+        return False
     return s.dispatch_fraction is not None and s.dispatch_fraction < floor
 
 
 def _overload_reason(s: TrialSummary) -> str:
-    growth = f", requests in flight x{s.in_flight_growth:.1f} from the window's first to its last quarter" \
-        if s.in_flight_growth is not None else ""
+    growth = f", latency per token x{s.latency_growth:.2f} from the window's second to its last quarter" \
+        if s.latency_growth is not None else ""
     return (f"the server fell behind the offered rate: {s.completion_fraction or 0:.0%} of the arrivals"
             f" completed one latency later{growth}")

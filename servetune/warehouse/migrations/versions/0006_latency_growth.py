@@ -1,4 +1,4 @@
-"""trials: in_flight_growth (open loop: requests in flight over the window's last quarter / its first)
+"""trials: latency_growth (open loop: median E2E per output token, last quarter of the window's arrivals / its second)
 
 Revision ID: 0006
 Revises: 0005
@@ -21,11 +21,11 @@ depends_on: Union[str, Sequence[str], None] = None
 def upgrade() -> None:
     """The views select ``t.*`` (expanded at creation): drop them around the change, create them again."""
     drop_views(op.get_bind())
-    op.add_column('trials', sa.Column('in_flight_growth', sa.Double(), nullable=True))
+    op.add_column('trials', sa.Column('latency_growth', sa.Double(), nullable=True))
     create_views(op.get_bind())
 
 
 def downgrade() -> None:
     drop_views(op.get_bind())
-    op.drop_column('trials', 'in_flight_growth')
+    op.drop_column('trials', 'latency_growth')
     create_views(op.get_bind())

@@ -1,0 +1,146 @@
+"""Rate mode: the staged capacity search against an exhaustive rate grid, in the simulator's virtual time.
+
+For each scenario (GPU x model x workload x SLA, shared with bench/tuning_efficiency.py) the plan runs
+in rate mode (``load: {mode: rate}``, Poisson arrivals, refinement off: this measures the search for
+the capacity, not the flag walk) through ``servetune.tuning`` (the code `servetune tune` runs), and an
+exhaustive grid runs the same default config at every rate from the ladder's lowest to its highest
+in steps of ``--step`` (5%, geometric), each trial sized by the tuner's own rule
+(servetune.tuning.sizing) and re-run once, bigger, when INVALID. Both judge a trial with the same
+verdict (SLA p99s, errors, memory, and whether the server kept up: servetune.tuning.verdict).
+
+Printed per scenario: the capacity the search states (requests/s at the SLA), the grid's best passing
+VALID rate, their ratio (target >= 95%), the GPU time of each and their ratio (target <= 30%).
+
+    .venv/bin/python bench/capacity_search.py [--only NAME] [--step 0.05] [--arrival poisson|gamma]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tuning_efficiency import SCENARIOS, Scenario  # noqa: E402
+
+from servetune.plan import TuningPlan, parse_plan  # noqa: E402
+from servetune.tuning.campaign import dry_run  # noqa: E402
+from servetune.tuning.runner import SimTrialRunner  # noqa: E402
+from servetune.tuning.sizing import size_trial  # noqa: E402
+from servetune.tuning.state import CampaignState, TrialOutcome, TrialSpec  # noqa: E402
+from servetune.tuning.verdict import judge  # noqa: E402
+
+LADDER = [0.5, 1, 2, 4, 8, 16, 32, 64]
+PICKED = ("a100-8b-chat", "h100-8b-rag-long-prompt", "l40s-8b-chat", "a100-8b-agent-shared-prefix",
+          "h100-8b-decode-heavy", "h200-8b-chat-tight-ttft")
+
+
+def make_plan(sc: Scenario, arrival: str, burstiness: float) -> TuningPlan:
+    return parse_plan({
+        "name": sc.name, "model": sc.model,
+        "engine": {"kind": "sim", "gpu_profile": sc.gpu, "model_profile": sc.model, "args": sc.flags},
+        "workload": {"seed": 1, **sc.workload},
+        "load": {"mode": "rate", "arrival": arrival, "max_in_flight": 1024,
+                 **({"burstiness": burstiness} if arrival == "gamma" else {})},
+        "sla": {**sc.sla, "max_error_rate": 0.01, "gpu_memory_limit": 0.98},
+        "stages": {
+            "correctness": {"enabled": False},
+            "baseline": {"rate": LADDER[0] / 2, "requests": 200, "warmup": 16},
+            "ramp": {"levels": LADDER, "requests": 200, "warmup": 16, "bisect": True},
+            "refine": {"enabled": False},
+        },
+        "budget": {"max_gpu_minutes": 100000, "restart_cost_s": 60},
+    }, source=sc.name)
+
+
+def grid_rates(lo: float, hi: float, step: float) -> list[float]:
+    n = math.ceil(math.log(hi / lo) / math.log(1 + step))
+    return [round(lo * (1 + step) ** k, 3) for k in range(n + 1)]
+
+
+def run_grid(plan: TuningPlan, rates: list[float]) -> list[TrialOutcome]:
+    """One server, every rate in order, each sized like the tuner's; stops two failures past the last pass
+    (a grid that knows no capacity must look above the first failure: the verdict near it is noisy)."""
+    runner = SimTrialRunner(plan)
+    flags = plan.engine_flags()
+    seen, out, fails = CampaignState(), [], 0
+    for rate in rates:
+        o = None
+        for _ in range(1 + plan.repeats.invalid_retries):
+            requests, warmup, how = size_trial(plan, seen, flags, rate, "ramp",
+                                               resize_from=o if o is not None and not o.valid else None)
+            spec = TrialSpec(stage="ramp", **plan.load_at(rate), flags=flags, requests=requests, warmup=warmup,
+                             reason="grid", sizing=how)
+            rep = runner.run(spec, experiment_id="grid")
+            o = TrialOutcome.from_result(spec, rep.result, gpu_seconds=rep.gpu_seconds, restarted=rep.restarted)
+            out.append(o)
+            seen = seen.add(o)
+            if o.valid or judge(o, plan.sla).kind == "overload":
+                break
+        fails = 0 if judge(o, plan.sla).passed else fails + 1
+        if fails >= 2 and any(judge(x, plan.sla).passed for x in out):
+            break
+    return out
+
+
+def best_rate(plan: TuningPlan, outcomes: list[TrialOutcome]) -> float | None:
+    return max((o.rate for o in outcomes if o.valid and o.rate and judge(o, plan.sla).passed), default=None)
+
+
+def first_fail_edge(plan: TuningPlan, outcomes: list[TrialOutcome]) -> float | None:
+    """The grid's highest rate below its first failing one: where a reader of the grid would put it."""
+    last = {}
+    for o in outcomes:
+        last[o.rate] = o  # the re-run when there was one
+    passed = None
+    for rate in sorted(last):
+        if not judge(last[rate], plan.sla).passed:
+            break
+        passed = rate
+    return passed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=None, help="run only scenarios whose name contains this")
+    ap.add_argument("--step", type=float, default=0.05, help="the grid's geometric step (default 5%%)")
+    ap.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
+    ap.add_argument("--burstiness", type=float, default=0.5, help="gamma shape with --arrival gamma")
+    args = ap.parse_args()
+    header = ("scenario", "search trials", "grid trials", "capacity req/s", "grid best req/s", "ratio",
+              "grid below its first fail",
+              "search GPU min", "grid GPU min", "GPU-time ratio", "ceiling kind", "meets target")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    ok_all, worst, t_start, n = True, None, time.perf_counter(), 0
+    for sc in SCENARIOS:
+        if sc.name not in PICKED or (args.only and args.only not in sc.name):
+            continue
+        plan = make_plan(sc, args.arrival, args.burstiness)
+        t0 = time.perf_counter()
+        decision, staged, _ = dry_run(plan, SimTrialRunner(plan))
+        cap = decision.recommendation.rate if decision.recommendation else None
+        grid = run_grid(plan, grid_rates(plan.baseline_level, LADDER[-1], args.step))
+        best, edge = best_rate(plan, grid), first_fail_edge(plan, grid)
+        t_s, t_g = sum(o.gpu_seconds for o in staged), sum(o.gpu_seconds for o in grid)
+        ratio = cap / best if cap and best else float("nan")
+        ok = ratio >= 0.95 and t_s / t_g <= 0.30
+        ok_all &= ok
+        n += 1
+        if worst is None or ratio < worst[0]:
+            worst = (ratio, sc.name)
+        kind = decision.ceiling.kind if decision.ceiling else "-"
+        print(f"| {sc.name} | {len(staged)} | {len(grid)} | {cap} | {best} | {ratio:.1%} | {edge} | {t_s / 60:.1f} |"
+              f" {t_g / 60:.1f} | {t_s / t_g:.1%} | {kind} | {'yes' if ok else 'NO'} |", flush=True)
+        print(f"# {sc.name}: {time.perf_counter() - t0:.0f} s wall", file=sys.stderr, flush=True)
+    print(f"\n{n} scenarios ({args.arrival}), {time.perf_counter() - t_start:.0f} s wall; all within 5% of the grid"
+          f" at <= 30% of its GPU time: {'yes' if ok_all else 'NO'}"
+          + (f"; worst ratio {worst[0]:.1%} ({worst[1]})" if worst else ""))
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
