@@ -9,7 +9,8 @@ in steps of ``--step`` (5%, geometric), each trial sized by the tuner's own rule
 verdict (SLA p99s, errors, memory, and whether the server kept up: servetune.tuning.verdict).
 
 Printed per scenario: the capacity the search states (requests/s at the SLA), the grid's best passing
-VALID rate, their ratio (target >= 95%), the GPU time of each and their ratio (target <= 30%).
+VALID rate, their ratio (target: within 5% either way), the GPU time of each and their ratio (target
+<= 30%), and the grid's last rate before its first failure (where a reader of the grid would put it).
 
     .venv/bin/python bench/capacity_search.py [--only NAME] [--step 0.05] [--arrival poisson|gamma]
 """
@@ -62,8 +63,9 @@ def grid_rates(lo: float, hi: float, step: float) -> list[float]:
 
 
 def run_grid(plan: TuningPlan, rates: list[float]) -> list[TrialOutcome]:
-    """One server, every rate in order, each sized like the tuner's; stops two failures past the last pass
-    (a grid that knows no capacity must look above the first failure: the verdict near it is noisy)."""
+    """One server, every rate in order, each sized like the tuner's; stops four failures in a row past the
+    last pass (a grid that knows no capacity must look above the first failure: the verdict near it is
+    noisy, the more so with bursty arrivals)."""
     runner = SimTrialRunner(plan)
     flags = plan.engine_flags()
     seen, out, fails = CampaignState(), [], 0
@@ -81,7 +83,7 @@ def run_grid(plan: TuningPlan, rates: list[float]) -> list[TrialOutcome]:
             if o.valid or judge(o, plan.sla).kind == "overload":
                 break
         fails = 0 if judge(o, plan.sla).passed else fails + 1
-        if fails >= 2 and any(judge(x, plan.sla).passed for x in out):
+        if fails >= 4 and any(judge(x, plan.sla).passed for x in out):
             break
     return out
 
@@ -127,10 +129,10 @@ def main() -> int:
         best, edge = best_rate(plan, grid), first_fail_edge(plan, grid)
         t_s, t_g = sum(o.gpu_seconds for o in staged), sum(o.gpu_seconds for o in grid)
         ratio = cap / best if cap and best else float("nan")
-        ok = ratio >= 0.95 and t_s / t_g <= 0.30
+        ok = abs(ratio - 1) <= 0.05 and t_s / t_g <= 0.30
         ok_all &= ok
         n += 1
-        if worst is None or ratio < worst[0]:
+        if worst is None or abs(ratio - 1) > abs(worst[0] - 1):
             worst = (ratio, sc.name)
         kind = decision.ceiling.kind if decision.ceiling else "-"
         print(f"| {sc.name} | {len(staged)} | {len(grid)} | {cap} | {best} | {ratio:.1%} | {edge} | {t_s / 60:.1f} |"

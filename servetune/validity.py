@@ -252,7 +252,11 @@ def _open_loop(records: Sequence[RequestRecord], ws: float, we: float, rules: Va
         out.latency_growth, growing = _latency_growth(records, ws, we, rules.max_latency_growth)
         held_back = bool(cap) and (out.dispatch_fraction or 1.0) < rules.min_dispatch_fraction \
             and (out.in_flight_mean or 0.0) >= CAP_BOUND * cap  # type: ignore[operator]
-        out.sustained = out.completion_fraction >= rules.min_completion_fraction and not growing and not held_back
+        # the latency trend decides when it can be read; the completion count one latency later is the
+        # fallback (it swings with where a burst of arrivals falls against the window's edges)
+        keeps_up = out.completion_fraction >= rules.min_completion_fraction if out.latency_growth is None \
+            else not growing
+        out.sustained = keeps_up and not held_back
 
 
 def _latency_growth(records: Sequence[RequestRecord], ws: float, we: float,

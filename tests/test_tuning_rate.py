@@ -135,7 +135,7 @@ def test_a_growing_backlog_is_an_overload_verdict_even_when_the_window_is_not_st
     assert s.sustained is False and s.latency_growth > 1.5
     o = TrialOutcome(trial_id="t", stage="ramp", concurrency=1000, rate=10.0, summary=s)
     v = judge(o, rate_plan().sla)
-    assert v.kind == "overload" and "fell behind the offered rate" in v.reasons[0] and "latency per token x" in v.reasons[0]
+    assert v.kind == "overload" and "fell behind the offered rate" in v.reasons[0] and "latency per output token grew x" in v.reasons[0]
     late = [_req(i, i / 10.0 * 1.3, 0.5 + 0.02 * i) for i in range(400)]  # dispatched 30% slower than due
     for r, due in zip(late, range(400), strict=True):
         r.queue_ms = (r.t_send_s - due / 10.0) * 1000

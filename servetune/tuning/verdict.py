@@ -56,7 +56,12 @@ def _client_fell_behind(s: TrialSummary) -> bool:
 
 
 def _overload_reason(s: TrialSummary) -> str:
-    growth = f", latency per token x{s.latency_growth:.2f} from the window's second to its last quarter" \
-        if s.latency_growth is not None else ""
-    return (f"the server fell behind the offered rate: {s.completion_fraction or 0:.0%} of the arrivals"
-            f" completed one latency later{growth}")
+    rules = s.validity_rules or {}
+    if s.offered_concurrency and (s.in_flight_mean or 0.0) >= CAP_BOUND * s.offered_concurrency:
+        why = f"all {s.offered_concurrency} in-flight slots stayed full and arrivals waited for them"
+    elif s.latency_growth is not None:
+        why = (f"latency per output token grew x{s.latency_growth:.2f} from the window's second quarter to its last"
+               f" (limit x{rules.get('max_latency_growth', 1.5):g})")
+    else:
+        why = f"{s.completion_fraction or 0:.0%} of the arrivals completed one latency later"
+    return f"the server fell behind the offered rate: {why}"
