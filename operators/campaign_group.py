@@ -25,6 +25,9 @@ PARAMS = {
                    description="plan files to run (empty: every plan in the plans folder)"),
     "overrides": Param({}, type="object",
                        description="deep-merged into every plan, e.g. {\"sla\": {\"p99_ttft_ms\": 300}}"),
+    "load_mode": Param("plan", type="string", enum=["plan", "concurrency", "rate"],
+                       description="plan: each plan's own load; rate: open-loop arrivals, the ramp's levels read as"
+                                   " requests/s and the answer a capacity at the SLA; concurrency: closed loop"),
 }
 
 
@@ -71,7 +74,8 @@ def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
         ctx = get_current_context()
         try:
             return tasks.prepare(plan_file, trigger=trigger or _trigger(), run_id=ctx["run_id"],
-                                 overrides=ctx["params"].get("overrides") or {})
+                                 overrides=ctx["params"].get("overrides") or {},
+                                 load_mode=ctx["params"].get("load_mode") or "plan")
         except PlanError as exc:  # a bad plan stays bad: no retry, the message names the field
             raise AirflowFailException(str(exc)) from None
 

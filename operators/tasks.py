@@ -26,7 +26,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "correctness": ("correctness",),
     "baseline": ("baseline",),
     "ramp": ("ramp", "bisect"),
-    "refine": ("refine",),
+    "refine": ("refine", "robustness"),
 }
 
 
@@ -51,13 +51,19 @@ def _plan(exp: dict[str, Any]) -> TuningPlan:
 
 
 def prepare(plan_file: str, *, trigger: str, run_id: str, overrides: dict[str, Any] | None = None,
-            results_root: str | None = None) -> dict[str, Any]:
-    """Validate the plan (with the run's overrides) before any GPU is touched; fix the experiment id."""
+            results_root: str | None = None, load_mode: str = "plan") -> dict[str, Any]:
+    """Validate the plan (with the run's overrides and load mode) before any GPU is touched; fix the
+    experiment id. ``load_mode`` rate or concurrency sets ``load.mode`` (the overrides can still set the rest)."""
     import yaml
 
     plan = load_plan(plan_file)
+    if load_mode != "plan":
+        overrides = _deep_merge({"load": {"mode": load_mode}}, overrides or {})
     if overrides:
-        plan = parse_plan(_deep_merge(plan.model_dump(mode="json"), overrides), source=f"{plan_file} + overrides")
+        data = plan.model_dump(mode="json")
+        if "load" in overrides and not data.get("load"):
+            data["load"] = {}  # a plan without a load section: its defaults, under the override
+        plan = parse_plan(_deep_merge(data, overrides), source=f"{plan_file} + overrides")
     exp_id = experiment_id_for(plan_file, run_id)
     out = Path(results_root or results_dir()) / exp_id
     out.mkdir(parents=True, exist_ok=True)

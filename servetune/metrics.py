@@ -99,16 +99,11 @@ def summarize(
         if span:
             ws, we = span
         source = "no_steady_window"
-    if steady.exists and steady.kind == "open_loop":
-        # an open loop's set is what arrived in the window, each counted whenever it ends: counting what
-        # completed in it would leave out the last E2E's arrivals (rate x E2E / window short, -10% at a
-        # 5 s E2E over 50 s), and an overloaded server's late answers belong to its verdict
-        in_set = [r for r in measured
-                  if ws is not None and we is not None and _end_s(r) is not None and ws <= r.t_send_s <= we]
-    else:
-        # half-open (start, end]: the completion that opens a closed loop's window belongs to the turnover
-        in_set = [r for r in measured
-                  if ws is not None and we is not None and (e := _end_s(r)) is not None and ws < e <= we]
+    # closed loop: what completed in (start, end] (the completion that opens it belongs to the turnover);
+    # open loop: what arrived in it, whenever it ends (what completed in it misses the last E2E's arrivals)
+    arrivals = steady.exists and steady.kind == "open_loop"
+    in_set = [r for r in measured if ws is not None and we is not None and (e := _end_s(r)) is not None
+              and (ws <= r.t_send_s <= we if arrivals else ws < e <= we)]
     ok = [r for r in in_set if r.ok]
     s.completions_in_window = len(in_set)
 

@@ -183,6 +183,21 @@ class RepeatsSection(_Strict):
         return self
 
 
+class RobustnessSection(_Strict):
+    """The answer re-measured under gamma bursts at ``fractions`` of the rate it serves (servetune.tuning.robustness)."""
+
+    burstiness: float = Field(default=0.5, gt=0, description="gamma shape of the arrivals: < 1 burstier")
+    fractions: list[float] = Field(default_factory=lambda: [0.8, 1.0], min_length=1,
+                                   description="of the rate the chosen config serves")
+
+    @field_validator("fractions")
+    @classmethod
+    def _sane(cls, v: list[float]) -> list[float]:
+        if any(not 0 < x <= 2 for x in v) or v != sorted(set(v)):
+            raise ValueError(f"fractions must be increasing, each in (0, 2], got {v}")
+        return v
+
+
 class SimEstimate(_Strict):
     """Profiles for estimating a real campaign with the simulator (``servetune tune --dry-run``)."""
 
@@ -209,6 +224,7 @@ class TuningPlan(_Strict):
         default="continue", description="a failed trial counts as a failing level (continue) or ends the run"
     )
     estimate: SimEstimate | None = Field(default=None, description="sim profiles for --dry-run estimates")
+    robustness: RobustnessSection | None = Field(default=None, description="re-measure the answer under bursts")
     prompt_template: str | None = Field(
         default=None, description="template file or model dir whose chat template the answer depends on (fingerprinted)"
     )

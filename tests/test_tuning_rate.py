@@ -74,9 +74,9 @@ def test_a_plan_without_a_load_section_keeps_its_digest() -> None:
     """Campaigns started before rate mode existed resume: the new fields at their defaults are left out."""
     plan = rate_plan(load=None, stages={"baseline": {"concurrency": 2}, "ramp": {"levels": [4, 8]}})
     dumped = plan.model_dump(mode="json")
-    assert dumped["load"] is None and dumped["stages"]["baseline"]["rate"] is None
+    assert dumped["load"] is None and dumped["robustness"] is None and dumped["stages"]["baseline"]["rate"] is None
     assert isinstance(dumped["stages"]["ramp"]["levels"][0], int)
-    older = {k: v for k, v in dumped.items() if k != "load"}
+    older = {k: v for k, v in dumped.items() if k not in ("load", "robustness")}
     older["stages"]["baseline"] = {k: v for k, v in older["stages"]["baseline"].items() if k != "rate"}
     older["validation"] = {k: v for k, v in older["validation"].items() if k != "max_latency_growth"}
     import hashlib
@@ -234,3 +234,91 @@ def test_a_rate_mode_campaign_runs_open_loops_over_http(tmp_path: Path) -> None:
             assert t.summary.request_throughput == pytest.approx(t.load["rate"], rel=0.1)
     rec = decision.recommendation
     assert rec is not None and rec.rate in rates and rec.concurrency >= 1
+
+
+def test_the_dags_load_mode_param_turns_a_plan_into_rate_mode(tmp_path: Path) -> None:
+    """The weekly DAG's Params form: load_mode rate reads the ramp's levels as requests/s, and the plan the
+    later tasks launch from (plan.yaml) is an open-loop plan that validates; a bad override is one clear line."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from operators import tasks
+    from servetune.plan import load_plan
+
+    plan_file = str(next((Path(__file__).resolve().parent.parent / "plans" / "weekly").glob("*.yaml")))
+    exp = tasks.prepare(plan_file, trigger="manual", run_id="r1", results_root=str(tmp_path), load_mode="rate",
+                        overrides={"load": {"arrival": "gamma", "burstiness": 0.5}})
+    plan = load_plan(Path(exp["out_dir"]) / "plan.yaml")
+    original = load_plan(plan_file)
+    assert plan.rate_mode and plan.load.arrival == "gamma" and plan.load.burstiness == 0.5
+    assert plan.stages.ramp.levels == original.stages.ramp.levels  # the same numbers, now req/s
+    assert plan.baseline_level == original.stages.ramp.levels[0] / 2
+    same = tasks.prepare(plan_file, trigger="manual", run_id="r2", results_root=str(tmp_path))
+    assert not load_plan(Path(same["out_dir"]) / "plan.yaml").rate_mode
+    with pytest.raises(PlanError, match="load.arrival"):
+        tasks.prepare(plan_file, trigger="manual", run_id="r3", results_root=str(tmp_path), load_mode="rate",
+                      overrides={"load": {"arrival": "trace"}})
+
+
+def _closed_plan(**over) -> TuningPlan:
+    data = {
+        "name": "burst", "model": "llama-3.1-8b",
+        "engine": {"kind": "sim", "gpu_profile": "A100-80G", "model_profile": "llama-3.1-8b"},
+        "workload": {"seed": 5, "input": {"kind": "lognormal", "median": 1024, "sigma": 0.6, "min": 64, "max": 4096},
+                     "output": {"kind": "fixed", "value": 128}},
+        "sla": {"p99_ttft_ms": 1500, "p99_tpot_ms": 60},
+        "stages": {"correctness": {"requests": 1}, "baseline": {"concurrency": 8, "requests": 100, "warmup": 8},
+                   "ramp": {"levels": [16, 32, 64], "requests": 100, "warmup": 8, "bisect_min_step": 8},
+                   "refine": {"grid": {"chunked-prefill-size": [2048, 8192]}, "extend_levels": 0}},
+        "validation": {"min_measured": 60, "min_window_s": 15, "min_completions": 80},
+        "robustness": {"burstiness": 0.25, "fractions": [0.5, 1.0]},
+        "budget": {"max_gpu_minutes": 120, "restart_cost_s": 2}, "repeats": {"count": 1},
+    }
+    data.update(over)
+    return parse_plan(data)
+
+
+def test_a_closed_loop_answer_is_re_measured_under_bursts(tmp_path: Path) -> None:
+    """robustness: the chosen config at 50% and 100% of the rate it served, gamma arrivals of shape 0.25;
+    the checks are kept with the recommendation, named in its explanation, and among its evidence."""
+    plan = _closed_plan()
+    decision = Campaign(plan, SimTrialRunner(plan), tmp_path).run()
+    rec = decision.recommendation
+    assert decision.done and rec is not None and len(rec.robustness) == 2
+    chosen = json.loads((tmp_path / "state.json").read_text())["outcomes"]
+    served = next(o for o in chosen if o["trial_id"] == rec.evidence_trial_ids[0])["summary"]["request_throughput"]
+    assert [c["fraction"] for c in rec.robustness] == [0.5, 1.0]
+    assert [c["rate"] for c in rec.robustness] == [round(0.5 * served, 3), round(served, 3)]
+    assert all(c["burstiness"] == 0.25 and c["trial_id"] in rec.evidence_trial_ids for c in rec.robustness)
+    assert any(line.startswith("robustness under gamma arrivals (burstiness 0.25)") for line in rec.explanation)
+    bursts = [o for o in chosen if o["stage"] == "robustness"]
+    assert bursts and all(o["burstiness"] == 0.25 and o["rate"] is not None for o in bursts)
+
+
+def test_a_refined_config_that_fails_bursts_gives_way_to_the_ramps(tmp_path: Path) -> None:
+    """A max-running-requests cap chosen in a closed loop (here 2, at the rate 8 streams served): under
+    bursts it queues everything above 2 and fails at half the rate, where the ramp's config holds; the
+    ramp's config is recommended instead, and said so."""
+    from servetune.tuning.robustness import robustness
+    from servetune.tuning.state import CampaignState, TrialSpec
+
+    plan = _closed_plan()
+    runner = SimTrialRunner(plan)
+    spec = TrialSpec(stage="ramp", concurrency=8, requests=200, warmup=16)
+    rep = runner.run(spec, experiment_id="x")
+    ramp = TrialOutcome.from_result(spec, rep.result, gpu_seconds=rep.gpu_seconds, restarted=True)
+    assert ramp.valid and judge(ramp, plan.sla).passed
+    chosen = ramp.model_copy(update={"stage": "refine", "flags": {"max-running-requests": 2}, "trial_id": "refined"})
+    state = CampaignState(outcomes=[ramp, chosen])
+    for _ in range(12):
+        step = robustness(plan, state, chosen, ramp)
+        if not isinstance(step, TrialSpec):
+            break
+        rep = runner.run(step, experiment_id="x")
+        state = state.add(TrialOutcome.from_result(step, rep.result, gpu_seconds=rep.gpu_seconds, restarted=True))
+    assert not isinstance(step, TrialSpec)
+    mine = [c for c in step.checks if c["config"] == "chosen"]
+    theirs = [c for c in step.checks if c["config"] == "ramp"]
+    assert not mine[0]["passed"] and theirs[0]["passed"], step.checks
+    assert step.fallback is not None and step.fallback.trial_id == ramp.trial_id
+    assert "recommending the ramp's config" in step.notes[-1]

@@ -20,7 +20,7 @@ from servetune.result import TrialResult
 # Stages that measure the load curve (throughput/latency vs concurrency); `refine` trials vary
 # the server config near the ceiling and get their own heatmap, `correctness` is a single request.
 CURVE_STAGES = (None, "baseline", "ramp", "bisect")
-STAGE_ORDER = {"correctness": 0, "baseline": 1, "ramp": 2, "bisect": 3, "refine": 4, None: 5}
+STAGE_ORDER = {"correctness": 0, "baseline": 1, "ramp": 2, "bisect": 3, "refine": 4, "robustness": 5, None: 6}
 
 
 class ReportInputError(ValueError):

@@ -56,11 +56,14 @@ def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: 
     ramp_left = sum(1 for c in [plan.baseline_level, *st.ramp.levels] if c not in measured)
     extra = plan.repeat_count - 1  # each decisive measurement and the one it is compared with
     repeats = 2 * extra * (1 + refine)
+    robust = 2 * len(plan.robustness.fractions) if plan.robustness else 0  # the chosen config's and the ramp's
     if stage in ("correctness", "baseline", "ramp"):
-        return int(stage == "correctness") + ramp_left + bisect + refine + repeats
+        return int(stage == "correctness") + ramp_left + bisect + refine + repeats + robust
     if stage == "bisect":
-        return bisect + refine + repeats
-    return max(1, refine + 2 * extra * refine - len(state.by_stage("refine")))
+        return bisect + refine + repeats + robust
+    if stage == "robustness":
+        return max(1, robust - len(state.by_stage("robustness")))
+    return max(1, refine + 2 * extra * refine - len(state.by_stage("refine")) + robust)
 
 
 def plan_fingerprints(plan: TuningPlan) -> tuple[str | None, str | None]:
@@ -88,8 +91,9 @@ def plan_digest(plan: TuningPlan) -> str:
 
     data = plan.model_dump(mode="json")
     # fields added since campaigns were first kept, left out at their defaults: an older campaign resumes
-    if data.get("load") is None:
-        data.pop("load", None)
+    for key in ("load", "robustness"):
+        if data.get(key) is None:
+            data.pop(key, None)
     if data["stages"]["baseline"].get("rate") is None:
         data["stages"]["baseline"].pop("rate", None)
     if data["validation"].get("max_latency_growth") == 1.5:

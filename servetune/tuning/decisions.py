@@ -13,6 +13,7 @@ from servetune.plan import TuningPlan
 from servetune.tuning.ceiling import find_ceiling
 from servetune.tuning.recommend import recommend
 from servetune.tuning.refine import RefineResult, goodput, refine
+from servetune.tuning.robustness import robustness
 from servetune.tuning.state import CampaignState, Ceiling, Decision, Flags, TrialOutcome, TrialSpec
 from servetune.tuning.verdict import judge
 
@@ -71,7 +72,20 @@ def next_trials(plan: TuningPlan, state: CampaignState, *, previous: dict[str, A
                 return _stop(plan, state, previous, _budget_reason(plan, state), ceiling=ceiling)
             return Decision(stage="refine", trials=[step], ceiling=ceiling)
         refined = step
-    rec = recommend(plan, state, ceiling, refined, previous)
+    ramp = next((o for o in state.outcomes if o.trial_id == ceiling.pass_trial_id), None)
+    chosen = refined.best if refined else ramp
+    robust = robustness(plan, state, chosen, ramp) if chosen is not None else None
+    if isinstance(robust, TrialSpec):
+        if over_budget:
+            return _stop(plan, state, previous, _budget_reason(plan, state), ceiling=ceiling)
+        return Decision(stage="robustness", trials=[robust], ceiling=ceiling)
+    if robust is not None and robust.fallback is not None:
+        refined = RefineResult(best=robust.fallback, compared=refined.compared if refined else [],
+                               notes=refined.notes if refined else [], ties=refined.ties if refined else [])
+    rec = recommend(plan, state, ceiling, refined, previous, notes=robust.notes if robust else None)
+    if rec is not None and robust is not None:
+        rec.robustness = robust.checks
+        rec.evidence_trial_ids += [c["trial_id"] for c in robust.checks if c["trial_id"] not in rec.evidence_trial_ids]
     return Decision(stage="done", done=True, ceiling=ceiling, recommendation=rec,
                     reason=f"ceiling at {plan.level_text(ceiling.level)}; recommendation at"
                            f" {plan.level_text(rec.rate if plan.rate_mode else rec.concurrency) if rec else '-'}")

@@ -48,6 +48,9 @@ def trial_load(plan: TuningPlan, spec: TrialSpec) -> Any:
     from servetune.loadgen import LoadConfig
 
     seed = plan.seed + spec.seed_offset
+    if spec.burstiness is not None:  # a robustness trial: open loop under gamma bursts, whatever the plan's mode
+        return LoadConfig(mode="rate", concurrency=spec.concurrency, rate=spec.rate, arrival="gamma",
+                          burstiness=spec.burstiness, exact_rate=True, warmup_requests=spec.warmup, seed=seed)
     if spec.rate is None:
         return LoadConfig(mode="concurrency", concurrency=spec.concurrency, warmup_requests=spec.warmup, seed=seed)
     load = plan.load

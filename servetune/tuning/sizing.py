@@ -67,7 +67,7 @@ def size_trial(plan: TuningPlan, state: CampaignState, flags: Flags, level: Leve
     floor, warmup, duration = stage_floor(plan, stage)
     window = max(rules.min_window_s, duration or 0.0)
     if plan.rate_mode:
-        return _size_open_loop(plan, state, flags, float(level), floor, warmup, window, resize_from)
+        return size_open_loop(plan, state, flags, float(level), floor, warmup, window, resize_from)
     tail = max(0, 2 * level - warmup)
     needed = math.ceil(rules.completions_needed(level) * SAFETY) + tail
     parts = [f"floor {floor}", f"{rules.completions_needed(level)} completions"]
@@ -104,7 +104,7 @@ def _e2e_estimate(state: CampaignState, flags: Flags, rate: float) -> tuple[floa
     return None, "no E2E measured yet"
 
 
-def _size_open_loop(plan: TuningPlan, state: CampaignState, flags: Flags, rate: float, floor: int,
+def size_open_loop(plan: TuningPlan, state: CampaignState, flags: Flags, rate: float, floor: int,
                     warmup: int, window: float, resize_from: TrialOutcome | None) -> tuple[int, int, str]:
     """The window of an open loop spans the measured arrivals: ``rate x window`` of them, after a warm-up
     that fills the pipeline (``rate x E2E`` requests in flight: Little's law), and enough of them to

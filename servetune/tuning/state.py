@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from servetune.plan import FlagValue, Level
 from servetune.result import TrialResult, TrialSummary
 
-Stage = Literal["correctness", "baseline", "ramp", "bisect", "refine"]
+Stage = Literal["correctness", "baseline", "ramp", "bisect", "refine", "robustness"]
 #: a trial's failure_reason starts with this when the engine died under it: a fault, not a verdict
 ENGINE_CRASH = "engine_crash"
 Flags = dict[str, FlagValue | None]
@@ -34,6 +34,7 @@ class TrialSpec(BaseModel):
     stage: Stage
     concurrency: int = Field(ge=1, description="closed-loop streams; with ``rate``, the in-flight cap")
     rate: float | None = Field(default=None, gt=0, description="open loop: offered requests/s (the level)")
+    burstiness: float | None = Field(default=None, gt=0, description="robustness: gamma arrivals of this shape")
     flags: Flags = Field(default_factory=dict)
     requests: int = Field(ge=1, description="measured requests")
     warmup: int = Field(default=0, ge=0)
@@ -60,6 +61,7 @@ class TrialOutcome(BaseModel):
     stage: Stage
     concurrency: int
     rate: float | None = None
+    burstiness: float | None = None
     flags: Flags = Field(default_factory=dict)
     requests: int = Field(default=0, ge=0, description="measured requests asked for (comparisons keep it equal)")
     warmup: int = Field(default=0, ge=0)
@@ -101,6 +103,7 @@ class TrialOutcome(BaseModel):
             stage=spec.stage,
             concurrency=spec.concurrency,
             rate=spec.rate,
+            burstiness=spec.burstiness,
             flags=dict(spec.flags),
             requests=spec.requests,
             warmup=spec.warmup,
@@ -133,9 +136,10 @@ class CampaignState(BaseModel):
         return found[-1] if found else None
 
     def measurements(self, flags: Flags, level: Level) -> list[TrialOutcome]:
-        """Every trial of this server config at this level (repeats and invalid ones), any stage but correctness."""
+        """Every trial of this server config at this level (repeats and invalid ones), any stage but correctness
+        and robustness (other arrivals: not the level's load)."""
         key = (config_key(flags), level)
-        return [o for o in self.outcomes if o.stage != "correctness" and o.key == key]
+        return [o for o in self.outcomes if o.stage not in ("correctness", "robustness") and o.key == key]
 
     def by_stage(self, stage: Stage) -> list[TrialOutcome]:
         return [o for o in self.outcomes if o.stage == stage]
@@ -196,6 +200,8 @@ class Recommendation(BaseModel):
     goodput_ci95: float | None = Field(default=None, description="half-width of the 95% interval of the mean goodput")
     goodput_cv: float | None = None
     ties: list[str] = Field(default_factory=list, description="comparisons decided as ties within the noise")
+    robustness: list[dict[str, Any]] = Field(
+        default_factory=list, description="the answer under bursts: fraction, rate, burstiness, verdict, p99s, trial")
 
 
 class Decision(BaseModel):
@@ -203,7 +209,7 @@ class Decision(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    stage: Literal["correctness", "baseline", "ramp", "bisect", "refine", "done"]
+    stage: Literal["correctness", "baseline", "ramp", "bisect", "refine", "robustness", "done"]
     trials: list[TrialSpec] = Field(default_factory=list)
     done: bool = False
     reason: str = ""
