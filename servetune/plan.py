@@ -33,9 +33,8 @@ class CorrectnessStage(_Strict):
 
 
 class LoadSection(_Strict):
-    """How every tuning trial offers its load. ``concurrency``: a closed loop, the ramp's levels are
-    streams. ``rate``: an open loop, the levels are requests/s arriving by ``arrival`` (gamma with
-    shape ``burstiness``: < 1 burstier than Poisson, > 1 smoother), at most ``max_in_flight`` at once."""
+    """How every trial offers its load: ``concurrency`` (closed loop, levels are streams) or ``rate`` (open
+    loop, levels are requests/s by ``arrival``, gamma of shape ``burstiness``; ``max_in_flight`` at once)."""
 
     mode: Literal["concurrency", "rate"] = "concurrency"
     arrival: Literal["poisson", "gamma", "constant", "trace"] = "poisson"
@@ -49,6 +48,9 @@ class LoadSection(_Strict):
             raise ValueError("trace arrivals need a timed trace, which servetune cannot replay yet:"
                              " use poisson, gamma or constant")
         return v
+
+    def arrivals_text(self) -> str:  # "poisson arrivals", "gamma arrivals (burstiness 0.5)"
+        return f"{self.arrival} arrivals" + (f" (burstiness {self.burstiness:g})" if self.arrival == "gamma" else "")
 
     @model_validator(mode="after")
     def _burstiness_for_gamma(self) -> LoadSection:
@@ -285,9 +287,7 @@ class TuningPlan(_Strict):
 
     def level_text(self, level: Level | None) -> str:
         """``concurrency 64`` or ``12.5 req/s``: a level as a reader should see it."""
-        if level is None:
-            return "-"
-        return f"{level:g} req/s" if self.rate_mode else f"concurrency {level}"
+        return "-" if level is None else f"{level:g} req/s" if self.rate_mode else f"concurrency {level}"
 
     def load_at(self, level: Level) -> dict[str, Any]:
         """A trial's load fields at ``level``: the streams, or the rate and the in-flight cap."""

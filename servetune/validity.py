@@ -226,6 +226,11 @@ def assess(
 CAP_BOUND = 0.9  # in flight on average at this share of the cap: the cap, not the client, held the dispatch
 
 
+def cap_full(in_flight_mean: float | None, cap: int | None) -> bool:
+    """An open loop's in-flight cap stayed (nearly) full: late dispatches are the server's backlog."""
+    return bool(cap) and (in_flight_mean or 0.0) >= CAP_BOUND * cap  # type: ignore[operator]
+
+
 def _open_loop(records: Sequence[RequestRecord], ws: float, we: float, rules: ValidityRules,
                out: Assessment, reasons: list[str], *, cap: int | None) -> None:
     """Open loop: did the client keep to its schedule, and did the server keep up (sustained)?"""
@@ -238,8 +243,7 @@ def _open_loop(records: Sequence[RequestRecord], ws: float, we: float, rules: Va
         out.scheduled_rate = (due.size - 1) / scheduled_span
         achieved = (sent.size - 1) / span
         out.dispatch_fraction = frac = achieved / out.scheduled_rate
-        capped = bool(cap) and (out.in_flight_mean or 0.0) >= CAP_BOUND * cap  # type: ignore[operator]
-        if frac < rules.min_dispatch_fraction and capped:
+        if frac < rules.min_dispatch_fraction and cap_full(out.in_flight_mean, cap):
             reasons.append(f"dispatched at {frac:.0%} of the scheduled rate ({achieved:.2f} of"
                            f" {out.scheduled_rate:.2f} req/s) with {out.in_flight_mean:.0f} of at most {cap} in"
                            " flight: the cap held arrivals back because the server did not finish them")
@@ -250,8 +254,7 @@ def _open_loop(records: Sequence[RequestRecord], ws: float, we: float, rules: Va
     if sent.size:
         out.completion_fraction = _completion_fraction(records, ws, we, sent.size)
         out.latency_growth, growing = _latency_growth(records, ws, we, rules.max_latency_growth)
-        held_back = bool(cap) and (out.dispatch_fraction or 1.0) < rules.min_dispatch_fraction \
-            and (out.in_flight_mean or 0.0) >= CAP_BOUND * cap  # type: ignore[operator]
+        held_back = (out.dispatch_fraction or 1.0) < rules.min_dispatch_fraction and cap_full(out.in_flight_mean, cap)
         # the latency trend decides when it can be read; the completion count one latency later is the
         # fallback (it swings with where a burst of arrivals falls against the window's edges)
         keeps_up = out.completion_fraction >= rules.min_completion_fraction if out.latency_growth is None \

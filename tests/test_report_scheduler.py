@@ -11,7 +11,7 @@ from PIL import Image
 from report_fixtures import write_campaign
 from warehouse_fixtures import with_scheduler_log
 
-from servetune.report.campaign import Campaign, concurrency_of, load_campaign
+from servetune.report.campaign import Campaign, level_of, load_campaign
 from servetune.report.figures import all_figures, prefix_hit_figure
 from servetune.report.html import key_cards, write_report
 from servetune.report.scheduler import TITLE, scheduler_trial
@@ -26,7 +26,7 @@ def _with_logs(directory: Path, pick) -> Campaign:
     campaign = load_campaign(str(directory))
     for t in campaign.trials:
         if pick(t):
-            with_scheduler_log(t, seconds=60, concurrency=concurrency_of(t) or 1)
+            with_scheduler_log(t, seconds=60, concurrency=level_of(t) or 1)
             t.save(directory / "trials" / f"{t.trial_id}.json")
     return load_campaign(str(directory))
 
@@ -51,7 +51,7 @@ def test_no_scheduler_log_no_figure(plain_dir: Path, tmp_path: Path) -> None:
 
 def test_figure_for_the_evidence_trial(plain_dir: Path, tmp_path: Path) -> None:
     evidence = set(load_campaign(str(plain_dir)).recommendation["evidence_trial_ids"])
-    campaign = _with_logs(plain_dir, lambda t: t.trial_id in evidence or concurrency_of(t) == 128)
+    campaign = _with_logs(plain_dir, lambda t: t.trial_id in evidence or level_of(t) == 128)
     chosen, why = scheduler_trial(campaign)
     assert chosen.trial_id in evidence and "evidence" in why  # not the higher-concurrency trial
 
@@ -74,9 +74,9 @@ def test_figure_for_the_evidence_trial(plain_dir: Path, tmp_path: Path) -> None:
 
 
 def test_highest_concurrency_when_the_evidence_has_no_log(plain_dir: Path) -> None:
-    campaign = _with_logs(plain_dir, lambda t: t.stage == "ramp" and concurrency_of(t) in (16, 96))
+    campaign = _with_logs(plain_dir, lambda t: t.stage == "ramp" and level_of(t) in (16, 96))
     chosen, why = scheduler_trial(campaign)
-    assert concurrency_of(chosen) == 96 and "highest concurrency" in why
+    assert level_of(chosen) == 96 and "highest concurrency" in why
 
 
 def test_scheduler_rows_come_back_from_the_warehouse(fresh_database_url: str, plain_dir: Path) -> None:

@@ -122,9 +122,8 @@ def _print_dry_run(plan: TuningPlan) -> None:
                   f" (requests = measured + warm-up); decisive trials: {repeats} trial(s) each")
     if plan.rate_mode:
         assert plan.load is not None
-        console.print(f"Open loop: levels are offered requests/s, {plan.load.arrival} arrivals"
-                      + (f" (burstiness {plan.load.burstiness:g})" if plan.load.arrival == "gamma" else "")
-                      + f", at most {plan.load.max_in_flight} in flight")
+        console.print(f"Open loop: levels are offered requests/s, {plan.load.arrivals_text()},"
+                      f" at most {plan.load.max_in_flight} in flight")
     if decision.recommendation:
         r = decision.recommendation
         at = f"capacity {r.rate:g} req/s (about {r.concurrency} in flight)" if r.rate is not None \

@@ -66,8 +66,8 @@ class Campaign:
 
     def curve_trials(self) -> list[TrialResult]:
         """Trials on the load curve that have a concurrency, sorted by it."""
-        out = [t for t in self.trials if t.stage in CURVE_STAGES and concurrency_of(t) is not None]
-        return sorted(out, key=lambda t: (concurrency_of(t), t.created_at))
+        out = [t for t in self.trials if t.stage in CURVE_STAGES and level_of(t) is not None]
+        return sorted(out, key=lambda t: (level_of(t), t.created_at))
 
     def main_curve(self) -> list[TrialResult]:
         """The curve trials of the config most of them ran (the start config the ramp walked)."""
@@ -115,7 +115,7 @@ def flag_value(config: dict[str, Any], name: str) -> Any:
     return None
 
 
-def concurrency_of(trial: TrialResult) -> int | float | None:
+def level_of(trial: TrialResult) -> int | float | None:
     """The level the trial ran at: its streams, or the offered requests/s of an open loop."""
     if trial.load.get("mode") == "rate" and isinstance(trial.load.get("rate"), int | float):
         return float(trial.load["rate"])
@@ -166,7 +166,7 @@ def level_verdicts(curve: list[TrialResult], sla: dict[str, float]) -> dict[int,
     """Per concurrency, the SLA verdict of each trial that counts (INVALID and failed ones left out)."""
     out: dict[int, list[bool]] = {}
     for t in curve:
-        c = concurrency_of(t)
+        c = level_of(t)
         if c is not None:
             out.setdefault(c, [])
             if counts(t):
@@ -220,7 +220,7 @@ def load_result_dir(directory: Path) -> Campaign:
     recommendation = _read_json(rec_path) if rec_path.is_file() else experiment.get("recommendation")
     if recommendation is not None and not isinstance(recommendation, dict):
         raise ReportInputError(f"{rec_path}: expected a JSON object, got {type(recommendation).__name__}")
-    trials.sort(key=lambda t: (STAGE_ORDER.get(t.stage, 9), concurrency_of(t) or 0, t.created_at))
+    trials.sort(key=lambda t: (STAGE_ORDER.get(t.stage, 9), level_of(t) or 0, t.created_at))
     return Campaign(source=str(directory), experiment=experiment, trials=trials, recommendation=recommendation)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from servetune.report.campaign import Campaign, concurrency_of, counts, is_invalid, marginal_levels
+from servetune.report.campaign import Campaign, counts, is_invalid, level_of, marginal_levels
 from servetune.result import TrialResult, TrialSummary
 from servetune.stats import Spread, spread
 
@@ -35,7 +35,7 @@ def curve_levels(campaign: Campaign) -> list[Level]:
     """The main config's curve grouped by concurrency, sorted; failed trials (no figures) left out."""
     levels: dict[int, Level] = {}
     for t in campaign.main_curve():
-        c = concurrency_of(t)
+        c = level_of(t)
         assert c is not None  # curve trials all have one
         level = levels.setdefault(c, Level(c))
         if counts(t):

@@ -20,12 +20,12 @@ from matplotlib.patches import Rectangle
 
 from servetune.report.campaign import (
     Campaign,
-    concurrency_of,
     config_key,
     counts,
     flag_value,
     is_invalid,
     level_label,
+    level_of,
     meets_sla,
 )
 from servetune.report.evidence import Getter, Level, curve_levels, series
@@ -55,7 +55,7 @@ def _png(fig: Figure) -> bytes:
 def trial_label(t: TrialResult) -> str:
     """Short, stable label: stage, concurrency and the config knobs refinement varies."""
     parts = [t.stage or "bench"]
-    c = concurrency_of(t)
+    c = level_of(t)
     if c is not None:
         parts.append(f"c={c}")
     cfg = t.server_config
@@ -257,8 +257,8 @@ def refine_heatmap_figure(campaign: Campaign) -> ReportFigure:
         cons = flag_value(t.server_config, "schedule_conservativeness")
         return (DEFAULT if chunk is None else chunk, DEFAULT if cons is None else cons)
 
-    levels = {concurrency_of(t) for t in refine}
-    start = [t for t in campaign.curve_trials() if concurrency_of(t) in levels and cell(t) == (DEFAULT, DEFAULT)]
+    levels = {level_of(t) for t in refine}
+    start = [t for t in campaign.curve_trials() if level_of(t) in levels and cell(t) == (DEFAULT, DEFAULT)]
     trials = refine + start
     chunks = sorted({cell(t)[0] for t in trials}, key=_axis_key)
     conss = sorted({cell(t)[1] for t in trials}, key=_axis_key)

@@ -15,7 +15,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from servetune import __version__
-from servetune.report.campaign import Campaign, concurrency_of, flag_value, level_label, meets_sla
+from servetune.report.campaign import Campaign, flag_value, level_label, level_of, meets_sla
 from servetune.report.evidence import ceiling_evidence, goodput_text, validity_cells
 from servetune.report.figures import ReportFigure, all_figures
 from servetune.report.scheduler import hit_rate_text
@@ -122,7 +122,7 @@ def checklist_rows(campaign: Campaign) -> list[dict[str, Any]]:
         verdict = ("met" if met else "missed") if sla else "no SLA"
         if v["validity"] == "INVALID" and sla:
             verdict = "not judged (INVALID)"
-        rows.append({"trial_id": t.trial_id, "stage": t.stage or "bench", "concurrency": fmt(concurrency_of(t)),
+        rows.append({"trial_id": t.trial_id, "stage": t.stage or "bench", "concurrency": fmt(level_of(t)),
                      "status": t.status, "validation": label, "validation_class": css, "failed": failed,
                      "failure_reason": t.failure_reason, "validity": v["validity"],
                      "validity_class": v["validity_class"], "invalid_reasons": t.summary.invalid_reasons,
@@ -141,7 +141,7 @@ def trial_rows(campaign: Campaign) -> list[dict[str, str]]:
                                                                    ("max_running_requests", "max-running"))
                  if flag_value(cfg, k) is not None]
         rows.append({
-            "trial_id": t.trial_id, "stage": t.stage or "bench", "concurrency": fmt(concurrency_of(t)),
+            "trial_id": t.trial_id, "stage": t.stage or "bench", "concurrency": fmt(level_of(t)),
             "config": ", ".join(knobs) or "-", "rps": fmt(s.request_throughput), "goodput": fmt(s.goodput_rps),
             "out_tps": fmt(s.output_tokens_per_s, 0), "ttft": _pair(s.ttft_ms), "tpot": _pair(s.tpot_ms),
             "e2e": fmt(s.e2e_ms.p99, 0), "errors": pct(s.error_rate), "hit": _hit(t),

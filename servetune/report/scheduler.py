@@ -13,7 +13,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from servetune.report.campaign import Campaign, concurrency_of, counts
+from servetune.report.campaign import Campaign, counts, level_of
 from servetune.report.figures import ReportFigure, _png, trial_label
 from servetune.result import TrialResult
 
@@ -37,7 +37,7 @@ def scheduler_trial(campaign: Campaign) -> tuple[TrialResult, str] | None:
         if str(tid) in by_id:
             return by_id[str(tid)], "the recommendation's evidence"
     pool = [t for t in logged if counts(t)] or logged
-    best = max(pool, key=lambda t: (concurrency_of(t) or 0, t.created_at))
+    best = max(pool, key=lambda t: (level_of(t) or 0, t.created_at))
     return best, "the highest concurrency with a scheduler log"
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import JSONB
 
-from servetune.report.campaign import STAGE_ORDER, Campaign, ReportInputError, concurrency_of
+from servetune.report.campaign import STAGE_ORDER, Campaign, ReportInputError, level_of
 from servetune.result import TrialResult, TrialSummary
 from servetune.warehouse import db, scheduler_rows
 from servetune.warehouse.tables import (
@@ -119,6 +119,6 @@ def load_experiment(experiment_id: str, *, database_url: str | None = None) -> C
     experiment = {k: _iso(v) for k, v in dict(exp).items()}
     result = [_trial_from_row(r, samples[r["trial_id"]], checks[r["trial_id"]], batches[r["trial_id"]])
               for r in rows]
-    result.sort(key=lambda t: (STAGE_ORDER.get(t.stage, 9), concurrency_of(t) or 0, t.created_at))
+    result.sort(key=lambda t: (STAGE_ORDER.get(t.stage, 9), level_of(t) or 0, t.created_at))
     return Campaign(source=f"warehouse:{experiment_id}", experiment=experiment, trials=result,
                     recommendation=experiment.get("recommendation"))

@@ -85,19 +85,22 @@ def plan_fingerprints(plan: TuningPlan) -> tuple[str | None, str | None]:
     return model_fp, template_fp
 
 
+#: plan fields added after campaigns were first kept: (path..., name, default)
+ADDED_SINCE_KEPT = (("load", None), ("robustness", None), ("stages", "baseline", "rate", None),
+                    ("validation", "max_latency_growth", 1.5))
+
+
 def plan_digest(plan: TuningPlan) -> str:
     """A hash of the whole plan, secrets included but not readable: a resumed campaign must run the same plan."""
     import hashlib
 
     data = plan.model_dump(mode="json")
-    # fields added since campaigns were first kept, left out at their defaults: an older campaign resumes
-    for key in ("load", "robustness"):
-        if data.get(key) is None:
-            data.pop(key, None)
-    if data["stages"]["baseline"].get("rate") is None:
-        data["stages"]["baseline"].pop("rate", None)
-    if data["validation"].get("max_latency_growth") == 1.5:
-        data["validation"].pop("max_latency_growth", None)
+    for *path, name, default in ADDED_SINCE_KEPT:  # left out at their defaults: an older campaign resumes
+        holder = data
+        for key in path:
+            holder = holder[key]
+        if holder.get(name, default) == default:
+            holder.pop(name, None)
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
@@ -264,9 +267,9 @@ class Campaign:
             status=status or ("failed" if failed else "done"),
             finished_at=datetime.now(UTC).isoformat(),
             recommendation=redact(rec.model_dump(mode="json")) if rec else None,
-            ceiling=({**({"rate": ceiling.level, "concurrency": None} if self.plan.rate_mode
-                         else {"concurrency": ceiling.level}), **ceiling.model_dump(mode="json", exclude={"level"})}
-                     if ceiling else None),
+            ceiling=({"concurrency": None if self.plan.rate_mode else ceiling.level,
+                      **({"rate": ceiling.level} if self.plan.rate_mode else {}),
+                      **ceiling.model_dump(mode="json", exclude={"level"})} if ceiling else None),
             status_reason=reason,
         )
         if rec is not None:

@@ -40,8 +40,7 @@ def recommend(
     if plan.rate_mode and chosen.rate is not None:
         concurrency = implied_concurrency(chosen)
         assert plan.load is not None
-        shape = plan.load.arrival + (f", burstiness {plan.load.burstiness:g}" if plan.load.arrival == "gamma" else "")
-        explanation.insert(0, f"capacity {chosen.rate:g} req/s at the SLA under {shape} arrivals; about"
+        explanation.insert(0, f"capacity {chosen.rate:g} req/s at the SLA under {plan.load.arrivals_text()}; about"
                               f" {concurrency} requests in flight (Little's law: {chosen.rate:g} req/s x mean E2E"
                               f" {s.e2e_ms.mean or 0:.0f} ms)")
     if refined:

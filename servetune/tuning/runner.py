@@ -47,16 +47,16 @@ def trial_load(plan: TuningPlan, spec: TrialSpec) -> Any:
     """The load generator's settings for ``spec``: its streams, or its rate under the plan's arrivals."""
     from servetune.loadgen import LoadConfig
 
-    seed = plan.seed + spec.seed_offset
-    if spec.burstiness is not None:  # a robustness trial: open loop under gamma bursts, whatever the plan's mode
-        return LoadConfig(mode="rate", concurrency=spec.concurrency, rate=spec.rate, arrival="gamma",
-                          burstiness=spec.burstiness, exact_rate=True, warmup_requests=spec.warmup, seed=seed)
+    common = {"concurrency": spec.concurrency, "warmup_requests": spec.warmup, "seed": plan.seed + spec.seed_offset}
     if spec.rate is None:
-        return LoadConfig(mode="concurrency", concurrency=spec.concurrency, warmup_requests=spec.warmup, seed=seed)
-    load = plan.load
-    assert load is not None, "a trial with a rate needs the plan's load section"
-    return LoadConfig(mode="rate", concurrency=spec.concurrency, rate=spec.rate, arrival=load.arrival,  # type: ignore[arg-type]
-                      burstiness=load.burstiness, exact_rate=True, warmup_requests=spec.warmup, seed=seed)
+        return LoadConfig(mode="concurrency", **common)
+    if spec.burstiness is not None:  # a robustness trial: gamma bursts, whatever the plan's mode
+        arrival, burstiness = "gamma", spec.burstiness
+    else:
+        assert plan.load is not None, "a trial with a rate needs the plan's load section"
+        arrival, burstiness = plan.load.arrival, plan.load.burstiness
+    return LoadConfig(mode="rate", rate=spec.rate, arrival=arrival, burstiness=burstiness, exact_rate=True,
+                      **common)
 
 
 def failed_result(spec: TrialSpec, reason: str, *, experiment_id: str, target: dict[str, Any] | None = None) -> TrialResult:

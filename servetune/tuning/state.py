@@ -26,7 +26,23 @@ def config_key(flags: Flags) -> str:
     return hashlib.sha256(orjson.dumps(flags, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
 
 
-class TrialSpec(BaseModel):
+class _AtALevel(BaseModel):
+    """A trial's level: its streams, or the offered rate of an open loop; with its config, its key."""
+
+    concurrency: int
+    rate: float | None = None
+    flags: Flags = Field(default_factory=dict)
+
+    @property
+    def level(self) -> Level:
+        return self.rate if self.rate is not None else self.concurrency
+
+    @property
+    def key(self) -> tuple[str, Level]:
+        return (config_key(self.flags), self.level)
+
+
+class TrialSpec(_AtALevel):
     """One trial to run: the full server flags, the load level and why it was chosen."""
 
     model_config = ConfigDict(extra="forbid")
@@ -42,27 +58,15 @@ class TrialSpec(BaseModel):
     seed_offset: int = Field(default=0, ge=0, description="added to the workload seed: each repeat sees new requests")
     sizing: str = Field(default="", description="how the request count was chosen (servetune.tuning.sizing)")
 
-    @property
-    def level(self) -> Level:
-        """What the ramp walks: the streams, or the offered rate of an open loop."""
-        return self.rate if self.rate is not None else self.concurrency
 
-    @property
-    def key(self) -> tuple[str, Level]:
-        return (config_key(self.flags), self.level)
-
-
-class TrialOutcome(BaseModel):
+class TrialOutcome(_AtALevel):
     """What the decisions need from one finished trial (the full TrialResult stays on disk)."""
 
     model_config = ConfigDict(extra="forbid")
 
     trial_id: str
     stage: Stage
-    concurrency: int
-    rate: float | None = None
     burstiness: float | None = None
-    flags: Flags = Field(default_factory=dict)
     requests: int = Field(default=0, ge=0, description="measured requests asked for (comparisons keep it equal)")
     warmup: int = Field(default=0, ge=0)
     status: Literal["ok", "failed"] = "ok"
@@ -74,14 +78,6 @@ class TrialOutcome(BaseModel):
         default_factory=dict, description="scalar server args as the server resolved them (/server_info)"
     )
     seed_offset: int = Field(default=0, ge=0)
-
-    @property
-    def level(self) -> Level:
-        return self.rate if self.rate is not None else self.concurrency
-
-    @property
-    def key(self) -> tuple[str, Level]:
-        return (config_key(self.flags), self.level)
 
     @property
     def valid(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from servetune.result import TrialSummary
 from servetune.sla import SLA
 from servetune.tuning.state import TrialOutcome, Verdict
-from servetune.validity import CAP_BOUND
+from servetune.validity import cap_full
 
 
 def judge(outcome: TrialOutcome, sla: SLA) -> Verdict:
@@ -50,14 +50,14 @@ def judge(outcome: TrialOutcome, sla: SLA) -> Verdict:
 def _client_fell_behind(s: TrialSummary) -> bool:
     """Late dispatches the client is to blame for; with the in-flight cap full it is the server's backlog."""
     floor = (s.validity_rules or {}).get("min_dispatch_fraction", 0.95)
-    if s.offered_concurrency and (s.in_flight_mean or 0.0) >= CAP_BOUND * s.offered_concurrency:
+    if cap_full(s.in_flight_mean, s.offered_concurrency):
         return False
     return s.dispatch_fraction is not None and s.dispatch_fraction < floor
 
 
 def _overload_reason(s: TrialSummary) -> str:
     rules = s.validity_rules or {}
-    if s.offered_concurrency and (s.in_flight_mean or 0.0) >= CAP_BOUND * s.offered_concurrency:
+    if cap_full(s.in_flight_mean, s.offered_concurrency):
         why = f"all {s.offered_concurrency} in-flight slots stayed full and arrivals waited for them"
     elif s.latency_growth is not None:
         why = (f"latency per output token grew x{s.latency_growth:.2f} from the window's second quarter to its last"
