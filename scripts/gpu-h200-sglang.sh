@@ -2,7 +2,8 @@
 # Real SGLang 0.5.17 on the lent H200 (docs/gpu.md): a queue of steps that survives the per-call limit.
 #   bash scripts/gpu-h200-sglang.sh STEP...      e.g.  catalog tune:tune-b tune:tune-c openloop
 # Steps: catalog (the installed SGLang's flag catalogue and a recorded parser check), study (repeats of
-# one trial at three levels), tune:NAME (`servetune tune plans/gpu-h200-sglang.yaml`), openloop
+# one trial at three levels), tune:NAME (`servetune tune plans/gpu-h200-sglang.yaml`; tune:NAME=PLAN for another
+# plan, e.g. tune:rate-a=plans/gpu-h200-sglang-rate.yaml), openloop
 # (`servetune bench --rate` at five Poisson rates against one server), benchserving (servetune bench
 # and sglang.bench_serving side by side on one server, bench/bench_serving_side_by_side.py). Each call
 # runs the steps not done yet and stops before DEADLINE seconds (default 560): a campaign pauses between trials
@@ -52,7 +53,7 @@ LOG="$OUT/call-$(date +%H%M%S).log"
   pkill -f sglang.launch_server && sleep 5   # an engine left by an interrupted call
   echo "setup done at $(( $(date +%s) - T0 )) s"
   for step in "$@"; do
-    [ -f "$ST/done/$step" ] && continue
+    [ -f "$ST/done/${step%%=*}" ] && continue
     [ "$(left)" -lt 90 ] && { echo "no time left for $step"; break; }
     echo "=== $step ($(left) s left)"
     case "$step" in
@@ -66,10 +67,11 @@ LOG="$OUT/call-$(date +%H%M%S).log"
       study)
         timeout -s INT "$(( $(left) - 20 ))" "$PY" bench/repeat_study.py plans/gpu-h200-sglang.yaml \
             --levels "${LEVELS:-16,64,128}" --repeats "${REPEATS:-5}" --out "$ST/study" && rc=0 || rc=$? ;;
-      tune:*)
-        name=${step#tune:}; resume=()
+      tune:*)   # tune:NAME runs plans/gpu-h200-sglang.yaml, tune:NAME=PLAN another plan
+        name=${step#tune:}; plan=plans/gpu-h200-sglang.yaml; resume=()
+        [[ "$name" == *=* ]] && { plan=${name#*=}; name=${name%%=*}; }
         [ -f "$ST/$name/experiment.json" ] && resume=(--resume)
-        timeout -s INT "$(( $(left) + 30 ))" "$PY" -m servetune tune plans/gpu-h200-sglang.yaml \
+        timeout -s INT "$(( $(left) + 30 ))" "$PY" -m servetune tune "$plan" \
             --out "$ST/$name" "${resume[@]}" --stop-after "$(( $(left) - 10 ))" 2>&1 | tee -a "$ST/$name.log" | tail -60
         rc=${PIPESTATUS[0]} ;;
       openloop)
@@ -104,7 +106,7 @@ LOG="$OUT/call-$(date +%H%M%S).log"
       *) echo "unknown step $step"; rc=2 ;;
     esac
     echo "=== $step exit $rc at $(( $(date +%s) - T0 )) s"
-    [ "$rc" = 0 ] && mkdir -p "$ST/done" && touch "$ST/done/$step"
+    [ "$rc" = 0 ] && mkdir -p "$ST/done" && touch "$ST/done/${step%%=*}"
     [ "$rc" = 75 ] && break   # paused at the deadline: the next call goes on
   done
   [ -n "$spid" ] && { kill -TERM "$spid"; wait "$spid"; }   # a background job ignores SIGINT
