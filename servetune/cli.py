@@ -146,6 +146,7 @@ def _register() -> None:
         "sim",
         "serve",
         "airflow",
+        "trace",
         # --- end command modules ---
     ):
         import_module(f"servetune.commands.{name}").register(app)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from servetune.engines import EngineConfig
+from servetune.plan_load import LoadSection, check_trace
 from servetune.runners import LocalRunnerConfig, RunnerConfig
 from servetune.sla import SLA
 from servetune.validity import ValidityRules
@@ -30,33 +31,6 @@ class CorrectnessStage(_Strict):
 
     enabled: bool = True
     requests: int = Field(default=2, ge=1, le=64)
-
-
-class LoadSection(_Strict):
-    """How every trial offers its load: ``concurrency`` (closed loop, levels are streams) or ``rate`` (open
-    loop, levels are requests/s by ``arrival``, gamma of shape ``burstiness``; ``max_in_flight`` at once)."""
-
-    mode: Literal["concurrency", "rate"] = "concurrency"
-    arrival: Literal["poisson", "gamma", "constant", "trace"] = "poisson"
-    burstiness: float = Field(default=1.0, gt=0, description="gamma shape (arrival: gamma): < 1 burstier")
-    max_in_flight: int = Field(default=1024, ge=1, description="rate mode: the client's cap on requests in flight")
-
-    @field_validator("arrival")
-    @classmethod
-    def _no_trace_yet(cls, v: str) -> str:
-        if v == "trace":
-            raise ValueError("trace arrivals need a timed trace, which servetune cannot replay yet:"
-                             " use poisson, gamma or constant")
-        return v
-
-    def arrivals_text(self) -> str:  # "poisson arrivals", "gamma arrivals (burstiness 0.5)"
-        return f"{self.arrival} arrivals" + (f" (burstiness {self.burstiness:g})" if self.arrival == "gamma" else "")
-
-    @model_validator(mode="after")
-    def _burstiness_for_gamma(self) -> LoadSection:
-        if self.burstiness != 1.0 and self.arrival != "gamma":
-            raise ValueError(f"burstiness applies to arrival: gamma, not {self.arrival}")
-        return self
 
 
 Level = int | float  # streams (concurrency mode) or requests/s (rate mode)
@@ -249,6 +223,11 @@ class TuningPlan(_Strict):
         if v.p99_ttft_ms is None and v.p99_tpot_ms is None and v.p99_e2e_ms is None:
             raise ValueError("set at least one of p99_ttft_ms, p99_tpot_ms, p99_e2e_ms")
         return v
+
+    @model_validator(mode="after")
+    def _trace_fits_the_load(self) -> TuningPlan:
+        check_trace(self.load, self.workload)
+        return self
 
     @model_validator(mode="after")
     def _levels_fit_the_mode(self) -> TuningPlan:

@@ -194,11 +194,16 @@ def in_flight_text(s: TrialSummary) -> str:
 def bench(
     url: Annotated[str, typer.Option(help="server base URL, e.g. http://127.0.0.1:30000")],
     concurrency: Annotated[int, typer.Option(help="closed-loop streams; with --rate, the in-flight cap")],
-    requests: Annotated[int, typer.Option(help="measured requests (warm-up not included)")],
     out: Annotated[Path, typer.Option(help="where to write the JSON result")],
+    requests: Annotated[int | None, typer.Option(
+        help="measured requests (warm-up not included); with a trace, default: its rows less the warm-up")] = None,
     workload: Annotated[str | None, typer.Option(help="workload file (YAML/JSON) or preset name")] = None,
-    rate: Annotated[float | None, typer.Option(help="open loop: requests per second")] = None,
-    arrival: Annotated[str, typer.Option(help="constant | poisson | gamma (with --rate)")] = "poisson",
+    rate: Annotated[float | None, typer.Option(help="open loop: requests per second (a trace: rescaled to it)")] = None,
+    arrival: Annotated[str | None, typer.Option(
+        help="constant | poisson | gamma (with --rate) | trace (default with a trace)")] = None,
+    trace: Annotated[Path | None, typer.Option(help="JSONL timed trace to replay as an open loop (docs/workload.md)")]
+    = None,
+    trace_speed: Annotated[float | None, typer.Option(help="with --trace: 2 replays twice as fast")] = None,
     burstiness: Annotated[float, typer.Option(help="gamma shape: <1 burstier, >1 smoother")] = 1.0,
     endpoint: Annotated[str, typer.Option(help="chat | completions | generate")] = "chat",
     model: Annotated[str | None, typer.Option(help="model name sent in the request body")] = None,
@@ -229,6 +234,7 @@ def bench(
     = 200,
 ) -> None:
     """Benchmark a running endpoint: one trial, its summary, and a JSON result with every record."""
+    from servetune.commands.trace import bench_trace
     from servetune.trial import Interrupt, TrialRequest, run_trial
 
     interrupt = Interrupt()
@@ -237,6 +243,7 @@ def bench(
         spec = resolve_workload(workload)
         if seed is not None:
             spec = spec.model_copy(update={"seed": seed})
+        spec, arrival, requests = bench_trace(spec, trace, trace_speed, arrival, requests, warmup)
         try:
             sla_obj = SLA.parse_cli(sla) if sla else None
         except ValidationError as exc:
@@ -255,7 +262,7 @@ def bench(
                         "idle_timeout_s": idle_timeout or None,
                     },
                     "load": {
-                        "mode": "rate" if rate is not None else "concurrency",
+                        "mode": "rate" if rate is not None or arrival == "trace" else "concurrency",
                         "concurrency": concurrency,
                         "rate": rate,
                         "arrival": arrival,

@@ -66,10 +66,13 @@ class LoadConfig(BaseModel):
 
     mode: Literal["concurrency", "rate"] = "concurrency"
     concurrency: int = Field(gt=0, description="closed-loop streams; in rate mode the in-flight cap")
+    # arrival before rate: the rate's check reads it (a trace brings its own timing, so needs no rate)
+    arrival: Literal["constant", "poisson", "gamma", "trace"] = Field(
+        default="poisson", description="trace: the requests' own arrival_s (a workload with a trace), rescaled"
+                                       " to ``rate`` when it is set")
     rate: float | None = Field(
-        default=None, gt=0, validate_default=True, description="requests/s, required in rate mode"
+        default=None, gt=0, validate_default=True, description="requests/s, required in rate mode (but for a trace)"
     )
-    arrival: Literal["constant", "poisson", "gamma"] = "poisson"
     burstiness: float = Field(default=1.0, gt=0, description="gamma shape: <1 burstier, >1 smoother")
     exact_rate: bool = Field(
         default=False, description="rescale the sampled gaps so the schedule's mean rate is exactly ``rate``"
@@ -80,6 +83,6 @@ class LoadConfig(BaseModel):
     @field_validator("rate")
     @classmethod
     def _rate_for_rate_mode(cls, v: float | None, info: ValidationInfo) -> float | None:
-        if v is None and info.data.get("mode") == "rate":
+        if v is None and info.data.get("mode") == "rate" and info.data.get("arrival") != "trace":
             raise ValueError("required when mode is 'rate' (requests per second)")
         return v

@@ -8,17 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .config import LoadConfig
 
+if TYPE_CHECKING:
+    from servetune.workload.request import WorkloadRequest
 
-def arrival_offsets_s(load: LoadConfig, n: int) -> list[float]:
-    """Due times in seconds after the measured phase starts; the first request is due at 0."""
+
+def arrival_offsets_s(load: LoadConfig, n: int, requests: Sequence[WorkloadRequest] | None = None) -> list[float]:
+    """Due times in seconds after the measured phase starts; the first request is due at 0.
+    (``requests``: the load's requests, for arrivals that come with them.)"""
     if load.mode != "rate" or n == 0:
         return [0.0] * n
+    if load.arrival == "trace":
+        return trace_offsets_s(load, n, requests)
     rate = float(load.rate)  # type: ignore[arg-type]  # validated: set in rate mode
     if load.arrival == "constant":
         return [i / rate for i in range(n)]
@@ -36,6 +43,20 @@ def arrival_offsets_s(load: LoadConfig, n: int) -> list[float]:
             if part.size and part.sum() > 0:
                 part *= part.size / rate / part.sum()
     return [0.0, *np.cumsum(gaps).tolist()]
+
+
+def trace_offsets_s(load: LoadConfig, n: int, requests: Sequence[WorkloadRequest] | None) -> list[float]:
+    """The first ``n`` requests' own arrivals, from the first one's; with ``load.rate`` stretched to that mean
+    rate, the trace's shape kept (how the tuner's ramp of rates scales one trace). Already exact: no
+    ``exact_rate`` step."""
+    arrivals = [r.arrival_s for r in (requests or [])[:n]]
+    if len(arrivals) < n or any(a is None for a in arrivals):
+        raise ValueError("arrival: trace needs a workload with a trace")
+    offsets = np.asarray(arrivals, dtype=np.float64) - arrivals[0]
+    span = float(offsets.max())
+    if load.rate is not None and n > 1 and span > 0:
+        offsets *= (n - 1) / load.rate / span  # n - 1 gaps over the span: the mean rate the other arrivals name
+    return offsets.tolist()
 
 
 Send = Callable[[int, int], Awaitable[None]]  # (request index, queue time in ns)

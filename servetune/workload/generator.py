@@ -19,6 +19,7 @@ from servetune.workload.lengths import LengthSampler
 from servetune.workload.request import WorkloadRequest
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.text import Draft, LengthMiss, TextBuilder
+from servetune.workload.trace import TraceSchedule
 from servetune.workload.tokenizer import Tokenizer, load_tokenizer
 
 GENERATOR_VERSION = 1  # bump when the same spec would yield different text
@@ -120,6 +121,9 @@ class _Generator:
         mt = spec.multi_turn
         self.turn_inputs = LengthSampler(mt.turn_input, what="multi_turn.turn_input") if mt else None
         self.fingerprint = batch_fingerprint(spec, tokenizer)
+        if spec.trace is not None and mt is not None:
+            raise ValueError("workload.trace: a trace replays single requests, not conversations (remove multi_turn)")
+        self.trace = TraceSchedule(spec.trace) if spec.trace is not None else None
         sp = spec.shared_prefix
         if sp is not None:
             weights = 1.0 / np.arange(1, sp.num_prefixes + 1, dtype=float) ** sp.zipf_s
@@ -197,10 +201,14 @@ class _Generator:
     # --- requests
     def _single_turn_plan(self, index: int) -> tuple[int, str | None, int, int, np.random.Generator, Draft]:
         rng = _rng(self.seed, _S_REQUEST, index)
-        group = self.pick_prefix(rng)
-        target = self.inputs.sample(rng)
-        output = self.outputs.sample(rng)
-        system = self.system_prompt(group) if group >= 0 else None
+        if self.trace is not None:  # a timed trace: row ``index``'s lengths and system prompt, not the spec's
+            row, group = self.trace.row(index), self.trace.prefix_group(index)
+            target, output, system = row.input_tokens, row.output_tokens, self._trace_system(group)
+        else:
+            group = self.pick_prefix(rng)
+            target = self.inputs.sample(rng)
+            output = self.outputs.sample(rng)
+            system = self.system_prompt(group) if group >= 0 else None
         context = system + "\n" if system is not None else ""
         text_rng = _rng(self.seed, _S_REQUEST_TEXT, index)
         return group, system, target, output, text_rng, self._user_draft(text_rng, target, context, index)
@@ -218,7 +226,18 @@ class _Generator:
             output_tokens=output,
             prefix_group=group,
             images=self.images(index),
+            arrival_s=self.trace.arrival_s(index) if self.trace is not None else None,
         )
+
+    def _trace_system(self, group: int) -> str | None:
+        """A trace group's system prompt, ``trace.prefix_tokens`` long (None for group -1)."""
+        if group < 0:
+            return None
+        if group not in self._prefixes:
+            assert self.spec.trace is not None
+            rng = _rng(self.seed, _S_PREFIX, group)
+            self._prefixes[group] = self.text.piece(rng, self.spec.trace.prefix_tokens, lead=f"[system-{group}]")[0]
+        return self._prefixes[group]
 
     def single_turn_batch(self, indices: range) -> list[WorkloadRequest]:
         """The same requests as ``request(i)`` each, with the first measurement of every prompt

@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from servetune.workload.trace import TraceReplay
+
 
 class _Dist(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -159,6 +161,10 @@ class WorkloadSpec(BaseModel):
     tokenizer: str | None = Field(default=None, description="path to a tokenizer.json or HF model dir")
     ignore_eos: bool = True  # ask the server to generate exactly the requested output length
     temperature: float = 0.0
+    trace: TraceReplay | None = Field(  # left out of dumps when unset: older fingerprints and digests hold
+        default=None, exclude_if=lambda v: v is None,
+        description="timed trace replay: each request's lengths and arrival from a row (input, output and"
+                    " shared_prefix are then ignored)")
 
     def fingerprint(self) -> str:
         """Stable hash of the spec (and of any trace file's contents) for comparing results."""
@@ -168,6 +174,8 @@ class WorkloadSpec(BaseModel):
             for dist in ([part.dist for part in top.parts] if isinstance(top, Mixture) else [top]):
                 if isinstance(dist, Empirical) and Path(dist.path).is_file():
                     h.update(Path(dist.path).read_bytes())
+        if self.trace is not None and Path(self.trace.path).is_file():
+            h.update(Path(self.trace.path).read_bytes())
         return h.hexdigest()[:16]
 
     @classmethod
