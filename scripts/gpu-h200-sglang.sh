@@ -4,7 +4,8 @@
 # Steps: catalog (the installed SGLang's flag catalogue and a recorded parser check), study (repeats of
 # one trial at three levels), tune:NAME (`servetune tune plans/gpu-h200-sglang.yaml`; tune:NAME=PLAN for another
 # plan, e.g. tune:rate-a=plans/gpu-h200-sglang-rate.yaml), openloop
-# (`servetune bench --rate` at five Poisson rates against one server), benchserving (servetune bench
+# (`servetune bench --rate` at five Poisson rates against one server; SERVE_SET adds --set flags to the
+# server, ARRIVAL_ARGS bench arguments, OPENLOOP_DIR names the results folder), benchserving (servetune bench
 # and sglang.bench_serving side by side on one server, bench/bench_serving_side_by_side.py). Each call
 # runs the steps not done yet and stops before DEADLINE seconds (default 560): a campaign pauses between trials
 # (--stop-after) and the next call resumes it (--resume). Work lives in /tmp/st on the machine; the
@@ -27,7 +28,7 @@ serve_default() {
   mkdir -p "$ST/server"
   "$PY" -m servetune serve --engine sglang --sglang-version 0.5.17 --model /tmp/m8b --python "$PY" --port 30777 \
       --set attention-backend=triton --set sampling-backend=pytorch --set mem-fraction-static=0.8 \
-      --set cuda-graph-max-bs=160 --log-dir "$ST/server" > "$ST/server/serve.out" 2>&1 &
+      --set cuda-graph-max-bs=160 ${SERVE_SET:-} --log-dir "$ST/server" > "$ST/server/serve.out" 2>&1 &
   spid=$!
   for _ in $(seq 200); do
     grep -q "^ready:" "$ST/server/serve.out" && return 0
@@ -75,16 +76,16 @@ LOG="$OUT/call-$(date +%H%M%S).log"
             --out "$ST/$name" "${resume[@]}" --stop-after "$(( $(left) - 10 ))" 2>&1 | tee -a "$ST/$name.log" | tail -60
         rc=${PIPESTATUS[0]} ;;
       openloop)
-        mkdir -p "$ST/openloop"
+        OL=$ST/${OPENLOOP_DIR:-openloop}; mkdir -p "$OL"
         serve_default || { echo "the server did not start"; rc=1; continue; }
         rc=0
         for rate in ${RATES:-6 12 18 24 30}; do
           [ "$(left)" -lt 45 ] && { rc=75; break; }
-          [ -f "$ST/openloop/r$rate.json" ] && continue
-          bounded "$PY" -m servetune bench --url "$SRV" --rate "$rate" --concurrency 512 \
+          [ -f "$OL/r$rate.json" ] && continue
+          bounded "$PY" -m servetune bench --url "$SRV" --rate "$rate" --concurrency 512 ${ARRIVAL_ARGS:-} \
               --requests $(( rate * 30 )) --warmup 16 --workload plans/workloads/gpu-chat-shared-prefix.yaml \
               --endpoint chat --sla p99_ttft_ms=1500 --sla p99_tpot_ms=25 --min-window-s 10 --min-completions 100 \
-              --server-log "$(ls -t "$ST"/server/sglang-*.log | head -1)" --out "$ST/openloop/r$rate.json" \
+              --server-log "$(ls -t "$ST"/server/sglang-*.log | head -1)" --out "$OL/r$rate.json" \
               2>&1 | tail -4 || rc=1
         done ;;
       benchserving)   # servetune bench and sglang.bench_serving on one server, the same workload shape

@@ -13,7 +13,7 @@ from servetune.plan import TuningPlan
 from servetune.tuning.ceiling import find_ceiling
 from servetune.tuning.recommend import recommend
 from servetune.tuning.refine import RefineResult, goodput, refine
-from servetune.tuning.robustness import robustness
+from servetune.tuning.robustness import checks_so_far, robustness
 from servetune.tuning.state import CampaignState, Ceiling, Decision, Flags, TrialOutcome, TrialSpec
 from servetune.tuning.verdict import judge
 
@@ -76,9 +76,13 @@ def next_trials(plan: TuningPlan, state: CampaignState, *, previous: dict[str, A
     chosen = refined.best if refined else ramp
     robust = robustness(plan, state, chosen, ramp) if chosen is not None else None
     if isinstance(robust, TrialSpec):
-        if over_budget:
-            return _stop(plan, state, previous, _budget_reason(plan, state), ceiling=ceiling)
-        return Decision(stage="robustness", trials=[robust], ceiling=ceiling)
+        if not over_budget:
+            return Decision(stage="robustness", trials=[robust], ceiling=ceiling)
+        # the answer is chosen: only its margin is incomplete, so it stands, with the checks that ran
+        assert chosen is not None
+        robust = checks_so_far(plan, state, chosen)
+        robust.notes.append(_budget_reason(plan, state).replace("recommending from the trials so far",
+                                                                "the robustness checks are incomplete"))
     if robust is not None and robust.fallback is not None:
         refined = RefineResult(best=robust.fallback, compared=refined.compared if refined else [],
                                notes=refined.notes if refined else [], ties=refined.ties if refined else [])

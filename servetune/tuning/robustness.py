@@ -62,8 +62,22 @@ def robustness(plan: TuningPlan, state: CampaignState, chosen: TrialOutcome,
     return RobustnessResult(checks=mine + theirs, notes=notes)
 
 
+def checks_so_far(plan: TuningPlan, state: CampaignState, chosen: TrialOutcome) -> RobustnessResult:
+    """The chosen config's checks that have a trial, when the campaign must stop before the rest
+    (a GPU budget spent): the recommendation keeps the margin measured, and says what is missing."""
+    if plan.robustness is None or served_rate(chosen) <= 0:
+        return RobustnessResult()
+    ran = _checks(plan, state, chosen, "chosen", ran_only=True)
+    assert not isinstance(ran, TrialSpec)
+    missing = [f"{f:.0%}" for f in plan.robustness.fractions if f not in {c["fraction"] for c in ran}]
+    notes = [_margin(plan, ran, chosen)] if ran else []
+    if missing:
+        notes.append(f"robustness not measured at {', '.join(missing)} of the rate: the campaign stopped first")
+    return RobustnessResult(checks=ran, notes=notes)
+
+
 def _checks(plan: TuningPlan, state: CampaignState, o: TrialOutcome, which: str,
-            rate: float | None = None) -> list[dict[str, Any]] | TrialSpec:
+            rate: float | None = None, ran_only: bool = False) -> list[dict[str, Any]] | TrialSpec:
     assert plan.robustness is not None
     b = plan.robustness.burstiness
     base = rate if rate is not None else served_rate(o)
@@ -74,7 +88,9 @@ def _checks(plan: TuningPlan, state: CampaignState, o: TrialOutcome, which: str,
         tried = [x for x in state.outcomes if x.stage == "robustness" and x.rate == r and x.burstiness == b
                  and config_key(x.flags) == config_key(o.flags)]
         valid = [x for x in tried if x.valid or judge(x, plan.sla).kind == "overload"]
-        if not valid and len(tried) <= plan.repeats.invalid_retries:
+        if ran_only and not tried:
+            continue
+        if not ran_only and not valid and len(tried) <= plan.repeats.invalid_retries:
             last = tried[-1] if tried else None
             st = plan.stages.ramp
             requests, warmup, how = size_open_loop(plan, state, o.flags, r, st.requests, st.warmup,
