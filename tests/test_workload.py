@@ -312,7 +312,8 @@ def test_multi_turn_history_grows_and_resends_earlier_turns(tok, interleave):
         input=Uniform(min=120, max=300),
         output=Uniform(min=20, max=60),
         shared_prefix=SharedPrefix(tokens=64),
-        multi_turn=MultiTurn(turns=3, turn_input=Fixed(value=30), interleave=interleave),
+        multi_turn=MultiTurn(turns=3, turn_input=Fixed(value=30), interleave=interleave,
+                             mode="scripted" if interleave > 1 else "sessions"),
     )
     reqs = build_requests(spec, 18, tok).requests
     convs: dict[int, list] = {}

@@ -3,6 +3,8 @@
 The per-chunk hot path is three operations: await the socket, take ``perf_counter_ns()``,
 append the raw bytes. Everything else (SSE splitting, JSON, token counting) happens once the
 request's stream has ended, so a busy client stamps chunks late as little as possible.
+The load's units are requests, or users' sessions (sessions.py): a session's next turn goes out once
+the previous answer has been decoded, carrying it.
 Failures are recorded on the request (docs/metrics.md, Errors: never an aborted run); a stream
 that goes silent for ``target.idle_timeout_s`` fails as ``idle_timeout`` (idle.py). A ``stop``
 event ends the load early (bench on SIGINT/SIGTERM): requests in flight are recorded as
@@ -28,6 +30,7 @@ from .capture import capture, release
 from .config import LoadConfig, Target
 from .endpoints import decode_stream, request_body, token_counter
 from .idle import IDLE_TIMEOUT, IdleWatch
+from .sessions import is_session, load_units
 from .sse import split_events
 from .strategies import arrival_offsets_s, closed_loop, open_loop
 
@@ -44,7 +47,8 @@ class TargetUnreachable(ConnectionError):
 
 @dataclass(slots=True)
 class LoadOutcome:
-    records: list[RequestRecord]  # one per request sent, in request order
+    records: list[RequestRecord]  # one per request sent, in request order (a session's turns after a
+    # failed one, and requests a stop left unsent, are not)
     window_start_s: float  # first measured dispatch, relative to t0 (the steady window: servetune.validity)
     window_end_s: float  # last measured dispatch
     drain_end_s: float  # every request finished
@@ -107,7 +111,9 @@ async def run_load(
     sent = bytearray(len(requests))  # 1: dispatched (a stopped load keeps only these)
     clock = time.perf_counter_ns
 
-    async def send(i: int, queue_ns: int) -> None:
+    async def send(i: int, queue_ns: int, body: bytes | None = None, inline: bool = False) -> str | None:
+        """Stream request i (``body``: its own, else the prebuilt one); ``inline``: decode it now and
+        return its text (a session's turn), else leave it to the decoder task."""
         rec = records[i]
         rec.queue_ms = queue_ns / 1e6
         sent[i] = 1
@@ -119,7 +125,7 @@ async def run_load(
             async with asyncio.timeout(timeout_s) as deadline:
                 if idle is not None:
                     idle.watch(i, t_send, times, deadline)
-                async with session.post(url, data=bodies[i]) as resp:
+                async with session.post(url, data=bodies[i] if body is None else body) as resp:
                     if idle is not None:
                         idle.alive(i)
                     rec.http_status = resp.status
@@ -168,8 +174,29 @@ async def run_load(
                 idle.forget(i)
             rec.t_send_s = (t_send - t0_ns) / 1e9
             rec.e2e_ms = (t_end - t_send) / 1e6
+        if inline:
+            return decode(i, reads, times, t_send)
         finished.append((i, reads, times, t_send))
         wake.set()
+        return None
+
+    async def send_unit(u: int, queue_ns: int) -> None:
+        """A request, or a session: each turn after the previous answer (and the user's think time),
+        with the answers so far in its history; a failed turn ends the session."""
+        unit = units[u]
+        if not is_session(requests, unit):
+            await send(unit[0], queue_ns)
+            return
+        answers: list[str] = []
+        for k, i in enumerate(unit):
+            req = requests[i]
+            if k and req.think_s > 0:
+                await asyncio.sleep(req.think_s)
+            body = request_body(target, req.with_answers(answers)) if k else None
+            text = await send(i, queue_ns if k == 0 else 0, body, inline=True)
+            if records[i].error_class is not None:
+                return
+            answers.append(text or "")
 
     # Streams that end together (closed loop, equal lengths) would otherwise all be decoded in one
     # event-loop pass, and no socket is read (so no chunk stamped) until that pass is over: one
@@ -188,12 +215,13 @@ async def run_load(
             wake.clear()
             await wake.wait()
 
-    def decode(i: int, reads: list[bytes], times: list[int], t_send: int) -> None:
+    def decode(i: int, reads: list[bytes], times: list[int], t_send: int) -> str:
         rec = records[i]
+        text = ""
         try:
             if reads or rec.error_class is None:
                 events, tail = split_events(reads, times)
-                decode_stream(endpoint, events, rec, t_send, count)
+                text = decode_stream(endpoint, events, rec, t_send, count)
                 if tail and rec.error_class == ErrorClass.EMPTY.value:
                     rec.error_class = ErrorClass.MALFORMED.value
                     rec.error_message = f"not an SSE stream: {tail[:120]!r}"
@@ -207,6 +235,7 @@ async def run_load(
         counters[2] += rec.output_tokens or 0
         if progress is not None:
             progress(counters[0], counters[1], counters[2])
+        return text
 
     connector = aiohttp.TCPConnector(limit=load.concurrency + 4, limit_per_host=0, keepalive_timeout=60)
     async with aiohttp.ClientSession(
@@ -224,13 +253,15 @@ async def run_load(
         try:
             # warm-up and measured requests are one load, without a pause between them: the warm-up
             # is the first requests of the same closed loop or arrival schedule (servetune.validity)
-            everything = list(range(len(requests)))
+            # (a closed loop's streams and an open loop's arrivals are units: requests or sessions)
+            units = load_units(requests)
+            everything = list(range(len(units)))
             start = clock()
             if load.mode == "rate":
-                offsets = arrival_offsets_s(load, len(everything))
-                dispatch = open_loop(everything, offsets, load.concurrency, send, start_ns=start)
+                offsets = arrival_offsets_s(load, len(units), [requests[u[0]] for u in units])
+                dispatch = open_loop(everything, offsets, load.concurrency, send_unit, start_ns=start)
             else:
-                dispatch = closed_loop(everything, load.concurrency, send)
+                dispatch = closed_loop(everything, load.concurrency, send_unit)
             stopped = await _until_stopped(dispatch, stop)
             drain_end = clock()
             finished.append(None)
@@ -241,7 +272,7 @@ async def run_load(
             if watching is not None:
                 watching.cancel()
             gc.unfreeze()
-    kept = [r for i, r in enumerate(records) if sent[i]] if stopped else records
+    kept = [r for i, r in enumerate(records) if sent[i]]
     measured = [r for r in kept if not r.warmup]
     first = min((r.t_send_s for r in measured), default=0.0)
     last = max((r.t_send_s for r in measured), default=0.0)

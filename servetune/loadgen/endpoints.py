@@ -210,8 +210,9 @@ def decode_stream(
     rec: RequestRecord,
     t_send_ns: int,
     count: Callable[[str], int] | None = None,
-) -> None:
-    """Fill timings, token counts, usage and (if the stream was bad) the error of ``rec``."""
+) -> str:
+    """Fill timings, token counts, usage and (if the stream was bad) the error of ``rec``; return the
+    generated text (a session's next turn carries it in its history)."""
     s = _read_generate(events) if endpoint == "generate" else _read_openai(events, endpoint == "chat")
     usage = s.usage or {}
     completion = usage.get("completion_tokens")
@@ -246,3 +247,4 @@ def decode_stream(
         elif not n:
             rec.error_class = ErrorClass.EMPTY.value
             rec.error_message = f"stream ended without generated text ({len(events)} events)"
+    return "".join(s.texts)

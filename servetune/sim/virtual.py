@@ -103,7 +103,7 @@ class _Run:
         everything = list(range(len(self.requests)))  # warm-up first, in the same load (as the loadgen)
         if self.load.mode == "rate":
             load = self.load if self.load.seed or not self.seed else self.load.model_copy(update={"seed": self.seed})
-            offsets = arrival_offsets_s(load, len(everything))
+            offsets = arrival_offsets_s(load, len(everything), self.requests)
             t = self._phase(everything, 0.0, closed=False, conc=c, offsets=offsets)
         else:
             t = self._phase(everything, 0.0, closed=True, conc=c)

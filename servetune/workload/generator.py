@@ -26,7 +26,7 @@ GENERATOR_VERSION = 1  # bump when the same spec would yield different text
 LENGTH_TOLERANCE = 0.02  # with a tokenizer, prompts measure within 2% of the requested length
 
 # independent random streams, so adding a feature never shifts another feature's draws
-_S_REQUEST, _S_REQUEST_TEXT, _S_REQUEST_IMAGES, _S_CONV, _S_CONV_TEXT, _S_PREFIX, _S_IMAGE = range(7)
+_S_REQUEST, _S_REQUEST_TEXT, _S_REQUEST_IMAGES, _S_CONV, _S_CONV_TEXT, _S_PREFIX, _S_IMAGE, _S_THINK = range(8)
 _USER, _ASSISTANT = 0, 1
 _BATCH = 256  # single-turn prompts measured per encode_batch call
 
@@ -154,8 +154,8 @@ class _Generator:
         return int(rng.choice(sp.num_prefixes, p=self.prefix_p))
 
     def images(self, index: int) -> list[str]:
-        """Data URLs for request ``index``: unique per request and spec, or drawn from a pool of
-        ``distinct`` images (rendered once per batch) so the server's image cache can hit."""
+        """Data URLs for request ``index``: unique per request and spec, or (a ``reuse_ratio`` of them)
+        drawn from a pool of ``distinct`` images (rendered once per batch) so the server's image cache can hit."""
         im = self.spec.images
         if im is None:
             return []
@@ -166,7 +166,7 @@ class _Generator:
         size = (im.width, im.height, im.format)
         urls = []
         for j in range(im.count):
-            if im.distinct:
+            if im.distinct and (im.reuse_ratio >= 1 or rng.random() < im.reuse_ratio):
                 k = int(rng.integers(im.distinct))
                 if k not in self._image_pool:
                     self._image_pool[k] = image_data_url((self.seed, _S_IMAGE, 1, spec_key, k), *size)
@@ -226,6 +226,7 @@ class _Generator:
             output_tokens=output,
             prefix_group=group,
             images=self.images(index),
+            image_position=self.spec.images.position if self.spec.images else "before_text",
             arrival_s=self.trace.arrival_s(index) if self.trace is not None else None,
         )
 
@@ -309,6 +310,11 @@ class _Generator:
         self._ensure_messages(conv, c, turn)
         history = [dict(m) for m in c.messages[: 2 * turn]]
         user = c.messages[2 * turn]["content"]
+        mt = self.spec.multi_turn
+        assert mt is not None
+        think = 0.0
+        if mt.mode == "sessions" and turn and mt.think_time_s:
+            think = float(_rng(self.seed, _S_THINK, conv, turn).exponential(mt.think_time_s))
         return WorkloadRequest(
             index=index,
             system=c.system,
@@ -320,4 +326,7 @@ class _Generator:
             history=history,
             conversation=conv,
             turn=turn,
+            image_position=self.spec.images.position if self.spec.images else "before_text",
+            live_history=mt.mode == "sessions",
+            think_s=think,
         )

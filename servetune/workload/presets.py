@@ -38,14 +38,14 @@ PRESETS: dict[str, WorkloadSpec] = {
         output=LogNormal(median=128, sigma=0.5, min=16, max=512),
         shared_prefix=SharedPrefix(tokens=2048, share_ratio=1.0, num_prefixes=8, zipf_s=1.1),
     ),
-    # multi-turn chat: 4 turns per conversation, 8 conversations interleaved
+    # multi-turn chat: users in 4-turn sessions, each turn sent after the last answer and a 1 s think time
     "multi-turn-chat": WorkloadSpec(
         name="multi-turn-chat",
         input=LogNormal(median=768, sigma=0.5, min=320, max=4096),
         output=LogNormal(median=160, sigma=0.5, min=16, max=512),
         shared_prefix=SharedPrefix(tokens=256, share_ratio=1.0, num_prefixes=1),
         multi_turn=MultiTurn(
-            turns=4, turn_input=LogNormal(median=96, sigma=0.5, min=8, max=512), interleave=8
+            turns=4, turn_input=LogNormal(median=96, sigma=0.5, min=8, max=512), think_time_s=1.0
         ),
     ),
     # fixed lengths: the easiest workload to reason about and to compare engines on

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from servetune.records import RequestRecord
 
@@ -17,25 +18,42 @@ class WorkloadRequest:
     prefix_group: int = -1  # which shared system prompt (-1: none)
     images: list[str] = field(default_factory=list)  # data: URLs (base64 PNG/JPEG)
     history: list[dict[str, str]] = field(default_factory=list)  # earlier turns, chat messages
-    conversation: int = -1
+    conversation: int = -1  # the session (multi-turn conversation) it belongs to (-1: none)
     turn: int = 0
+    image_position: str = "before_text"  # spec.Images.position
+    arrival_s: float | None = None  # a timed trace's arrival offset (seconds), else None
+    live_history: bool = False  # a session's turn: sent after the previous answer, which its history carries
+    think_s: float = 0.0  # a session's turn: the user's pause between the previous answer and this turn
+
+    def with_answers(self, answers: Sequence[str]) -> WorkloadRequest:
+        """This turn with the session's real answers in place of the stand-ins in its history
+        (the history alternates user and assistant messages, one answer per earlier turn)."""
+        history = [dict(m) for m in self.history]
+        for k, text in enumerate(answers[: len(history) // 2]):
+            history[2 * k + 1]["content"] = text
+        return replace(self, history=history)
 
     def new_record(self, warmup: bool) -> RequestRecord:
         """The record of sending this request, with what was asked for (filled in by whoever sends it)."""
         return RequestRecord(request_id=self.index, requested_input_tokens=self.input_tokens,
                              requested_output_tokens=self.output_tokens, prefix_group=self.prefix_group,
-                             n_images=len(self.images), turn=self.turn, warmup=warmup)
+                             n_images=len(self.images), turn=self.turn, session=self.conversation,
+                             warmup=warmup)
 
     def chat_messages(self) -> list[dict]:
-        """OpenAI chat messages; images become ``image_url`` content parts."""
+        """OpenAI chat messages; images become ``image_url`` content parts, where ``image_position`` says."""
         msgs: list[dict] = []
+        images: list[dict] = [{"type": "image_url", "image_url": {"url": u}} for u in self.images]
+        if images and self.image_position == "before_system":
+            msgs.append({"role": "user", "content": images})
+            images = []
         if self.system is not None:
             msgs.append({"role": "system", "content": self.system})
         msgs.extend(self.history)
-        if self.images:
-            parts: list[dict] = [{"type": "image_url", "image_url": {"url": u}} for u in self.images]
-            parts.append({"type": "text", "text": self.user})
-            msgs.append({"role": "user", "content": parts})
+        if images:
+            text = [{"type": "text", "text": self.user}]
+            msgs.append({"role": "user", "content": text + images if self.image_position == "after_text"
+                         else images + text})
         else:
             msgs.append({"role": "user", "content": self.user})
         return msgs

@@ -128,22 +128,46 @@ class Images(BaseModel):
     width: int = Field(default=512, ge=8)
     height: int = Field(default=512, ge=8)
     ratio: float = Field(default=1.0, ge=0, le=1, description="fraction of requests with images")
-    distinct: int = Field(default=0, ge=0, description="distinct images to draw from (0: unique per request)")
+    distinct: int = Field(default=0, ge=0, description="size of the pool repeated images come from (0: no pool)")
+    reuse_ratio: float = Field(default=1.0, ge=0, le=1,
+                               description="with a pool: fraction of images drawn from it (the rest unique)")
+    position: Literal["before_text", "after_text", "before_system"] = Field(
+        default="before_text", description="where the images sit: ahead of the user's text (after the system"
+                                           " prompt), after it, or ahead of the system prompt (which breaks the"
+                                           " shared prefix: every request's prompt starts differently)")
     format: Literal["png", "jpeg"] = "png"
 
 
 class MultiTurn(BaseModel):
-    """Conversations: each later turn resends the history plus a new user message."""
+    """Conversations: each later turn resends the history plus a new user message.
+
+    ``sessions`` (the default) is how users talk: a conversation is the load unit, turn k+1 is sent
+    only once turn k's answer has arrived, with that answer's text in its history, after a think time.
+    ``scripted`` sends every turn as an independent request with stand-in answers (the old way:
+    reproducible prompts, but a turn can be sent before its predecessor's answer exists).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     turns: int = Field(default=2, ge=1)
     turn_input: LengthDist = Field(default_factory=lambda: Fixed(value=64), description="new user tokens per turn")
+    mode: Literal["sessions", "scripted"] = "sessions"
+    think_time_s: float = Field(default=0.0, ge=0, description="sessions: mean pause between an answer and the"
+                                                                " next turn (exponential, seeded; 0: none)")
     interleave: int = Field(
         default=1,
         ge=1,
-        description="conversations whose turns are sent round-robin (1: a conversation's turns back to back)",
+        description="scripted: conversations whose turns are sent round-robin (1: a conversation's turns back to back)",
     )
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> MultiTurn:
+        if self.mode == "sessions" and self.interleave != 1:
+            raise ValueError("interleave applies to mode: scripted (sessions send a turn after its predecessor's"
+                             " answer, whatever the order)")
+        if self.mode == "scripted" and self.think_time_s:
+            raise ValueError("think_time_s applies to mode: sessions")
+        return self
 
 
 class WorkloadSpec(BaseModel):
