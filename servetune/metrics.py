@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from servetune.per_turn import by_turn
 from servetune.records import RequestRecord
 from servetune.result import Percentiles, TrialSummary
 from servetune.sla import SLA
@@ -125,6 +126,7 @@ def summarize(
         _throughput(s, ok_all, ok, ws, we)
         _goodput(s, in_set, ok, sla)
     s.prefix_hit_rate = prefix_hit_rate(measured)
+    s.by_turn = by_turn(ok)
     _validity(s, records, steady, load, rules)
     _server_signals(s, server)
     _gpu(s, gpu)

@@ -58,7 +58,7 @@ class RequestRecord:
     prefix_group: int | None = None  # which shared system prompt the request used (-1: none)
     n_images: int = 0
     turn: int = 0
-    session: int = -1  # multi-turn: the conversation (a user's session) the request belongs to
+    session: int = -1  # multi-turn sessions: the user's session (the load unit) the turn belongs to (-1: none)
     warmup: bool = False
     http_status: int | None = None
     error_class: str | None = None

@@ -104,14 +104,21 @@ def steady_window(records: Sequence[RequestRecord], load: dict[str, Any] | None)
     if not measured:
         return SteadyWindow(None, None, "open_loop" if mode == "rate" else "closed_loop", "no measured request")
     first_measured = min(r.t_send_s for r in measured)
+    # a user's session is one unit of load: it arrives (or takes a stream) at its first turn's send
+    has_sessions = any(r.session >= 0 for r in records)
+    starts, unit_ends, unit_measured = _unit_spans(records) if has_sessions else ([], [], [])
     if mode == "rate":
-        last = max(r.t_send_s for r in measured)
+        last = (max((a for a, m in zip(starts, unit_measured) if m), default=first_measured) if has_sessions
+                else max(r.t_send_s for r in measured))
         if last <= first_measured:
             return SteadyWindow(None, None, "open_loop", "fewer than two measured arrivals")
         return SteadyWindow(first_measured, last, "open_loop")
     streams = min(conc or 1, len(records))
-    ends = sorted(e for r in records if (e := _end_s(r)) is not None)
-    last_dispatch = max(r.t_send_s for r in records)
+    if has_sessions:
+        ends, last_dispatch = sorted(unit_ends), max(starts, default=0.0)
+    else:
+        ends = sorted(e for r in records if (e := _end_s(r)) is not None)
+        last_dispatch = max(r.t_send_s for r in records)
     if len(ends) < streams:
         return SteadyWindow(None, None, "closed_loop", f"fewer than {streams} requests finished")
     start = max(first_measured, ends[streams - 1])
@@ -123,14 +130,45 @@ def steady_window(records: Sequence[RequestRecord], load: dict[str, Any] | None)
     return SteadyWindow(start, last_dispatch, "closed_loop")
 
 
+def _unit_spans(records: Sequence[RequestRecord]) -> tuple[list[float], list[float], list[bool]]:
+    """(starts, ends, measured) of the load's finished units: a request, or a user's session from its
+    first turn's send to its last turn's end (think time included: the user holds the stream meanwhile);
+    a unit is measured when its first request is not warm-up."""
+    starts: list[float] = []
+    ends: list[float] = []
+    measured: list[bool] = []
+    sessions: dict[int, list] = {}
+    for r in records:
+        e = _end_s(r)
+        if e is None:
+            continue
+        if r.session < 0:
+            starts.append(r.t_send_s)
+            ends.append(e)
+            measured.append(not r.warmup)
+        elif (span := sessions.get(r.session)) is None:
+            sessions[r.session] = [r.t_send_s, e, not r.warmup]
+        else:
+            if r.t_send_s < span[0]:
+                span[0], span[2] = r.t_send_s, not r.warmup
+            span[1] = max(span[1], e)
+    for a, b, m in sessions.values():
+        starts.append(a)
+        ends.append(b)
+        measured.append(m)
+    return starts, ends, measured
+
+
 def in_flight(records: Sequence[RequestRecord], start: float, end: float) -> tuple[float, float]:
-    """(time-weighted mean, lowest bin mean) of requests in flight over [start, end], every record counted.
+    """(time-weighted mean, lowest bin mean) of units in flight over [start, end], every record counted:
+    requests, or users' sessions (multi-turn ``sessions``: one per user, between turns too).
 
     The window is cut into up to 20 bins of at least 50 ms; a client that cannot hold its load
     shows as a low bin even when the mean hides it.
     """
-    sends = np.fromiter((r.t_send_s for r in records if r.e2e_ms is not None), dtype=np.float64)
-    ends = np.fromiter((e for r in records if (e := _end_s(r)) is not None), dtype=np.float64)
+    starts, finishes, _ = _unit_spans(records)
+    sends = np.asarray(starts, dtype=np.float64)
+    ends = np.asarray(finishes, dtype=np.float64)
     times = np.concatenate([sends, ends])
     steps = np.concatenate([np.ones(sends.size), -np.ones(ends.size)])
     order = np.argsort(times, kind="stable")

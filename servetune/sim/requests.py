@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import tokens as tk
 from .radix import Node
 
 
@@ -18,7 +19,7 @@ class RequestRejected(ValueError):
 @dataclass(slots=True, eq=False)
 class SimRequest:
     rid: int
-    tokens: list  # prompt token ids (words as str, image pads; outputs are negative ints) (template, text and image pad tokens)
+    tokens: list  # prompt token ids: template pieces, words (str) and image pads
     max_new: int
     images: list[tuple[int, int]] = field(default_factory=list)  # (start, length) of image token runs
     arrival: float = 0.0
@@ -43,10 +44,10 @@ class SimRequest:
     def prompt_len(self) -> int:
         return len(self.tokens)
 
-    def output_tokens(self, start: int, end: int) -> list[int]:
-        """Token ids of output tokens [start, end) (negative: never collide with prompt ids)."""
-        base = -(self.rid * 1_048_576) - 1
-        return list(range(base - start, base - end, -1))
+    def output_tokens(self, start: int, end: int) -> list:
+        """Token ids of output tokens [start, end): the words the server streams back (tokens.output_word),
+        so a later turn that carries the answer in its history finds it in the radix cache, as on SGLang."""
+        return [tk.token_id(tk.output_word(self.rid, k)) for k in range(start, end)]
 
 
 @dataclass(slots=True)

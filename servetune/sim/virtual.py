@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from servetune.loadgen.config import LoadConfig
+from servetune.loadgen.sessions import load_units
 from servetune.loadgen.strategies import arrival_offsets_s
 from servetune.records import ErrorClass, TokenCountSource
 from servetune.result import TrialResult
@@ -94,67 +95,86 @@ class _Run:
         n_warm = load.warmup_requests
         self.records = [r.new_record(i < n_warm) for i, r in enumerate(requests)]
         self.sent_at: dict[int, float] = {}
+        self.unsent: set[int] = set()  # a session's turns after a failed one
         self.drain_end = 0.0
         self.iterations: list[Iteration] = []
 
-    # the client: pending sends as a heap of (due time, order, request index, queue seconds)
+    # the client: pending sends as a heap of (due time, order, request index, scheduled time, a session's
+    # next turn); the load's units are requests or sessions (servetune.loadgen.sessions), as the loadgen's
     def execute(self) -> None:
         c = self.load.concurrency
-        everything = list(range(len(self.requests)))  # warm-up first, in the same load (as the loadgen)
+        units = load_units(self.requests)  # warm-up first, in the same load (as the loadgen)
         if self.load.mode == "rate":
             load = self.load if self.load.seed or not self.seed else self.load.model_copy(update={"seed": self.seed})
-            offsets = arrival_offsets_s(load, len(everything), self.requests)
-            t = self._phase(everything, 0.0, closed=False, conc=c, offsets=offsets)
+            offsets = arrival_offsets_s(load, len(units), [self.requests[u[0]] for u in units])
+            t = self._phase(units, 0.0, closed=False, conc=c, offsets=offsets)
         else:
-            t = self._phase(everything, 0.0, closed=True, conc=c)
+            t = self._phase(units, 0.0, closed=True, conc=c)
         self.drain_end = t
 
     def _phase(
-        self, indices: list[int], t0: float, *, closed: bool, conc: int, offsets: list[float] | None = None
+        self, units: list[list[int]], t0: float, *, closed: bool, conc: int, offsets: list[float] | None = None
     ) -> float:
         sched, tel = self.sched, self.tel
-        pending: list[tuple[float, int, int, float]] = []  # (send time, seq, index, scheduled time)
+        pending: list[tuple[float, int, int, float, bool]] = []
         seq = 0
-        in_flight = 0
-        nxt = 0  # next index position not yet scheduled
+        in_flight = 0  # units (requests or sessions) under way
+        nxt = 0  # next unit not yet scheduled
         backlog: list[tuple[float, int]] = []  # open loop: due but over the cap (scheduled time, index)
+        follow = {u[k]: u[k + 1] for u in units for k in range(len(u) - 1)}  # a session's next turn
+        answers: dict[int, list[str]] = {}  # a session's answers so far, by its first turn's index
+        first_of = {i: u[0] for u in units for i in u}
         if closed:
-            for _ in range(min(conc, len(indices))):
-                heapq.heappush(pending, (t0, seq, indices[nxt], t0))
+            for _ in range(min(conc, len(units))):
+                heapq.heappush(pending, (t0, seq, units[nxt][0], t0, False))
                 seq += 1
                 nxt += 1
         else:
             assert offsets is not None
-            for pos, i in enumerate(indices):
+            for pos, u in enumerate(units):
                 due = t0 + offsets[pos]
-                heapq.heappush(pending, (due, seq, i, due))
+                heapq.heappush(pending, (due, seq, u[0], due, False))
                 seq += 1
-            nxt = len(indices)
-        remaining = len(indices)
+            nxt = len(units)
+        remaining = sum(len(u) for u in units)
         t = t0
         current: Iteration | None = None
 
         def complete(i: int, at: float) -> None:
             nonlocal in_flight, remaining, seq, nxt
-            in_flight -= 1
             remaining -= 1
-            if closed and nxt < len(indices):
-                heapq.heappush(pending, (at, seq, indices[nxt], at))
+            j = follow.get(i)
+            if j is not None and self.records[i].error_class is None:  # the user reads, thinks, answers
+                answers.setdefault(first_of[i], []).append(
+                    tk.output_text(i, 0, self.records[i].completion_tokens or 0))
+                due = at + self.requests[j].think_s
+                heapq.heappush(pending, (due, seq, j, due, True))
+                seq += 1
+                return
+            while j is not None:  # a failed turn ends its session: the rest is never sent
+                self.unsent.add(j)
+                remaining -= 1
+                j = follow.get(j)
+            in_flight -= 1
+            if closed and nxt < len(units):
+                heapq.heappush(pending, (at, seq, units[nxt][0], at, False))
                 seq += 1
                 nxt += 1
             elif not closed and backlog:
-                sched_t, j = backlog.pop(0)
-                self._send(j, at, at - sched_t)
+                sched_t, k = backlog.pop(0)
                 in_flight += 1
+                if not self._send(k, at, at - sched_t):
+                    complete(k, at)
 
         def send_next() -> None:
             nonlocal in_flight
-            _, _, i, sched_t = heapq.heappop(pending)
-            if not closed and in_flight >= conc:
-                backlog.append((sched_t, i))
-                return
-            in_flight += 1
-            if not self._send(i, t, t - sched_t):
+            _, _, i, sched_t, turn = heapq.heappop(pending)
+            if not turn:
+                if not closed and in_flight >= conc:
+                    backlog.append((sched_t, i))
+                    return
+                in_flight += 1
+            if not self._send(i, t, t - sched_t, answers.get(first_of[i], []) if turn else None):
                 complete(i, t)
 
         inf = float("inf")
@@ -192,12 +212,13 @@ class _Run:
         self.iterations.append(it)
         self.tel.on_iteration(it)
 
-    def _send(self, i: int, t: float, queue_s: float) -> bool:
-        """Hand request i to the server at t; False when the server refused it."""
+    def _send(self, i: int, t: float, queue_s: float, answers: list[str] | None = None) -> bool:
+        """Hand request i to the server at t (a session's turn with its ``answers`` so far in the history);
+        False when the server refused it."""
         rec = self.records[i]
         rec.t_send_s = t
         rec.queue_ms = max(queue_s, 0.0) * 1000.0
-        req = self.requests[i]
+        req = self.requests[i] if answers is None else self.requests[i].with_answers(answers)
         try:
             prompt = build_prompt(req, self.endpoint, self.args)
             sreq = SimRequest(rid=i, tokens=prompt.ids, max_new=req.output_tokens, images=prompt.images)
@@ -238,8 +259,9 @@ class _Run:
         server = self.tel.server_telemetry(self.drain_end)
         load_d = load.model_dump(mode="json")
         load_d.update(requests=len(self.requests) - load.warmup_requests, seed_sim=self.seed)
+        records = [r for i, r in enumerate(self.records) if i not in self.unsent]
         summary = summarize(
-            self.records,
+            records,
             load=load_d,
             rules=rules,
             sla=sla,
@@ -261,7 +283,7 @@ class _Run:
             load=load_d,
             sla=sla.model_dump(mode="json") if sla is not None else {},
             t0_unix=datetime.now(UTC).timestamp(),
-            records=self.records,
+            records=records,
             gpu=gpu,
             server=server,
             environment={
