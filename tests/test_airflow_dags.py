@@ -78,6 +78,26 @@ def test_weekly_campaign_runs_validates_and_loads(airflow_setup):
     assert _rows(wh, "select count(*) from request_records")[0][0] == before
 
 
+def test_the_load_mode_param_runs_the_campaign_as_an_open_loop(airflow_setup):
+    """`--conf {"load_mode": "rate"}` (what `servetune demo --load-mode rate` passes): the tiny plan's ramp
+    levels become requests/s of Poisson arrivals, the answer a capacity at the SLA, and the refine task
+    runs the robustness check the overrides ask for (gamma bursts at 100% of the capacity)."""
+    conf = {"load_mode": "rate", "overrides": {"robustness": {"burstiness": 0.5, "fractions": [1.0]}}}
+    proc = airflow_setup.airflow("dags", "test", "servetune_weekly", "--conf", json.dumps(conf), check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    (exp_dir,) = [p.parent for p in airflow_setup.results_dir.glob("*/experiment.json")]
+    exp = orjson.loads((exp_dir / "experiment.json").read_bytes())
+    assert exp["status"] == "done" and exp["plan"]["load"]["mode"] == "rate"
+    rec = orjson.loads((exp_dir / "recommendation.json").read_bytes())
+    # (the capacity itself depends on the machine's load: the client and the simulated engine share its cores)
+    assert rec["rate"] > 0 and rec["concurrency"] >= 1
+    (check,) = rec["robustness"]
+    assert (check["fraction"], check["burstiness"], check["rate"]) == (1.0, 0.5, rec["rate"])
+    modes = _rows(airflow_setup.warehouse_url, "select distinct load_mode from trials where experiment_id = :e"
+                  " and stage <> 'correctness'", e=exp["experiment_id"])
+    assert modes == [("rate",)]
+
+
 def test_failing_trial_still_tears_down_and_is_recorded(airflow_setup):
     # The engine dies at start with a CUDA OOM (the fake SGLang of tests/fake_engines, launched through
     # the real sglang argv path): the trial fails with its reason, the teardown runs, no engine process

@@ -193,12 +193,16 @@ def standalone(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow
 def demo(
     plans_dir: Path = typer.Option(REPO / "plans" / "weekly", help="plans folder the weekly DAG maps over"),
     state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow home, results and reports"),
+    load_mode: str = typer.Option("plan", help="the DAG's load_mode Param: plan | concurrency | rate (open-loop"
+                                                " arrivals, the ramp's levels in req/s, a capacity at the SLA)"),
 ) -> None:
     """The main job: run `servetune_weekly` through real Airflow against the simulated engine.
 
     Uses SERVETUNE_DATABASE_URL's server when set, else PostgreSQL on 127.0.0.1:5432, else a private
     cluster started (and stopped) here. Prints the recommendation and the report path.
     """
+    if load_mode not in ("plan", "concurrency", "rate"):
+        raise typer.BadParameter(f"must be plan, concurrency or rate, got {load_mode!r}", param_hint="--load-mode")
     t_start = time.monotonic()
     server_url, cluster = _localdb().resolve_server()
     run_dir = (state_dir / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
@@ -208,7 +212,8 @@ def demo(
                           + (" (private cluster, stopped at the end)" if cluster else ""))
             setup = prepare(setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), run_dir / "results"))
             console.print("running DAG [bold]servetune_weekly[/] with `airflow dags test` ...")
-            proc = setup.airflow("dags", "test", "servetune_weekly", check=False)
+            conf = [] if load_mode == "plan" else ["--conf", orjson.dumps({"load_mode": load_mode}).decode()]
+            proc = setup.airflow("dags", "test", "servetune_weekly", *conf, check=False)
             (run_dir / "airflow-dags-test.log").write_text(proc.stdout or "")
             experiments = sorted((run_dir / "results").glob("*/experiment.json"))
             if proc.returncode != 0 or not experiments:
@@ -241,7 +246,10 @@ def _print_outcome(exp_dir: Path, warehouse_url: str) -> None:
     if rec:
         t.add_row("recommended flags", " ".join(f"--{k} {v}" if v is not None else f"--{k}"
                                                for k, v in rec["config"].items()))
-        t.add_row("recommended concurrency", str(rec["concurrency"]))
+        if rec.get("rate") is not None:
+            t.add_row("capacity at the SLA", f"{rec['rate']:g} req/s (about {rec['concurrency']} in flight)")
+        else:
+            t.add_row("recommended concurrency", str(rec["concurrency"]))
         for key in ("goodput_rps", "output_tokens_per_s", "p99_ttft_ms", "p99_tpot_ms", "prefix_hit_rate"):
             v = rec.get(key)
             t.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
