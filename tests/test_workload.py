@@ -305,6 +305,32 @@ def test_image_pool_ratio_and_jpeg():
     assert img.format == "JPEG" and img.size == (64, 48)
 
 
+def test_a_reuse_ratio_of_images_comes_from_the_pool_and_the_rest_are_unique():
+    spec = WorkloadSpec(input=Fixed(value=50), images=Images(count=1, width=32, height=32, distinct=4,
+                                                             reuse_ratio=0.25))
+    urls = [r.images[0] for r in build_requests(spec, 400).requests]
+    counts = Counter(urls)
+    pooled = [u for u, n in counts.items() if n > 1]
+    assert len(pooled) == 4  # the pool's images repeat ...
+    assert abs(sum(counts[u] for u in pooled) / 400 - 0.25) < 0.06  # ... on a quarter of the requests
+    assert sum(1 for n in counts.values() if n == 1) == 400 - sum(counts[u] for u in pooled)
+
+
+@pytest.mark.parametrize("position", ["before_text", "after_text", "before_system"])
+def test_the_image_position_decides_where_the_images_sit(position):
+    spec = WorkloadSpec(input=Fixed(value=120), shared_prefix=SharedPrefix(tokens=32),
+                        images=Images(count=1, width=32, height=32, position=position))
+    req = build_requests(spec, 1).requests[0]
+    msgs = req.chat_messages()
+    layout = [(m["role"], [p["type"] for p in m["content"]] if isinstance(m["content"], list) else "text")
+              for m in msgs]
+    assert layout == {
+        "before_text": [("system", "text"), ("user", ["image_url", "text"])],
+        "after_text": [("system", "text"), ("user", ["text", "image_url"])],
+        "before_system": [("user", ["image_url"]), ("system", "text"), ("user", "text")],
+    }[position]
+
+
 # --- multi-turn --------------------------------------------------------------------------------
 @pytest.mark.parametrize("interleave", [1, 3])
 def test_multi_turn_history_grows_and_resends_earlier_turns(tok, interleave):
