@@ -10,39 +10,25 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import orjson
 
+from servetune.workload.jsonl import TraceError, jsonl_objects
 from servetune.workload.spec import Empirical, Fixed, LengthDist, LogNormal, Mixture, Normal, Uniform
 
 _MAX_ROUNDS = 1000  # resampling rounds before we call the bounds unreachable
 
 
-class TraceError(ValueError):
-    """A JSONL trace that cannot be used; the message names the file, line and field."""
-
-
 @lru_cache(maxsize=32)
 def _load_trace_cached(path: str, field: str, mtime_ns: int, size: int) -> tuple[float, ...]:
     values: list[float] = []
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = raw.strip()
-            if not line:
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise TraceError(f"{path}, line {lineno}: not valid JSON ({exc})") from None
-            if not isinstance(obj, dict):
-                raise TraceError(f"{path}, line {lineno}: expected a JSON object, got {type(obj).__name__}")
-            if field not in obj:
-                raise TraceError(f"{path}, line {lineno}: field {field!r} is missing")
-            value = obj[field]
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise TraceError(f"{path}, line {lineno}: field {field!r} must be a number, got {value!r}")
-            if value <= 0:
-                raise TraceError(f"{path}, line {lineno}: field {field!r} must be > 0, got {value!r}")
-            values.append(float(value))
+    for lineno, obj in jsonl_objects(path):
+        if field not in obj:
+            raise TraceError(f"{path}, line {lineno}: field {field!r} is missing")
+        value = obj[field]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise TraceError(f"{path}, line {lineno}: field {field!r} must be a number, got {value!r}")
+        if value <= 0:
+            raise TraceError(f"{path}, line {lineno}: field {field!r} must be > 0, got {value!r}")
+        values.append(float(value))
     if not values:
         raise TraceError(f"{path}: no records (field {field!r})")
     return tuple(values)

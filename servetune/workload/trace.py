@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field
+
+from servetune.workload.jsonl import TraceError, jsonl_objects
 
 
 class TraceReplay(BaseModel):
@@ -29,10 +30,6 @@ class TraceReplay(BaseModel):
                                                   " by its span (false: asking for more is an error)")
 
 
-class TraceError(ValueError):
-    """A trace that cannot be replayed; the message names the file, and the line and field when it is one row."""
-
-
 @dataclass(frozen=True, slots=True)
 class TraceRow:
     arrival_s: float  # seconds from the trace's start
@@ -46,10 +43,8 @@ class TraceRow:
 _INT_FIELDS = ("input_tokens", "output_tokens")
 
 
-def _row(path: str, lineno: int, obj: object) -> TraceRow:
+def _row(path: str, lineno: int, obj: dict) -> TraceRow:
     where = f"{path}, line {lineno}"
-    if not isinstance(obj, dict):
-        raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     for name in ("arrival_s", *_INT_FIELDS):
         if name not in obj:
             raise TraceError(f"{where}: field {name!r} is missing")
@@ -73,20 +68,7 @@ def _row(path: str, lineno: int, obj: object) -> TraceRow:
 
 @lru_cache(maxsize=16)
 def _read_cached(path: str, mtime_ns: int, size: int) -> tuple[TraceRow, ...]:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read trace: {exc.strerror}") from None
-    rows = []
-    for lineno, raw in enumerate(data.splitlines(), start=1):
-        line = raw.strip()
-        if not line:
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise TraceError(f"{path}, line {lineno}: not valid JSON ({exc})") from None
-        rows.append(_row(path, lineno, obj))
+    rows = [_row(path, lineno, obj) for lineno, obj in jsonl_objects(path)]
     if not rows:
         raise TraceError(f"{path}: the trace has no rows")
     rows.sort(key=lambda r: r.arrival_s)  # stable: rows arriving together keep the file's order

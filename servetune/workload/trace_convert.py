@@ -19,7 +19,7 @@ from typing import Literal
 
 import orjson
 
-from servetune.workload.trace import TraceError
+from servetune.workload.jsonl import TraceError, jsonl_objects
 
 Source = Literal["azure", "mooncake"]
 SOURCES: tuple[str, ...] = ("azure", "mooncake")
@@ -103,16 +103,8 @@ def _read_azure(path: Path) -> list[_Req]:
 
 def _read_mooncake(path: Path) -> list[_Req]:
     out = []
-    for lineno, raw in enumerate(path.read_bytes().splitlines(), start=1):
-        if not raw.strip():
-            continue
+    for lineno, obj in jsonl_objects(path):
         where = f"{path}, line {lineno}"
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise TraceError(f"{where}: not valid JSON ({exc})") from None
-        if not isinstance(obj, dict):
-            raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
         for name in ("timestamp", "input_length", "output_length"):
             if name not in obj:
                 raise TraceError(f"{where}: field {name!r} is missing (not a Mooncake trace?)")
