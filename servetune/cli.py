@@ -147,6 +147,7 @@ def _register() -> None:
         "serve",
         "airflow",
         "trace",
+        "diagnose",
         # --- end command modules ---
     ):
         import_module(f"servetune.commands.{name}").register(app)

@@ -7,7 +7,9 @@ queries and the stated scenario actually held. Here the scenario is the load mod
   the first ``concurrency`` requests of the run have finished (one turnover, so the synchronised
   start-up burst is left out) and closes at the last dispatch (after it, streams fall idle);
 * open loop (``rate``): the window spans the measured arrivals, first to last; the drain after the
-  last arrival is left out.
+  last arrival is left out;
+* waves (``waves``, static batching of B): from the first measured send to the last measured end,
+  every wave whole (each one drains by design, so there is no in-flight rule).
 
 Every figure of the summary is computed over that one window and the requests that completed in
 it (servetune.metrics). ``assess`` then applies ``ValidityRules``: window length, completions,
@@ -72,7 +74,7 @@ class ValidityRules(BaseModel):
 class SteadyWindow:
     start_s: float | None
     end_s: float | None
-    kind: str  # closed_loop | open_loop
+    kind: str  # closed_loop | open_loop | waves
     reason: str | None = None  # why there is none
 
     @property
@@ -113,6 +115,11 @@ def steady_window(records: Sequence[RequestRecord], load: dict[str, Any] | None)
         if last <= first_measured:
             return SteadyWindow(None, None, "open_loop", "fewer than two measured arrivals")
         return SteadyWindow(first_measured, last, "open_loop")
+    if mode == "waves":  # every wave is the same load: the first measured send to the last measured end
+        last_end = max((e for r in measured if (e := _end_s(r)) is not None), default=None)
+        if last_end is None or last_end <= first_measured:
+            return SteadyWindow(None, None, "waves", "no measured request finished")
+        return SteadyWindow(first_measured, last_end, "waves")
     streams = min(conc or 1, len(records))
     if has_sessions:
         ends, last_dispatch = sorted(unit_ends), max(starts, default=0.0)
@@ -243,7 +250,9 @@ def assess(
         basis = f"{rules.completions_per_stream:g} x {level:.0f} {'streams' if mode != 'rate' else 'in flight'}"
         reasons.append(f"{completions} requests completed in the window < {needed} needed"
                        f" (max({rules.min_completions}, {basis}))")
-    if mode != "rate":
+    if mode == "waves":
+        pass  # a wave drains to its longest request by design: no in-flight rule
+    elif mode != "rate":
         out.in_flight_target = target = float(conc or 0)
         floor = rules.min_in_flight * target
         if mean_in < floor or min_in < floor:

@@ -205,6 +205,9 @@ def bench(
     = None,
     trace_speed: Annotated[float | None, typer.Option(help="with --trace: 2 replays twice as fast")] = None,
     burstiness: Annotated[float, typer.Option(help="gamma shape: <1 burstier, >1 smoother")] = 1.0,
+    waves: Annotated[int | None, typer.Option(
+        "--waves", min=1, help="static batching: send B requests, wait for all, send the next B (instead of"
+                               " --concurrency streams; docs/diagnoses.md)")] = None,
     endpoint: Annotated[str, typer.Option(help="chat | completions | generate")] = "chat",
     model: Annotated[str | None, typer.Option(help="model name sent in the request body")] = None,
     sla: Annotated[
@@ -244,6 +247,8 @@ def bench(
         if seed is not None:
             spec = spec.model_copy(update={"seed": seed})
         spec, arrival, requests = bench_trace(spec, trace, trace_speed, arrival, requests, warmup)
+        if waves is not None and (rate is not None or arrival == "trace"):
+            raise BadInput("--waves: waves have no arrival schedule; leave out --rate and --trace")
         try:
             sla_obj = SLA.parse_cli(sla) if sla else None
         except ValidationError as exc:
@@ -262,8 +267,9 @@ def bench(
                         "idle_timeout_s": idle_timeout or None,
                     },
                     "load": {
-                        "mode": "rate" if rate is not None or arrival == "trace" else "concurrency",
-                        "concurrency": concurrency,
+                        "mode": "rate" if rate is not None or arrival == "trace" else
+                        "waves" if waves is not None else "concurrency",
+                        "concurrency": waves if waves is not None and rate is None else concurrency,
                         "rate": rate,
                         "arrival": arrival,
                         "burstiness": burstiness,

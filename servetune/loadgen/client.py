@@ -260,6 +260,9 @@ async def run_load(
             if load.mode == "rate":
                 offsets = arrival_offsets_s(load, len(units), [requests[u[0]] for u in units])
                 dispatch = open_loop(everything, offsets, load.concurrency, send_unit, start_ns=start)
+            elif load.mode == "waves":  # static batching: B units at once, the next B once all are done
+                from .strategies import waves
+                dispatch = waves(everything, load.concurrency, send_unit)
             else:
                 dispatch = closed_loop(everything, load.concurrency, send_unit)
             stopped = await _until_stopped(dispatch, stop)

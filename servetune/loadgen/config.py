@@ -60,12 +60,14 @@ class Target(BaseModel):
 
 
 class LoadConfig(BaseModel):
-    """Closed loop at a fixed concurrency, or open loop at a rate with a cap on in-flight requests."""
+    """Closed loop at a fixed concurrency, waves of ``concurrency`` requests (static batching), or open loop at
+    a rate with a cap on in-flight requests."""
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["concurrency", "rate"] = "concurrency"
-    concurrency: int = Field(gt=0, description="closed-loop streams; in rate mode the in-flight cap")
+    mode: Literal["concurrency", "rate", "waves"] = "concurrency"
+    concurrency: int = Field(gt=0, description="closed-loop streams; in waves mode the wave size B; in rate mode"
+                                               " the in-flight cap")
     # arrival before rate: the rate's check reads it (a trace brings its own timing, so needs no rate)
     arrival: Literal["constant", "poisson", "gamma", "trace"] = Field(
         default="poisson", description="trace: the requests' own arrival_s (a workload with a trace), rescaled"

@@ -1,4 +1,5 @@
-"""When each measured request is due: closed loop (as soon as a stream frees) or an open-loop schedule.
+"""When each measured request is due: closed loop (as soon as a stream frees), waves (static batching:
+B at once, the next B once all are done) or an open-loop schedule.
 
 Open-loop schedules are computed up front from the seed, so a run is reproducible and the
 dispatcher only compares clocks; lateness (timer or concurrency cap) becomes ``queue_ms``.
@@ -71,6 +72,13 @@ async def closed_loop(indices: list[int], concurrency: int, send: Send) -> None:
             await send(i, 0)
 
     await asyncio.gather(*(stream() for _ in range(min(concurrency, len(indices)))))
+
+
+async def waves(indices: list[int], batch: int, send: Send) -> None:
+    """Static batching: send ``batch`` units at once, wait for every one of them, then the next ``batch``
+    (the batch fills only at each wave's start and drains to its longest request: docs/diagnoses.md)."""
+    for k in range(0, len(indices), batch):
+        await asyncio.gather(*(send(i, 0) for i in indices[k:k + batch]))
 
 
 async def open_loop(

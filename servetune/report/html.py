@@ -238,6 +238,9 @@ def render_html(campaign: Campaign, figures: list[ReportFigure], png_files: dict
         "checklist": checklist_rows(campaign), "trial_rows": trial_rows(campaign),
         "level_label": level_label(campaign.trials),
     }
+    from servetune.report.diagnoses import diagnosis_rows  # the "Diagnoses" section (servetune.diagnose)
+
+    context["diagnoses"] = diagnosis_rows(campaign)
     return _environment().get_template("report.html.j2").render(**context)
 
 

@@ -26,7 +26,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from servetune.redact import redact
 from servetune.result import TrialResult
-from servetune.warehouse import db, scheduler_rows
+from servetune.warehouse import db, diagnoses, scheduler_rows
 from servetune.warehouse.files import ExperimentInfo, LoadError, iso, read_experiment, read_trial, ts
 from servetune.warehouse.request_copy import WIRE_COLUMNS, EncodeError, copy_stream
 from servetune.warehouse.tables import (
@@ -278,6 +278,7 @@ def load_trial(eng: Engine, result: TrialResult, exp: ExperimentInfo, *, lone: b
         if checks:
             conn.execute(insert(validations), checks)
         counts["validations"] = len(checks)
+        counts["diagnoses"] = diagnoses.write(conn, result)  # servetune.diagnose findings, same transaction
         conn.execute(update(trials).where(trials.c.trial_id == result.trial_id)
                      .values(content_sha256=hasher.hexdigest()))
     action = "replaced" if stored is not None else "inserted"

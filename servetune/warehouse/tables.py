@@ -1,7 +1,7 @@
 """The warehouse schema as SQLAlchemy Core tables (the Alembic migrations are generated from it).
 
 experiments (one campaign) -> trials (one measurement, summary as real columns) -> request_records,
-gpu_samples, server_samples, scheduler_batches, validations. The summary columns are derived from ``TrialSummary`` so
+gpu_samples, server_samples, scheduler_batches, validations, diagnoses. The summary columns are derived from ``TrialSummary`` so
 the history queries can filter and sort on them; ``tests/test_warehouse_schema.py`` fails when this
 module and the migrations disagree (a new summary field then needs a new migration).
 """
@@ -259,6 +259,22 @@ validations = Table(
     Column("gx_version", Text),
     PrimaryKeyConstraint("trial_id", "seq"),
     Index(None, "expectation", "success"),
+)
+
+diagnoses = Table(  # servetune.diagnose findings, written when the trial is loaded (docs/diagnoses.md)
+    "diagnoses",
+    metadata,
+    Column("trial_id", ForeignKey("trials.trial_id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("kind", Text, nullable=False),  # family.verdict, e.g. memory.sawtooth
+    Column("severity", Text, nullable=False),
+    Column("summary", Text, nullable=False),
+    Column("evidence", JSONB),
+    Column("advice", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("trial_id", "seq"),
+    CheckConstraint("severity IN ('info', 'warning', 'critical')", name="severity"),
+    Index(None, "kind", "severity"),
 )
 
 asset_fingerprints = Table(

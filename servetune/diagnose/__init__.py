@@ -1,0 +1,101 @@
+"""Diagnoses: rules that read one trial (or a campaign) and say what held the server back, with the evidence.
+
+Each rule family lives in its own module (memory, interference, prefix_cache, queue, batching) as pure
+functions over ``servetune.result.TrialResult``; thresholds are module constants, documented in
+docs/diagnoses.md. A finding states its figures (``evidence``) so a reader can check the verdict, and
+the advice names the SGLang flag to move. No finding is ever a measurement of its own: every figure
+comes from the trial's records, GPU samples, server telemetry, summary and workload spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from servetune.result import TrialResult
+
+Severity = Literal["info", "warning", "critical"]
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+class Finding(BaseModel):
+    """One diagnosis of one trial: what was seen (summary, evidence figures) and what to try (advice)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trial_id: str
+    kind: str  # family.verdict, e.g. memory.sawtooth, prefix_cache.not_effective
+    severity: Severity
+    summary: str
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    advice: str | None = None
+
+    @property
+    def family(self) -> str:
+        return self.kind.split(".", 1)[0]
+
+
+def diagnose_trial(result: TrialResult) -> list[Finding]:
+    """Every rule over one trial, most severe first (a failed trial still gets what its data allows)."""
+    from servetune.diagnose import interference, memory, prefix_cache, queue
+
+    findings: list[Finding] = []
+    for rule in (memory.diagnose, interference.diagnose, prefix_cache.diagnose, queue.diagnose):
+        findings.extend(rule(result))
+    return sort_findings(findings)
+
+
+def diagnose_trials(trials: Iterable[TrialResult]) -> list[Finding]:
+    """Each trial's findings, then those comparing trials (waves against continuous batching at equal B)."""
+    from servetune.diagnose import batching
+
+    trials = list(trials)
+    out = [f for t in trials for f in diagnose_trial(t)]
+    return out + batching.compare(trials)
+
+
+def diagnose_dir(path: str | Path) -> list[Finding]:
+    """A trial JSON file, or a campaign folder (its ``trials/*.json``, else every ``*.json`` in it)."""
+    return diagnose_trials(read_trials(path))
+
+
+def read_trials(path: str | Path) -> list[TrialResult]:
+    """The trials at ``path``: one result file, a campaign's ``trials/`` folder, or a folder of result files."""
+    p = Path(path)
+    if p.is_file():
+        return [TrialResult.read(p)]
+    if not p.is_dir():
+        raise FileNotFoundError(f"{p}: no such file or directory")
+    files = sorted((p / "trials").glob("*.json")) if (p / "trials").is_dir() else sorted(p.glob("*.json"))
+    files = [f for f in files if f.name not in ("experiment.json", "recommendation.json", "state.json")]
+    if not files:
+        raise FileNotFoundError(f"{p}: no trial result in it (expected trials/*.json or *.json)")
+    return [TrialResult.read(f) for f in files]
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.kind))
+
+
+def flag(result: TrialResult, name: str) -> Any:
+    """A server flag as the trial ran it: the launch config (any spelling), else the server's resolved args."""
+    want = name.lstrip("-").replace("-", "_")
+    for source in (result.server_config or {}, (result.server or {}).get("server_info") or {}):
+        for key, value in source.items():
+            if isinstance(key, str) and key.lstrip("-").replace("-", "_") == want and value is not None:
+                return value
+    return None
+
+
+def workload_spec(result: TrialResult) -> dict[str, Any]:
+    """The workload spec the trial was built from (``result.workload["spec"]``), or {} when not kept."""
+    spec = (result.workload or {}).get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def r3(x: float | None) -> float | None:
+    """Evidence figures rounded for reading (3 decimals), None kept."""
+    return None if x is None else round(float(x), 3)
