@@ -84,7 +84,7 @@ def summarize(
         validity_rules=rules.model_dump(),
     )
     mode, conc, rate = load_mode(load)
-    s.scenario = "open_loop" if mode == "rate" else "closed_loop"
+    s.scenario = {"rate": "open_loop", "waves": "waves"}.get(mode, "closed_loop")
     s.offered_concurrency, s.offered_rate = conc, rate
 
     steady = steady_window(records, load) if window is None else SteadyWindow(*window, kind="stated")

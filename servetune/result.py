@@ -60,7 +60,7 @@ class TrialSummary(BaseModel):
     valid: bool | None = None  # None: computed before validity existed
     invalid_reasons: list[str] = []
     validity_rules: dict[str, float] = {}  # the ValidityRules applied
-    scenario: str | None = None  # closed_loop (concurrency) | open_loop (rate)
+    scenario: str | None = None  # closed_loop (concurrency) | open_loop (rate) | waves (static batches)
     offered_concurrency: int | None = None
     offered_rate: float | None = None  # req/s asked for (open loop)
     completions_in_window: int = 0  # measured requests that completed inside the window: the summary's set

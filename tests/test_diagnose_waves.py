@@ -100,7 +100,7 @@ def test_bench_waves_against_continuous_batching_at_equal_b(sim_server, tmp_path
         out = runner.invoke(app, [*common, *extra, "--out", str(tmp_path / "trials" / f"{name}.json")])
         assert out.exit_code == 0, out.output
     w = orjson.loads((tmp_path / "trials" / "waves.json").read_bytes())
-    assert w["load"]["mode"] == "waves" and w["summary"]["valid"] is True
+    assert w["load"]["mode"] == "waves" and w["summary"]["valid"] is True and w["summary"]["scenario"] == "waves"
     assert w["summary"]["completions_in_window"] == 48  # every measured wave, whole
     bad = runner.invoke(app, [*common, "--waves", "8", "--rate", "5", "--out", str(tmp_path / "x.json")])
     assert bad.exit_code == 2 and "--waves" in bad.output
