@@ -108,3 +108,23 @@ def test_bench_waves_against_continuous_batching_at_equal_b(sim_server, tmp_path
     ev = f.evidence
     assert ev["batch"] == 8 and ev["continuous_over_waves"] > 1.1, ev
     assert ev["waves_rps"] < ev["continuous_rps"] and f.severity == "info"
+
+
+def test_virtual_time_runs_waves_as_waves() -> None:
+    """The simulator in virtual time honours ``waves`` too: wave k+1 leaves once wave k has ended, and the
+    same requests served continuously at the same B finish sooner."""
+    from servetune.loadgen.config import LoadConfig
+    from servetune.sim.virtual import simulate
+    from servetune.workload import build_requests
+    from servetune.workload.spec import Uniform, WorkloadSpec
+
+    reqs = build_requests(WorkloadSpec(input=Uniform(min=100, max=300), output=Uniform(min=8, max=96), seed=5),
+                          56).requests
+    args = {"model_profile": "llama-3.1-8b", "gpu_profile": "A100-80G"}
+    w = simulate(args, reqs, LoadConfig(mode="waves", concurrency=8, warmup_requests=8))
+    c = simulate(args, reqs, LoadConfig(mode="concurrency", concurrency=8, warmup_requests=8))
+    assert w.summary.scenario == "waves" and c.summary.scenario == "closed_loop"
+    for k in range(1, 7):
+        wave, prev = w.records[8 * k:8 * k + 8], w.records[8 * (k - 1):8 * k]
+        assert min(r.t_send_s for r in wave) >= max(r.t_send_s + r.e2e_ms / 1000 for r in prev) - 1e-9
+    assert c.summary.request_throughput > 1.2 * w.summary.request_throughput

@@ -32,7 +32,7 @@ from .endpoints import decode_stream, request_body, token_counter
 from .idle import IDLE_TIMEOUT, IdleWatch
 from .sessions import is_session, load_units
 from .sse import split_events
-from .strategies import arrival_offsets_s, closed_loop, open_loop
+from .strategies import arrival_offsets_s, closed_loop, open_loop, waves
 
 READ_BUFSIZE = 1 << 22  # 64 KiB (aiohttp's default) throttles long-context streams: vLLM #39963
 ERROR_BODY_BYTES = 2048
@@ -261,7 +261,6 @@ async def run_load(
                 offsets = arrival_offsets_s(load, len(units), [requests[u[0]] for u in units])
                 dispatch = open_loop(everything, offsets, load.concurrency, send_unit, start_ns=start)
             elif load.mode == "waves":  # static batching: B units at once, the next B once all are done
-                from .strategies import waves
                 dispatch = waves(everything, load.concurrency, send_unit)
             else:
                 dispatch = closed_loop(everything, load.concurrency, send_unit)

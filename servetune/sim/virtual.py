@@ -108,12 +108,13 @@ class _Run:
             load = self.load if self.load.seed or not self.seed else self.load.model_copy(update={"seed": self.seed})
             offsets = arrival_offsets_s(load, len(units), [self.requests[u[0]] for u in units])
             t = self._phase(units, 0.0, closed=False, conc=c, offsets=offsets)
-        else:
-            t = self._phase(units, 0.0, closed=True, conc=c)
+        else:  # a closed loop, or waves of c (static batching: the next c once the last c are all done)
+            t = self._phase(units, 0.0, closed=True, conc=c, waves=self.load.mode == "waves")
         self.drain_end = t
 
     def _phase(
-        self, units: list[list[int]], t0: float, *, closed: bool, conc: int, offsets: list[float] | None = None
+        self, units: list[list[int]], t0: float, *, closed: bool, conc: int, offsets: list[float] | None = None,
+        waves: bool = False,
     ) -> float:
         sched, tel = self.sched, self.tel
         pending: list[tuple[float, int, int, float, bool]] = []
@@ -156,7 +157,12 @@ class _Run:
                 remaining -= 1
                 j = follow.get(j)
             in_flight -= 1
-            if closed and nxt < len(units):
+            if waves:
+                while in_flight == 0 and nxt < len(units) and len(pending) < conc:  # the next wave, whole
+                    heapq.heappush(pending, (at, seq, units[nxt][0], at, False))
+                    seq += 1
+                    nxt += 1
+            elif closed and nxt < len(units):
                 heapq.heappush(pending, (at, seq, units[nxt][0], at, False))
                 seq += 1
                 nxt += 1
