@@ -13,13 +13,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from servetune.engines import EngineConfig
+from servetune.engines.knobs import FlagValue, KnobError, engine_flags, with_flags
 from servetune.plan_load import LoadSection, check_trace
 from servetune.runners import LocalRunnerConfig, RunnerConfig
 from servetune.sla import SLA
 from servetune.validity import ValidityRules
 from servetune.workload.spec import WorkloadSpec
 
-FlagValue = int | float | str | bool
 
 
 class _Strict(BaseModel):
@@ -277,8 +277,6 @@ class TuningPlan(_Strict):
 
     @model_validator(mode="after")
     def _tunable(self) -> TuningPlan:
-        from servetune.tuning.knobs import KnobError, with_flags
-
         if self.engine.kind == "external" and self.stages.refine.enabled:
             raise ValueError("stages.refine.enabled: an external engine cannot be restarted with new flags")
         if not self.stages.refine.enabled:
@@ -298,9 +296,7 @@ class TuningPlan(_Strict):
         return self
 
     def engine_flags(self) -> dict[str, Any]:
-        """The engine's server-side flags as the tuning walk sees them (servetune.tuning.knobs)."""
-        from servetune.tuning.knobs import engine_flags
-
+        """The engine's server-side flags as the tuning walk sees them (servetune.engines.knobs)."""
         return engine_flags(self.engine)
 
     def refine_requests(self) -> tuple[int, int]:

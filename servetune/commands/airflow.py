@@ -25,6 +25,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from servetune.gpu_pools import runner_pools
+
 
 def _make_url(url: str) -> Any:
     """sqlalchemy's URL parser, imported on use: a GPU runner's `servetune tune` needs no database driver."""
@@ -139,17 +141,9 @@ def prepare(setup: AirflowSetup) -> AirflowSetup:
     migrate.upgrade(setup.warehouse_url)
     setup.airflow("db", "migrate")
     setup.airflow("dags", "reserialize")  # every DAG known to the DB, with its asset schedule
-    for pool, slots, what in _pools(setup.plans_dir):
+    for pool, slots, what in runner_pools(setup.plans_dir):  # one slot each: no two trials share a GPU
         setup.airflow("pools", "set", pool, str(slots), what)
     return setup
-
-
-def _pools(plans_dir: Path) -> list[tuple[str, int, str]]:
-    """One pool of one slot per GPU runner named by the plans, so no two trials share a GPU."""
-    sys.path.insert(0, str(REPO))
-    from operators.config import runner_pools  # the Airflow side's own naming, no Airflow import
-
-    return runner_pools(plans_dir)
 
 
 app = typer.Typer(help="Run servetune's DAGs with a real Airflow (metadata and warehouse in PostgreSQL).")

@@ -33,7 +33,7 @@ def engine_provisioner(plan: TuningPlan, *, log_dir: Path | None = None, owner: 
     """Start servers with servetune.runners.provision: the plan's engine with the trial's flags, on its runner
     (which refuses a dirty environment before launch when the runner's ``check_clean`` is on)."""
     from servetune.runners import provision
-    from servetune.tuning.knobs import with_flags
+    from servetune.engines.knobs import with_flags
 
     def start(flags: Flags) -> contextlib.AbstractContextManager[Any]:
         engine = with_flags(plan.engine, flags)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from servetune.plan import TuningPlan
 from servetune.result import TrialResult
-from servetune.tuning.knobs import sim_flags
+from servetune.engines.knobs import sim_flags
 from servetune.tuning.state import TrialSpec
 
 

@@ -12,13 +12,13 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from servetune.plan import FlagValue, Level
+from servetune.engines.knobs import FlagValue, Flags
+from servetune.plan import Level
 from servetune.result import TrialResult, TrialSummary
 
 Stage = Literal["correctness", "baseline", "ramp", "bisect", "refine", "robustness"]
 #: a trial's failure_reason starts with this when the engine died under it: a fault, not a verdict
 ENGINE_CRASH = "engine_crash"
-Flags = dict[str, FlagValue | None]
 
 
 def config_key(flags: Flags) -> str:

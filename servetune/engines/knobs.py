@@ -1,4 +1,4 @@
-"""The tuning walk's view of an engine: one flat ``{flag: value}`` dict, whatever the engine kind.
+"""The tuning walk's view of an engine (engine knowledge, so it lives with the engines): one flat ``{flag: value}`` dict, whatever the engine kind.
 
 SGLang and the simulator keep their launch flags in ``args``; vLLM has typed fields for the knobs
 it tunes (``max_num_seqs`` -> ``max-num-seqs``). The decisions only ever see hyphenated flag
@@ -12,7 +12,9 @@ from typing import Any
 
 from servetune.engines import EngineBase, parse_engine_config
 from servetune.engines.vllm import KNOBS as VLLM_KNOBS
-from servetune.tuning.state import Flags
+
+FlagValue = int | float | str | bool  # one server flag's value as a plan writes it
+Flags = dict[str, FlagValue | None]  # a trial's server flags, hyphenated names (None: a bare store-true flag)
 
 # vLLM knobs that say how the server is launched but are not tuned (identity, dtype, context)
 _VLLM_FIXED = ("served_model_name", "dtype", "max_model_len", "enable_prompt_tokens_details", "enforce_eager",
