@@ -8,7 +8,6 @@ Airflow log), so one line stays one line.
 
 from __future__ import annotations
 
-import logging
 import sys
 import traceback
 from typing import Any
@@ -103,13 +102,14 @@ app = typer.Typer(
 
 
 @app.callback()
-def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="debug logging; tracebacks of errors")) -> None:
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="debug logging, libraries' too; tracebacks"),
+          json: bool = typer.Option(False, "--json", help="bench, tune, validate, query: one JSON document on"
+                                    " stdout, human text on stderr")) -> None:
     _Run.verbose = verbose
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from servetune.logs import setup
     from servetune.redact import install_log_redaction
+
+    setup(verbose=verbose, json=json)  # libraries quiet below WARNING unless -v (servetune/logs.py)
 
     install_log_redaction()  # every log line of every module, whatever it formats
 

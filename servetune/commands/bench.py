@@ -300,8 +300,14 @@ def bench(
         raise typer.Exit(INTERRUPTED) from None
 
     path = result.save(out)
+    from servetune.logs import emit_json, json_mode
+
     for table in summary_tables(result):
-        Console().print(table)
+        (console if json_mode() else Console()).print(table)  # --json: stdout holds the document alone
+    if json_mode():
+        emit_json({"trial_id": result.trial_id, "status": result.status,
+                   "failure_reason": result.failure_reason and redact_text(result.failure_reason),
+                   "result": str(path), "summary": result.summary})
     console.print(f"result written to {path}")
     if interrupt.received is not None:
         why = (result.failure_reason if result.status != "ok"

@@ -34,9 +34,16 @@ def register(app: typer.Typer) -> None:
         database_url: DatabaseUrl = None,
     ) -> None:
         """Run a named history query (e.g. ceiling_last_month --param model=llama-8b)."""
+        from servetune.logs import emit_json, json_mode
         from servetune.warehouse import queries
 
         err = Console(stderr=True, soft_wrap=True, highlight=False)  # one unwrapped line per error
+        fmt = "json" if json_mode() else fmt  # servetune --json query: the rows as one JSON document
+        if name is None and json_mode():
+            emit_json([{"name": q.name, "description": q.description,
+                        "parameters": [{"name": p.name, "default": p.default} for p in q.params]}
+                       for q in queries.available().values()])
+            return
         if name is None:
             table = Table(title="queries (sql/queries/)")
             for col in ("name", "parameters", "what"):

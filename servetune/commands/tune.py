@@ -15,17 +15,17 @@ from typing import Annotated, Any, NoReturn
 
 import orjson
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from servetune.logs import console as _console
 from servetune.plan import PlanError, TuningPlan, load_plan
 from servetune.redact import redact
 
 BAD_INPUT = 2
 PAUSED = 75  # EX_TEMPFAIL: stopped by --stop-after, resumable
 INTERRUPTED = 130
-console = Console(stderr=True)
+console = _console(stderr=True)  # all human text (--json: stdout holds the document alone)
 
 
 def _fmt_s(seconds: float | None) -> str:
@@ -34,8 +34,9 @@ def _fmt_s(seconds: float | None) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def _progress_printer(plan: TuningPlan) -> Any:
-    from servetune.tuning.campaign import Progress
+def _progress_printer(plan: TuningPlan, state_of: Any = None) -> Any:
+    """One line per trial start and end on stderr: stage, trial n of at most N, level, GPU time, ETA."""
+    from servetune.tuning.campaign import Progress, remaining_trials_upper_bound
     from servetune.tuning.decisions import correctness_ok
     from servetune.tuning.verdict import judge
 
@@ -43,6 +44,9 @@ def _progress_printer(plan: TuningPlan) -> Any:
         s = p.spec
         level = f"{s.rate:>6g} req/s" if s.rate is not None else f"{s.concurrency:>4}"
         head = f"[bold]#{p.index}[/bold] {s.stage:<11} level {level}"
+        if state_of is not None and p.event == "start":  # the walk usually stops before the bound
+            most = max(p.index, p.index - 1 + remaining_trials_upper_bound(plan, state_of(), s.stage))
+            head = f"[bold]#{p.index}[/bold] of <= {most} {s.stage:<11} level {level}"
         if p.event == "start":
             console.print(f"{head}  start  ({escape(s.reason)})  GPU so far {_fmt_s(p.spent_s)},"
                           f" ETA <= {_fmt_s(p.eta_s)}", highlight=False)
@@ -87,6 +91,8 @@ def _sim_runner(plan: TuningPlan) -> Any:
 
 
 def _print_dry_run(plan: TuningPlan) -> None:
+    from servetune.engines.catalog import command_text
+    from servetune.logs import emit_json, json_mode
     from servetune.tuning.campaign import dry_run
 
     runner = _sim_runner(plan)
@@ -104,7 +110,8 @@ def _print_dry_run(plan: TuningPlan) -> None:
     for i, (spec, o) in enumerate(zip(specs, outcomes, strict=True), 1):
         changed = {k: v for k, v in spec.flags.items() if base.get(k, object()) != v or k not in base}
         removed = [k for k in base if k not in spec.flags]
-        text = ", ".join([f"{k}={v}" for k, v in changed.items()] + [f"-{k}" for k in removed]) or "-"
+        text = " ".join([command_text({k: v}) or f"-{k}" for k, v in changed.items()]  # as typed; a switch
+                        + [f"-{k}" for k in removed]) or "-"  # turned off or dropped: -flag
         valid = "-" if spec.stage == "correctness" else ("yes" if o.valid else "INVALID")
         table.add_row(str(i), spec.stage, f"{spec.level:g}", f"{spec.requests}+{spec.warmup}", text,
                       f"{o.gpu_seconds:.0f}" + ("*" if o.restarted else ""),
@@ -112,6 +119,13 @@ def _print_dry_run(plan: TuningPlan) -> None:
     console.print(table)
     console.print("* the server (re)starts for this trial (its GPU s include the restart)")
     total = sum(o.gpu_seconds for o in outcomes)
+    if json_mode():
+        emit_json({"plan": plan.name, "simulated": True, "estimated_gpu_s": round(total, 3),
+                   "trials": [{"stage": sp.stage, "level": sp.level, "requests": sp.requests, "warmup": sp.warmup,
+                               "flags": redact(sp.flags), "gpu_seconds": round(o.gpu_seconds, 3), "status": o.status,
+                               "goodput_rps": o.summary.goodput_rps, "valid": o.valid}
+                              for sp, o in zip(specs, outcomes, strict=True)],
+                   "recommendation": _shown(decision.recommendation), "reason": decision.reason})
     rules = plan.validation
     repeats = plan.repeats.count or runner.default_repeats
     console.print(f"{len(specs)} trials, estimated GPU time {_fmt_s(total)} (budget {plan.budget.max_gpu_minutes:g} min,"
@@ -128,7 +142,7 @@ def _print_dry_run(plan: TuningPlan) -> None:
         r = decision.recommendation
         at = f"capacity {r.rate:g} req/s (about {r.concurrency} in flight)" if r.rate is not None \
             else f"concurrency {r.concurrency}"
-        console.print(f"simulated recommendation: {at}, flags {redact(r.config)},"
+        console.print(f"simulated recommendation: {at}, flags {command_text(redact(r.config)) or '(defaults)'},"
                       f" goodput {r.goodput_rps or 0:.2f} req/s", highlight=False)
     else:
         console.print(f"simulated campaign ends without a recommendation: {escape(decision.reason)}")
@@ -157,6 +171,10 @@ def _print_static_schedule(plan: TuningPlan) -> None:
         table.add_row("refine", f"at the ceiling, one flag at a time: {walk}", str(plan.refine_requests()[0]))
     console.print(table)
     n = remaining_trials_upper_bound(plan, CampaignState(), "correctness")
+    from servetune.logs import emit_json, json_mode
+
+    if json_mode():
+        emit_json({"plan": plan.name, "simulated": False, "max_trials": n, "estimated_gpu_s": None})
     console.print(f"at most {n} trials; GPU time cannot be estimated for engine {plan.engine.kind!r}: the"
                   " simulator models SGLang only (for an sglang plan add `estimate: {gpu: ..., model: ...}`)."
                   f" The budget caps it at {plan.budget.max_gpu_minutes:g} min.")
@@ -206,7 +224,7 @@ def tune(
     """Run a tuning campaign: correctness, baseline, ramp, ceiling, refinement, recommendation."""
     import time
 
-    from servetune.tuning.campaign import TRIGGERS, Campaign
+    from servetune.tuning.campaign import TRIGGERS
 
     started = time.monotonic()
     plan = _load(plan_path)
@@ -242,10 +260,12 @@ def tune(
         with _signals_interrupt():
             decision = campaign.run(deadline=deadline)
     except KeyboardInterrupt:
+        _emit(campaign, "interrupted")
         console.print(f"interrupted after {len(campaign.state.outcomes)} trials: engine torn down; go on with:"
                       f" servetune tune {plan_path} --out {campaign.out} --resume", highlight=False, soft_wrap=True)
         raise typer.Exit(INTERRUPTED) from None
     spent = f"({len(campaign.state.outcomes)} trials, {_fmt_s(campaign.state.gpu_seconds)} GPU)"
+    _emit(campaign, "paused" if not decision.done else "failed" if decision.failed else "done", decision)
     if not decision.done:
         console.print(f"paused before the next {decision.stage} trial: --stop-after {stop_after:g} s {spent};"
                       f" go on with: servetune tune {plan_path} --out {campaign.out} --resume",
@@ -257,6 +277,22 @@ def tune(
         raise typer.Exit(1)
 
 
+def _emit(campaign: Any, status: str, decision: Any = None) -> None:
+    """``servetune --json tune``: the campaign's outcome as one JSON document on stdout."""
+    from servetune.logs import emit_json, json_mode
+
+    if json_mode():
+        emit_json({"status": status, "experiment_id": campaign.experiment_id, "out": str(campaign.out),
+                   "trials": len(campaign.state.outcomes), "gpu_seconds": round(campaign.state.gpu_seconds, 3),
+                   "reason": decision.reason if decision is not None else None,
+                   "recommendation": _shown(decision.recommendation) if decision is not None else None})
+
+
+def _shown(rec: Any) -> Any:
+    """A recommendation safe for stdout: a secret flag's value masked like every other output."""
+    return None if rec is None else redact(rec.model_dump(mode="json"))
+
+
 def _open_campaign(plan: TuningPlan, runner: Any, out: Path | None, *, resume: bool, trigger: str,
                    dag_run_id: str | None, previous: dict[str, Any] | None, virtual: bool) -> Any:
     """A new campaign in an empty folder, or (``--resume``) the one already in ``out``; one line if neither."""
@@ -265,7 +301,7 @@ def _open_campaign(plan: TuningPlan, runner: Any, out: Path | None, *, resume: b
     from servetune.tuning.campaign import Campaign
     from servetune.tuning.decisions import next_trials
 
-    kwargs: dict[str, Any] = dict(previous=previous, progress=_progress_printer(plan))
+    kwargs: dict[str, Any] = dict(previous=previous, progress=_progress_printer(plan, lambda: campaign.state))
     if resume:
         stored = _stored_experiment(out)
         kwargs.update(trigger=stored.get("trigger") or trigger, dag_run_id=stored.get("dag_run_id") or dag_run_id,
@@ -287,7 +323,9 @@ def _open_campaign(plan: TuningPlan, runner: Any, out: Path | None, *, resume: b
               " or choose a new folder")
     console.print(f"campaign {experiment_id[:8]}: plan {plan.name}, engine {plan.engine.kind}"
                   f"{' (virtual time)' if virtual else ''}, results in {out}", highlight=False)
-    return Campaign(plan, runner, out, trigger=trigger, dag_run_id=dag_run_id, experiment_id=experiment_id, **kwargs)
+    campaign = Campaign(plan, runner, out, trigger=trigger, dag_run_id=dag_run_id, experiment_id=experiment_id,
+                        **kwargs)
+    return campaign
 
 
 def _stored_experiment(out: Path | None) -> dict[str, Any]:

@@ -13,6 +13,15 @@ from rich.table import Table
 from servetune.commands.db import BAD_INPUT
 
 
+def _observed(value: object) -> str:
+    """GX's observed value, short: a column map's unexpected values rather than its whole result dict."""
+    if isinstance(value, dict) and "unexpected_count" in value:
+        bad = value.get("partial_unexpected_list") or []
+        return f"{value['unexpected_count']} of {value.get('element_count', '?')} unexpected {bad[:3]}" \
+            if value["unexpected_count"] else f"{value.get('element_count', '?')} rows ok"
+    return str(value)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate(
@@ -36,9 +45,12 @@ def register(app: typer.Typer) -> None:
         from servetune.result import TrialResult
         from servetune.result_check import ResultError
         from servetune.validation import validate as run_checklist
+        from servetune.logs import console, emit_json, json_mode, quiet_info
         from servetune.validation.checklist import check_waivable, trial_rules
 
+        quiet_info("servetune.validation")  # its one INFO line says what the verdict table says
         err = Console(stderr=True)
+        out = console(stderr=json_mode())  # --json: the document alone on stdout
         try:
             check_waivable(waive or ())  # before any file is read
             trial = TrialResult.read(result)  # the check `servetune load` runs too: the same line for a bad file
@@ -58,18 +70,18 @@ def register(app: typer.Typer) -> None:
         table = Table(title=f"trial {trial.trial_id}: {'ACCEPTED' if report.success else 'REJECTED'} "
                             f"(GX {report.gx_version})")
         for col in ("", "checklist", "expectation", "column", "observed"):
-            table.add_column(col)
+            table.add_column(col, no_wrap=col == "")
         for o in report.results:
             if o.success and not show_all:
                 continue
             table.add_row("[green]ok[/green]" if o.success else "[red]FAIL[/red]", o.checklist or o.suite,
-                          o.expectation, o.column or "", escape(str(o.observed_value))[:80])
-        Console().print(table)
+                          o.expectation.removeprefix("expect_"), o.column or "", escape(_observed(o.observed_value))[:80])
+        out.print(table)
         if not report.success:
             failed: dict[str, list[str]] = {}
             for o in report.failed:
                 failed.setdefault(o.checklist or o.suite, []).append(o.column or o.expectation)
-            Console().print("rejected by: " + "; ".join(f"{k} ({', '.join(dict.fromkeys(v))})"
+            out.print("rejected by: " + "; ".join(f"{k} ({', '.join(dict.fromkeys(v))})"
                                                        for k, v in failed.items()), soft_wrap=True, highlight=False)
         s = trial.summary
         if s.valid is False:
@@ -78,6 +90,9 @@ def register(app: typer.Typer) -> None:
         if report_json:
             report_json.write_text(report.model_dump_json(indent=2))
         if report.data_docs:
-            typer.echo(f"Data Docs: {report.data_docs}")
+            out.print(f"Data Docs: {report.data_docs}", highlight=False, soft_wrap=True)
+        if json_mode():
+            emit_json({"trial_id": trial.trial_id, "accepted": report.success, "valid": s.valid,
+                       "invalid_reasons": s.invalid_reasons, "report": report})
         if not report.success:
             raise typer.Exit(1)

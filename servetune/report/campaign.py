@@ -128,6 +128,25 @@ def level_label(trials: list[TrialResult]) -> str:
     return "offered req/s" if any(t.load.get("mode") == "rate" for t in trials) else "concurrency"
 
 
+def level_axis(trials: list[TrialResult]) -> str:
+    """The level axis with its unit: in-flight streams of a closed loop, offered requests/s of an open one."""
+    return "offered load (req/s)" if level_label(trials) == "offered req/s" else "concurrency (streams in flight)"
+
+
+def is_simulated(trial: TrialResult) -> bool:
+    """Modelled by servetune.sim, not measured: a report must say so wherever its figures appear."""
+    return (trial.target.get("engine") == "sim" or trial.environment.get("simulated") is True
+            or trial.gpu.get("state") == "simulated" or trial.summary.gpu_state == "simulated")
+
+
+def simulated_mark(trials: list[TrialResult]) -> str:
+    """'' (all measured), ' (simulated)', or ' (k of n trials simulated)' for a title."""
+    n = sum(map(is_simulated, trials))
+    if not n:
+        return ""
+    return " (simulated)" if n == len(trials) else f" ({n} of {len(trials)} trials simulated)"
+
+
 def config_key(config: dict[str, Any]) -> str:
     """Two trials with the same key ran the same server (flag spelling normalised)."""
     norm = {k.lstrip("-").replace("-", "_"): v for k, v in config.items()}

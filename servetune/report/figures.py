@@ -24,9 +24,11 @@ from servetune.report.campaign import (
     counts,
     flag_value,
     is_invalid,
-    level_label,
+    is_simulated,
+    level_axis,
     level_of,
     meets_sla,
+    simulated_mark,
 )
 from servetune.report.evidence import Getter, Level, curve_levels, series
 from servetune.result import TrialResult
@@ -117,12 +119,12 @@ def throughput_figure(campaign: Campaign) -> ReportFigure:
     hollow |= _plot_series(ax1, levels, lambda s: s.goodput_rps, "s-", "goodput (req/s)", "#31a354")
     _mark_ceiling(ax1, ceiling)
     _invalid_legend(ax1, hollow)
-    ax1.set(xlabel=level_label(campaign.trials), ylabel="requests/s", title="requests/s")
+    ax1.set(xlabel=level_axis(campaign.trials), ylabel="requests/s", title="requests/s")
     hollow = _plot_series(ax2, levels, lambda s: s.output_tokens_per_s, "o-", "output tok/s", "#756bb1")
     hollow |= _plot_series(ax2, levels, lambda s: s.total_tokens_per_s, "^:", "total tok/s", "#9e9ac8")
     _mark_ceiling(ax2, ceiling)
     _invalid_legend(ax2, hollow)
-    ax2.set(xlabel=level_label(campaign.trials), ylabel="tokens/s", title="tokens/s")
+    ax2.set(xlabel=level_axis(campaign.trials), ylabel="tokens/s", title="tokens/s")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -150,7 +152,7 @@ def latency_figure(campaign: Campaign) -> ReportFigure:
                        label=f"SLA p99 {name} {sla[bound]:g} ms")
         _mark_ceiling(ax, ceiling)
         _invalid_legend(ax, hollow)
-        ax.set(xlabel=level_label(campaign.trials), ylabel="ms", title=name)
+        ax.set(xlabel=level_axis(campaign.trials), ylabel=f"{name} (ms)", title=name)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -159,12 +161,15 @@ def latency_figure(campaign: Campaign) -> ReportFigure:
 
 def gpu_memory_figure(campaign: Campaign) -> ReportFigure:
     key, title = "gpu_memory", "GPU memory during each trial"
-    caption = "NVML samples: used memory (GiB, summed over the trial's GPUs) against time since the trial's t0."
+    trials = [t for t in campaign.trials if t.stage != "correctness"] or campaign.trials
+    mark = simulated_mark(trials)
+    source = ("NVML samples" if not mark else "Simulated, not measured: servetune.sim's modelled GPU memory"
+              if mark == " (simulated)" else "NVML samples; trials marked (simulated) are servetune.sim's model")
+    caption = f"{source}: used memory (GiB, summed over the trial's GPUs) against time since the trial's t0."
     fig = Figure(figsize=(11, 4.2))
     ax = fig.subplots()
     drawn, states = 0, set()
     totals: list[int] = []
-    trials = [t for t in campaign.trials if t.stage != "correctness"] or campaign.trials
     cmap = matplotlib.colormaps["viridis"]
     for i, t in enumerate(trials):
         samples = t.gpu.get("samples") or []
@@ -179,7 +184,8 @@ def gpu_memory_figure(campaign: Campaign) -> ReportFigure:
             total_by_time[ts] = total_by_time.get(ts, 0.0) + float(smp.get("mem_total") or 0)
         times = sorted(by_time)
         color = cmap(i / max(1, len(trials) - 1))
-        ax.plot(times, [by_time[x] / GIB for x in times], color=color, linewidth=1.2, label=trial_label(t))
+        label = trial_label(t) + (" (simulated)" if is_simulated(t) and mark != " (simulated)" else "")
+        ax.plot(times, [by_time[x] / GIB for x in times], color=color, linewidth=1.2, label=label)
         totals.append(int(max(total_by_time.values())))
         drawn += 1
     if not drawn:
@@ -190,7 +196,7 @@ def gpu_memory_figure(campaign: Campaign) -> ReportFigure:
     limit = campaign.sla.get("gpu_memory_limit")
     if limit:
         ax.axhline(total * limit / GIB, color="#c0392b", linestyle=":", label=f"SLA limit {limit:.0%}")
-    ax.set(xlabel="seconds since trial start", ylabel="GiB used", title="GPU memory curve")
+    ax.set(xlabel="time since trial start (s)", ylabel="used memory (GiB)", title="GPU memory curve" + mark)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2 if drawn > 8 else 1, loc="lower right")
@@ -227,7 +233,7 @@ def prefix_hit_figure(campaign: Campaign) -> ReportFigure:
     for x, v in zip(xs, usage, strict=True):
         ax.text(x + at_usage, (v or 0) + 0.01, "n/a" if v is None else f"{v:.0%}", ha="center", fontsize=7)
     ax.set_xticks(xs, labels, rotation=40, ha="right", fontsize=7)
-    ax.set(ylabel="hit rate", ylim=(0, 1.08), title="prefix hit rate")
+    ax.set(ylabel="hit rate (fraction of prompt tokens)", ylim=(0, 1.08), title="prefix hit rate")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     return ReportFigure(key, title, caption, _png(fig))
@@ -293,7 +299,8 @@ def refine_heatmap_figure(campaign: Campaign) -> ReportFigure:
                 ax.add_patch(_outline(j, i))
     ax.set_xticks(range(len(chunks)), [str(c) for c in chunks])
     ax.set_yticks(range(len(conss)), [c if c == DEFAULT else f"{c:g}" for c in conss])
-    ax.set(xlabel="--chunked-prefill-size", ylabel="--schedule-conservativeness", title="goodput (req/s)")
+    ax.set(xlabel="--chunked-prefill-size (tokens)", ylabel="--schedule-conservativeness (factor)",
+           title="goodput (req/s)")
     cbar = fig.colorbar(im, ax=ax, label="goodput req/s")
     cbar.formatter.set_useOffset(False)
     return ReportFigure(key, title, caption + " The recommended cell is outlined in red.", _png(fig))
@@ -332,4 +339,10 @@ def all_figures(campaign: Campaign) -> list[ReportFigure]:
         refine_heatmap_figure(campaign),
     ]
     sched = scheduler_figure(campaign)
-    return figures if sched is None else [*figures, sched]
+    figures = figures if sched is None else [*figures, sched]
+    mark = simulated_mark(campaign.trials)
+    for f in figures if mark else ():  # every figure says it: a modelled number never reads as measured
+        f.title += mark
+        which = "" if mark == " (simulated)" else f": {mark.strip(' ()')}"
+        f.caption = f"Simulated (servetune.sim, modelled, not a measurement){which}. {f.caption}"
+    return figures

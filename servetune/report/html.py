@@ -15,7 +15,8 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from servetune import __version__
-from servetune.report.campaign import Campaign, flag_value, level_label, level_of, meets_sla
+from servetune.report.campaign import (Campaign, flag_value, is_simulated, level_label, level_of, meets_sla,
+                                       simulated_mark)
 from servetune.report.evidence import ceiling_evidence, goodput_text, validity_cells
 from servetune.report.figures import ReportFigure, all_figures
 from servetune.report.scheduler import hit_rate_text
@@ -82,7 +83,7 @@ def diff_rows(diff: dict[str, Any] | None) -> list[dict[str, str]] | None:
             return
         if before == after:
             return
-        show = (lambda v: "-" if v is None else str(v)) if flag else fmt  # flags as typed: 8192, not 8,192
+        show = flag_text if flag else fmt  # flags as typed: 8192, not 8,192; a switch is set, not True
         rows.append({"field": name, "before": show(before), "after": show(after),
                      "change": f"{rel:+.1%}" if isinstance(rel, int | float) else ""})
 
@@ -93,6 +94,17 @@ def diff_rows(diff: dict[str, Any] | None) -> list[dict[str, str]] | None:
         else:
             add(name, change)
     return rows
+
+
+def flag_text(value: Any) -> str:
+    """A flag's value as a user would type it: a store-true switch is 'set' (never 'True'), unset is '-'."""
+    return "set" if value is True else "-" if value is None or value is False else str(value)
+
+
+def flag_rows(config: dict[str, Any]) -> list[dict[str, str]]:
+    """The recommended flags, a switch as '(switch)' not 'True' (the typed line beside it: ``command_text``)."""
+    return [{"flag": str(k), "value": "(switch)" if v is True else flag_text(v)}
+            for k, v in sorted(config.items()) if v is not None and v is not False]
 
 
 def _validation_cells(t: TrialResult) -> tuple[str, str, list[str]]:
@@ -126,7 +138,7 @@ def checklist_rows(campaign: Campaign) -> list[dict[str, Any]]:
                      "status": t.status, "validation": label, "validation_class": css, "failed": failed,
                      "failure_reason": t.failure_reason, "validity": v["validity"],
                      "validity_class": v["validity_class"], "invalid_reasons": t.summary.invalid_reasons,
-                     "sla": verdict, "sla_class": "ok" if met else "bad"})
+                     "sla": verdict, "sla_class": "ok" if met else "bad", "simulated": is_simulated(t)})
     return rows
 
 
@@ -145,7 +157,9 @@ def trial_rows(campaign: Campaign) -> list[dict[str, str]]:
             "config": ", ".join(knobs) or "-", "rps": fmt(s.request_throughput), "goodput": fmt(s.goodput_rps),
             "out_tps": fmt(s.output_tokens_per_s, 0), "ttft": _pair(s.ttft_ms), "tpot": _pair(s.tpot_ms),
             "e2e": fmt(s.e2e_ms.p99, 0), "errors": pct(s.error_rate), "hit": _hit(t),
-            "gpu_peak": pct(s.gpu_mem_peak_fraction), **validity_cells(t),
+            "gpu_peak": pct(s.gpu_mem_peak_fraction) + (" (simulated)" if is_simulated(t) and
+                                                       s.gpu_mem_peak_fraction is not None else ""),
+            "simulated": is_simulated(t), **validity_cells(t),
         })
     return rows
 
@@ -224,6 +238,8 @@ def render_html(campaign: Campaign, figures: list[ReportFigure], png_files: dict
             if exp.get(k)]
     ceiling, ceiling_source = campaign.ceiling()
     rec = campaign.recommendation
+    from servetune.engines.catalog import command_text  # the one rendering of flags as typed
+
     context = {
         "title": title, "experiment_id": campaign.experiment_id, "meta": meta, "version": __version__,
         "source": campaign.source, "generated_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -236,7 +252,9 @@ def render_html(campaign: Campaign, figures: list[ReportFigure], png_files: dict
                      "b64": base64.b64encode(f.png).decode() if f.png else "", "file": png_files.get(f.key, "")}
                     for f in figures],
         "checklist": checklist_rows(campaign), "trial_rows": trial_rows(campaign),
-        "level_label": level_label(campaign.trials),
+        "level_label": level_label(campaign.trials), "simulated": simulated_mark(campaign.trials).strip(" ()"),
+        "flag_rows": flag_rows((rec or {}).get("config") or {}),
+        "command": command_text((rec or {}).get("config") or {}),
     }
     from servetune.report.diagnoses import diagnosis_rows  # the "Diagnoses" section (servetune.diagnose)
 
