@@ -80,7 +80,7 @@ def main() -> None:
         def run_loader() -> float:
             clear()
             t0 = time.perf_counter()
-            load_trial(eng, result, exp, lone=True, validate=False)
+            load_trial(eng, result, exp, lone=True)
             return time.perf_counter() - t0
 
         # one loader run to produce the exact rows the raw COPY will replay

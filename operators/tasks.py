@@ -133,9 +133,9 @@ def validate(exp: dict[str, Any]) -> dict[str, Any]:
 
 def load(exp: dict[str, Any], warehouse_url: str) -> dict[str, Any]:
     """Everything into the warehouse, one transaction per trial, idempotent (safe to retry)."""
-    from servetune.warehouse import load_result
+    from servetune.warehouse import load_result  # the checklist already ran in the validate task
 
-    report = load_result(warehouse_url, _exp_dir(exp), validate=False)
+    report = load_result(warehouse_url, _exp_dir(exp))
     if report.errors:
         raise RuntimeError(f"warehouse load of {exp['experiment_id']}: {len(report.errors)} trial(s) failed: "
                            + "; ".join(map(str, report.errors))[:2000])

@@ -12,7 +12,8 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from servetune.cli import app
-from servetune.warehouse import db, load_result, queries
+from servetune.ingest import load_result
+from servetune.warehouse import db, queries
 from warehouse_fixtures import make_trial, migrated, passing_report
 
 REPO = Path(__file__).resolve().parent.parent

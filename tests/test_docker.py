@@ -318,7 +318,7 @@ def test_dashboard_queries_run_on_the_warehouse_views(fresh_database_url: str, t
     from datetime import UTC, datetime, timedelta
 
     from servetune.warehouse import migrate
-    from servetune.warehouse.loader import load_result
+    from servetune.ingest import load_result
 
     migrate.upgrade(fresh_database_url)
     start = datetime(2026, 10, 5, 3, 0, tzinfo=UTC)

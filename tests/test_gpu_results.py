@@ -15,7 +15,8 @@ from sqlalchemy import create_engine, text
 
 from servetune.result import TrialResult
 from servetune.validation import validate
-from servetune.warehouse import load_result, migrate
+from servetune.ingest import load_result
+from servetune.warehouse import migrate
 
 DATA = Path(__file__).parent / "data" / "gpu-h200"
 

@@ -85,7 +85,7 @@ def test_the_campaign_replays_to_the_same_ceiling_with_repeats() -> None:
 
 
 def test_a_real_sglang_trial_is_accepted_and_loads(database_url) -> None:
-    from servetune.warehouse import load_result
+    from servetune.ingest import load_result
     from warehouse_fixtures import migrated
 
     (path,) = (DATA / "tune-a" / "trials").glob("*.json")
@@ -181,7 +181,8 @@ def test_every_trial_of_a_campaign_loads_and_the_invalid_ones_are_rejected(campa
     INVALID ones (window not steady) kept and marked rejected; hit rate from usage vs SGLang's counters."""
     from sqlalchemy import text
 
-    from servetune.warehouse import db, load_result
+    from servetune.ingest import load_result
+from servetune.warehouse import db
     from warehouse_fixtures import migrated
 
     migrated(database_url)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from servetune.cli import app
 from servetune.report.history import fetch_history, history_table, trend
 from servetune.warehouse import migrate
-from servetune.warehouse.loader import load_result
+from servetune.ingest import load_result
 
 runner = CliRunner()
 MODEL = "llama-3.1-8b"

@@ -16,7 +16,7 @@ from servetune.report.figures import all_figures, prefix_hit_figure
 from servetune.report.html import key_cards, write_report
 from servetune.report.scheduler import TITLE, scheduler_trial
 from servetune.warehouse import migrate
-from servetune.warehouse.loader import load_result
+from servetune.ingest import load_result
 
 BASE_KEYS = ["throughput", "latency", "gpu_memory", "prefix_hit_rate", "refine_heatmap"]
 

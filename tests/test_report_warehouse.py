@@ -12,7 +12,7 @@ from servetune.cli import app
 from servetune.report.campaign import load_campaign
 from servetune.report.html import key_cards, write_report
 from servetune.warehouse import migrate
-from servetune.warehouse.loader import load_result
+from servetune.ingest import load_result
 
 runner = CliRunner()
 

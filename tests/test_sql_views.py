@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from servetune.cli import app
 from servetune.validation import validate
-from servetune.warehouse import db, load_result, queries
+from servetune.ingest import load_result
+from servetune.warehouse import db, queries
 from servetune.warehouse.loader import ExperimentInfo, load_trial
 from warehouse_fixtures import make_trial, migrated, passing_report
 
@@ -57,7 +58,7 @@ def year(pg_server_url):
                            ttft_scale=20.0 if (c == 32 and week in SLOW_WEEKS) else 1.0)
             t.summary.goodput_rps = c * 0.5
             t.validation = report
-            load_trial(eng, t, exp, validate=False)
+            load_trial(eng, t, exp)
     # the last campaign also ran concurrency 64, but the checklist rejected it: it must not become the ceiling
     bad = make_trial(trial_id="w51-c64", experiment_id="w51", model=MODEL, concurrency=64, hit_rate=0.95,
                      t0_unix=starts[-1].timestamp() + 64)
@@ -69,7 +70,7 @@ def year(pg_server_url):
                                         started_at=starts[-1], status="finished",
                                         prompt_template_fingerprint="tmpl-B", engine="sglang",
                                         model_fingerprint="m-1", dag_run_id=f"scheduled__{starts[-1]:%Y-%m-%d}",
-                                        finished_at=starts[-1] + timedelta(hours=2)), validate=False)
+                                        finished_at=starts[-1] + timedelta(hours=2)))
     yield url, eng, starts
     eng.dispose()
     localdb.drop_database(pg_server_url, make_url(url).database)

@@ -7,7 +7,8 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from servetune.cli import app
-from servetune.warehouse import db, load_result
+from servetune.ingest import load_result
+from servetune.warehouse import db
 from servetune.warehouse.loader import LoadError, TrialConflict
 from warehouse_fixtures import make_trial, migrated, write_campaign
 

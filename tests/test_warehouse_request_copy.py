@@ -12,7 +12,8 @@ from sqlalchemy import text
 
 from servetune.records import RequestRecord
 from servetune.result import TrialResult
-from servetune.warehouse import db, load_result
+from servetune.ingest import load_result
+from servetune.warehouse import db
 from servetune.warehouse.loader import LoadError
 from servetune.warehouse.request_copy import copy_stream
 from servetune.warehouse.tables import REQUEST_COLUMNS

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from servetune.warehouse import db, load_result, queries
+from servetune.ingest import load_result
+from servetune.warehouse import db, queries
 from servetune.warehouse.loader import LoadError
 from servetune.warehouse.tables import SUMMARY_SCALARS
 from warehouse_fixtures import make_trial, migrated, with_scheduler_log, write_campaign

@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Store every trial of RESULT: one transaction each; reloading the same trial changes nothing."""
         from servetune.validation.checklist import check_waivable
-        from servetune.warehouse.loader import load_result
+        from servetune.ingest import load_result
 
         try:
             check_waivable(waive or ())  # before the warehouse is touched

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import BaseModel
 
+from servetune.checklist_report import ExpectationOutcome, ValidationReport
 from servetune.result import TrialResult
 from servetune.validity import ValidityRules
 from servetune.validation.frames import TrialFrames, build_frames
@@ -34,38 +34,6 @@ def check_waivable(waive: tuple[str, ...] | list[str]) -> None:
                          f"({', '.join(sorted(WAIVABLE))})")
 #: a GPU state the suites accept: measured by NVML, or synthesized by the simulator
 GPU_STATES_WITH_CURVE = ("ok", "simulated")
-
-
-class ExpectationOutcome(BaseModel):
-    suite: str
-    expectation: str
-    column: str | None = None
-    checklist: str | None = None
-    success: bool
-    observed_value: Any = None
-    details: dict[str, Any] = {}
-
-
-class ValidationReport(BaseModel):
-    """What the checklist found; stored with the result and in the warehouse's ``validations``."""
-
-    success: bool
-    results: list[ExpectationOutcome]
-    suites: list[str]
-    gx_version: str
-    parameters: dict[str, Any] = {}
-    waived: list[str] = []
-    data_docs: str | None = None  # index.html when Data Docs were built
-
-    @property
-    def failed(self) -> list[ExpectationOutcome]:
-        return [r for r in self.results if not r.success]
-
-    def failure_reason(self) -> str | None:
-        if self.success:
-            return None
-        items = sorted({f"{r.checklist or r.suite}: {r.expectation}({r.column or ''})" for r in self.failed})
-        return "validation failed: " + "; ".join(items)
 
 
 def load_suite(name: str, waive: frozenset[str] = frozenset()) -> dict[str, Any]:

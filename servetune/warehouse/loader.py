@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, delete, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 
+from servetune.checklist_report import ValidationReport
 from servetune.redact import redact
 from servetune.result import TrialResult
 from servetune.warehouse import db, diagnoses, scheduler_rows
@@ -38,6 +39,8 @@ from servetune.warehouse.tables import (
     trials,
     validations,
 )
+
+Checklist = Callable[[TrialResult], ValidationReport]  # judges a trial before it is stored (servetune.ingest)
 
 log = logging.getLogger(__name__)
 
@@ -162,13 +165,10 @@ def _upsert_experiment(conn: Connection, exp: ExperimentInfo, *, lone: bool) -> 
     ))
 
 
-def _validation_report(result: TrialResult, validate: bool, validate_kwargs: dict[str, Any]):
-    from servetune.validation import ValidationReport
-
-    if validate:
-        from servetune.validation import validate as run_checklist
-
-        return run_checklist(result, **validate_kwargs)
+def _validation_report(result: TrialResult, checklist: Checklist | None) -> ValidationReport | None:
+    """The caller's checklist run on the trial, else the report stored with it (if any)."""
+    if checklist is not None:
+        return checklist(result)
     if result.validation:
         try:
             return ValidationReport.model_validate(result.validation)
@@ -177,7 +177,7 @@ def _validation_report(result: TrialResult, validate: bool, validate_kwargs: dic
     return None
 
 
-def _trial_row(result: TrialResult, exp: ExperimentInfo, sha: str, report) -> dict[str, Any]:
+def _trial_row(result: TrialResult, exp: ExperimentInfo, sha: str, report: ValidationReport | None) -> dict[str, Any]:
     status, reason = result.status, result.failure_reason
     if report is not None and not report.success and status == "ok":
         status, reason = "rejected", report.failure_reason()
@@ -234,7 +234,7 @@ def _stored_sha(eng: Engine, trial_id: str) -> str | None:
 
 
 def load_trial(eng: Engine, result: TrialResult, exp: ExperimentInfo, *, lone: bool = False,
-               validate: bool = True, replace: bool = False, **validate_kwargs: Any) -> TrialLoad:
+               checklist: Checklist | None = None, replace: bool = False) -> TrialLoad:
     """Load one trial in one transaction (idempotency: the module docstring); stored: ``result.redacted()``."""
     result = result.redacted()
     if result.experiment_id is not None and result.experiment_id != exp.experiment_id:
@@ -250,7 +250,7 @@ def load_trial(eng: Engine, result: TrialResult, exp: ExperimentInfo, *, lone: b
         if not replace:
             raise TrialConflict(f"trial {result.trial_id} is already stored with different content "
                                 "(load with --replace to swap it)")
-    report = _validation_report(result, validate, validate_kwargs)
+    report = _validation_report(result, checklist)
     row = _trial_row(result, exp, "pending", report)
     checks = _validation_rows(result.trial_id, report)
     gpu, server = _gpu_rows(result), _server_rows(result)
@@ -292,16 +292,17 @@ def _stored_status(eng: Engine, trial_id: str) -> str:
         return conn.execute(select(trials.c.status).where(trials.c.trial_id == trial_id)).scalar_one()
 
 
-def load_result(engine_or_url: Engine | str | None, source: str | Path | TrialResult, *, validate: bool = True,
-                replace: bool = False, **validate_kwargs: Any) -> LoadReport:
+def load_result(engine_or_url: Engine | str | None, source: str | Path | TrialResult, *,
+                checklist: Checklist | None = None, replace: bool = False) -> LoadReport:
     """Load a campaign directory, a trial JSON file or an in-memory ``TrialResult``.
 
     Each trial is its own transaction: a bad trial is reported in ``LoadReport.errors`` and the
-    others still load. ``validate_kwargs`` go to ``servetune.validation.validate``.
+    others still load. ``checklist`` (servetune.ingest passes the report checklist) judges each trial
+    before it is stored; without one, a trial keeps the verdict stored with it, if any.
     """
     eng = engine_or_url if isinstance(engine_or_url, Engine) else db.engine(engine_or_url)
     try:
-        return _load(eng, source, validate=validate, replace=replace, **validate_kwargs)
+        return _load(eng, source, checklist=checklist, replace=replace)
     finally:
         if eng is not engine_or_url:
             eng.dispose()
