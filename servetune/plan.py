@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from servetune.engines import EngineConfig
+from servetune.engines import EngineConfig, engine_class
 from servetune.engines.knobs import FlagValue, KnobError, engine_flags, with_flags
 from servetune.plan_load import LoadSection, check_trace
 from servetune.runners import LocalRunnerConfig, RunnerConfig
@@ -186,7 +186,8 @@ class TuningPlan(_Strict):
 
     name: str = Field(min_length=1)
     model: str = Field(min_length=1, description="model path or id (the engine's model unless it names its own)")
-    engine: EngineConfig = Field(description="servetune.engines: kind sglang | vllm | sim | external and its settings")
+    engine: EngineConfig = Field(description="servetune.engines: kind sglang | vllm | sim | transformers | external"
+                                 " and its settings (servetune.engines.registry)")
     runner: RunnerConfig = Field(default_factory=lambda: LocalRunnerConfig(), description="servetune.runners")
     endpoint: Literal["chat", "completions", "generate"] = "chat"
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
@@ -209,10 +210,12 @@ class TuningPlan(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _engine_model_from_plan(cls, data: Any) -> Any:
-        """``engine.model`` defaults to the plan's ``model`` (sglang, vllm), so it is written once."""
+        """``engine.model`` defaults to the plan's ``model`` (sglang, vllm, transformers: ``model_from_plan``),
+        so it is written once."""
         if isinstance(data, dict):
             engine = data.get("engine", {"kind": "sglang"})
-            if isinstance(engine, dict) and engine.get("kind", "sglang") in ("sglang", "vllm") and "model" not in engine:
+            cls = engine_class(engine.get("kind", "sglang")) if isinstance(engine, dict) else None
+            if cls is not None and cls.model_from_plan and "model" not in engine:
                 engine = {"kind": "sglang", **engine, "model": data.get("model")}
             data = {**data, "engine": engine}
         return data
@@ -277,8 +280,8 @@ class TuningPlan(_Strict):
 
     @model_validator(mode="after")
     def _tunable(self) -> TuningPlan:
-        if self.engine.kind == "external" and self.stages.refine.enabled:
-            raise ValueError("stages.refine.enabled: an external engine cannot be restarted with new flags")
+        if not self.engine.launches and self.stages.refine.enabled:
+            raise ValueError(f"stages.refine.enabled: an {self.engine.kind} engine cannot be restarted with new flags")
         if not self.stages.refine.enabled:
             return self
         r = self.stages.refine

@@ -54,8 +54,8 @@ def _pydantic_line(exc) -> str:  # noqa: ANN001 - pydantic is imported lazily
 
 
 def serve(
-    engine: str = typer.Option(..., "--engine", help="sglang | vllm | sim | external"),
-    model: str = typer.Option(None, "--model", help="model path (sglang, vllm) or model profile (sim)"),
+    engine: str = typer.Option(..., "--engine", help="sglang | vllm | sim | transformers | external"),
+    model: str = typer.Option(None, "--model", help="model path (sglang, vllm, transformers) or model profile (sim)"),
     sets: list[str] = typer.Option([], "--set", help="engine flag as key=value (repeatable), typed per version"),
     runner: str = typer.Option("local", "--runner", help="local | ssh | kubernetes"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the exact command; start nothing"),
@@ -80,31 +80,26 @@ def serve(
     """Start an engine with a configuration and serve until Ctrl-C; --dry-run prints the exact command."""
     from pydantic import ValidationError
 
-    from servetune.engines import EngineFailure, FlagError, engine_from_cli
-    from servetune.engines.base import ENGINE_KINDS
+    from servetune.engines import ENGINE_KINDS, ENGINES, EngineFailure, FlagError, engine_from_cli
     from servetune.redact import redact_text
     from servetune.runners import KubernetesRunnerConfig, LocalRunnerConfig, Server, SSHRunnerConfig
     from servetune.runners.kubernetes import build_manifests, manifests_yaml
 
     fields = {"python": python, "version": version, "gpu_profile": gpu_profile, "url": url,
               "ready_timeout_s": ready_timeout}
-    allowed = {"sglang": {"python", "version", "ready_timeout_s"}, "vllm": {"python", "ready_timeout_s"},
-               "sim": {"python", "version", "gpu_profile", "ready_timeout_s"}, "external": {"url", "ready_timeout_s"}}
     try:
         if engine not in ENGINE_KINDS:
             raise FlagError(f"--engine: unknown engine {engine!r} (one of {', '.join(ENGINE_KINDS)})")
         if runner not in RUNNERS:
             raise FlagError(f"--runner: unknown runner {runner!r} (one of {', '.join(RUNNERS)})")
-        if engine in allowed:
-            stray = [k for k, v in fields.items() if v is not None and k not in allowed[engine]]
-            if stray:
-                raise FlagError(f"--{stray[0].replace('_', '-')} does not apply to --engine {engine}")
-            if engine in ("sglang", "vllm") and not model:
-                raise FlagError(f"--engine {engine} needs --model PATH")
-            fields = {k: v for k, v in fields.items() if k in allowed[engine]}
-        if engine == "sglang" and runner == "local" and version is None:
-            from servetune.engines.sglang import installed_version
-            fields["version"] = installed_version(python or "python3")  # the runner's own (None: the newest)
+        spec = ENGINES[engine]
+        stray = [k for k, v in fields.items() if v is not None and k not in spec.cli_options]
+        if stray:
+            option = _OPTION_OF.get(stray[0], "--" + stray[0].replace("_", "-"))
+            raise FlagError(f"{option} does not apply to --engine {engine}")
+        if spec.cli_needs_model and not model:
+            raise FlagError(f"--engine {engine} needs --model PATH")
+        fields = spec.cli_resolve({k: v for k, v in fields.items() if k in spec.cli_options}, runner=runner)
         cfg = engine_from_cli(engine, model=model, sets=sets, **fields)
         common = {"check_clean": not no_preflight}
         if runner == "local":
@@ -133,7 +128,7 @@ def serve(
     server = Server(cfg, run_cfg, port=port, log_dir=log_dir)
     if dry_run:
         if not cfg.launches:
-            typer.echo(f"# external endpoint {cfg.url}: measured, not launched")
+            typer.echo(f"# {cfg.kind} endpoint {cfg.endpoint_url}: measured, not launched")
             return
         typer.echo(shlex.join(server.plan(dry_run=True)))
         return

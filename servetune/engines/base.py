@@ -1,4 +1,4 @@
-"""``EngineConfig``: which engine to start and with what, discriminated by ``kind``.
+"""``EngineConfig``: which engine to start and with what, discriminated by ``kind`` (``registry.ENGINES``).
 
 Also the one way a CLI's ``--set key=value`` pairs become typed engine settings, so a plan and a
 command line are validated by the same rules.
@@ -7,21 +7,15 @@ command line are validated by the same rules.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from servetune.engines.catalog import FlagError
 from servetune.engines.common import EngineBase
-from servetune.engines.external import ExternalConfig
-from servetune.engines.sglang import SGLangConfig
-from servetune.engines.sim import SimConfig
-from servetune.engines.transformers import TransformersConfig
-from servetune.engines.vllm import KNOBS as VLLM_KNOBS
-from servetune.engines.vllm import VLLMConfig
+from servetune.engines.registry import ENGINE_KINDS, ENGINES, EngineConfig
 
-EngineConfig = Annotated[SGLangConfig | VLLMConfig | SimConfig | TransformersConfig | ExternalConfig, Field(discriminator="kind")]
-ENGINE_KINDS = ("sglang", "vllm", "sim", "transformers", "external")
+__all__ = ["ENGINE_KINDS", "EngineConfig", "engine_from_cli", "parse_engine_config", "split_sets"]
 _adapter: TypeAdapter[Any] = TypeAdapter(EngineConfig)
 
 
@@ -48,43 +42,21 @@ def engine_from_cli(kind: str, *, model: str | None, sets: Iterable[str], **fiel
     """The engine config a ``servetune serve`` command line describes (values typed per engine)."""
     pairs = split_sets(sets)
     fields = {k: v for k, v in fields.items() if v is not None}
-    if kind in ("sglang", "sim"):
-        if kind == "sglang":
-            data = {"kind": kind, "model": model, "args": pairs, **fields}
-        else:
-            data = {"kind": kind, "args": pairs, **fields}
-            if model:
-                data["model_profile"] = model
-    elif kind == "vllm":
-        data = {"kind": kind, "model": model, **fields}
-        for key, value in pairs.items():
-            field = key.replace("-", "_")
-            if field not in VLLM_KNOBS:
-                known = ", ".join(f.replace("_", "-") for f in VLLM_KNOBS)
-                raise FlagError(f"unknown flag --{key.replace('_', '-')} for vllm (servetune's vLLM knobs: {known})")
-            data[field] = value
-    elif kind == "transformers":
-        data = {"kind": kind, "model": model, **fields}
-        for key, value in pairs.items():
-            data[key.replace("-", "_")] = value
-    elif kind == "external":
-        if pairs:
-            raise FlagError("an external endpoint takes no --set flags (it is not launched by servetune)")
-        data = {"kind": kind, **fields}
-    else:
+    cls = ENGINES.get(kind)
+    if cls is None:
         raise FlagError(f"unknown engine {kind!r} (one of {', '.join(ENGINE_KINDS)})")
+    data = cls.cli_data(model, pairs, fields)
     try:
         return parse_engine_config(data)
     except ValidationError as exc:
-        raise FlagError(_one_line(exc)) from None
+        raise FlagError(_one_line(exc, cls)) from None
 
 
-def _one_line(exc: ValidationError) -> str:
+def _one_line(exc: ValidationError, cls: type[EngineBase]) -> str:
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"] if p not in ENGINE_KINDS)
-        if where in VLLM_KNOBS:
-            where = VLLM_KNOBS[where]
+        where = cls.field_flags.get(where, where)  # a typed field is named by its flag
         cause = err.get("ctx", {}).get("error") if err["type"] == "value_error" else None
         text = str(cause or err["msg"]).removeprefix("Value error, ")
         parts.append(f"{where}: {text}" if where else text)

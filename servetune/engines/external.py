@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
+from servetune.engines.catalog import FlagError
 from servetune.engines.common import EngineBase
 from servetune.loadgen.config import HttpBaseUrl
 
@@ -18,10 +19,17 @@ class ExternalConfig(EngineBase):
     info_paths: tuple[str, ...] = ("/server_info", "/v1/models")
     ready_timeout_s: float = Field(default=30.0, gt=0)
 
+    display_name = "external"
+    cli_options = frozenset({"url", "ready_timeout_s"})
+    cli_needs_model = False
 
     @property
     def launches(self) -> bool:
         return False
+
+    @property
+    def endpoint_url(self) -> str | None:
+        return self.url
 
     @property
     def served_model(self) -> str | None:
@@ -32,3 +40,9 @@ class ExternalConfig(EngineBase):
 
     def describe(self) -> str:
         return f"external {self.url}"
+
+    @classmethod
+    def cli_data(cls, model: str | None, pairs: dict[str, str], fields: dict[str, Any]) -> dict[str, Any]:
+        if pairs:
+            raise FlagError("an external endpoint takes no --set flags (it is not launched by servetune)")
+        return {"kind": "external", **fields}

@@ -42,22 +42,23 @@ _PATTERNS: list[tuple[FailureKind, re.Pattern[str]]] = [
 ]
 
 
-def classify(lines: Sequence[str]) -> FailureKind | None:
-    """The known failure the log shows, or None."""
+Patterns = Sequence[tuple[FailureKind, re.Pattern[str]]]
+
+
+def classify(lines: Sequence[str], patterns: Patterns = ()) -> FailureKind | None:
+    """The known failure the log shows, or None; an engine's own ``patterns`` first, then the shared ones."""
     text = "\n".join(lines)
-    for kind, pattern in _PATTERNS:
+    for kind, pattern in [*patterns, *_PATTERNS]:
         if pattern.search(text):
             return kind
     return None
 
 
-def first_match(lines: Sequence[str], kind: FailureKind) -> str | None:
+def first_match(lines: Sequence[str], kind: FailureKind, patterns: Patterns = ()) -> str | None:
     """The log line that gave ``kind`` away (for a one-line reason)."""
-    pattern = dict(_PATTERNS).get(kind)
-    if pattern is None:
-        return None
+    candidates = [p for k, p in [*patterns, *_PATTERNS] if k == kind]
     for line in lines:
-        if pattern.search(line):
+        if any(p.search(line) for p in candidates):
             return line.strip()
     return None
 
@@ -79,9 +80,10 @@ class EngineFailure(RuntimeError):
         return f"{self}{where}\n--- last {len(self.log_tail)} log lines ---\n{tail}"
 
 
-def failure_from_log(default: FailureKind, what: str, lines: Sequence[str], log_path: str | None = None) -> EngineFailure:
-    """An ``EngineFailure`` whose kind is what the log shows, else ``default``."""
-    kind = classify(lines) or default
-    hint = first_match(lines, kind)
+def failure_from_log(default: FailureKind, what: str, lines: Sequence[str], log_path: str | None = None, *,
+                     patterns: Patterns = ()) -> EngineFailure:
+    """An ``EngineFailure`` whose kind is what the log shows (the engine's own ``patterns`` first), else ``default``."""
+    kind = classify(lines, patterns) or default
+    hint = first_match(lines, kind, patterns)
     reason = f"{what}: {hint}" if hint else what
     return EngineFailure(kind, reason, lines, log_path)

@@ -1,9 +1,10 @@
 """The tuning walk's view of an engine (engine knowledge, so it lives with the engines): one flat ``{flag: value}`` dict, whatever the engine kind.
 
-SGLang and the simulator keep their launch flags in ``args``; vLLM has typed fields for the knobs
-it tunes (``max_num_seqs`` -> ``max-num-seqs``). The decisions only ever see hyphenated flag
-names; ``with_flags`` turns a trial's flags back into a validated EngineConfig (a flag the engine
-version does not know is refused there, before any server starts).
+Each engine's config class says what its flags are (``EngineBase.flags``: SGLang and the simulator
+keep their launch flags in ``args``; vLLM and transformers have typed fields for the knobs they tune,
+``max_num_seqs`` -> ``max-num-seqs``) and which fields launch with a given set (``flag_fields``).
+The decisions only ever see hyphenated flag names; ``with_flags`` turns a trial's flags back into a
+validated EngineConfig (a flag the engine version does not know is refused there, before any server starts).
 """
 
 from __future__ import annotations
@@ -11,45 +12,19 @@ from __future__ import annotations
 from typing import Any
 
 from servetune.engines import EngineBase, parse_engine_config
-from servetune.engines.vllm import KNOBS as VLLM_KNOBS
+from servetune.engines.common import Flags, FlagValue, KnobError
 
-FlagValue = int | float | str | bool  # one server flag's value as a plan writes it
-Flags = dict[str, FlagValue | None]  # a trial's server flags, hyphenated names (None: a bare store-true flag)
-
-# vLLM knobs that say how the server is launched but are not tuned (identity, dtype, context)
-_VLLM_FIXED = ("served_model_name", "dtype", "max_model_len", "enable_prompt_tokens_details", "enforce_eager",
-               "tensor_parallel_size")
-_VLLM_FLAG_TO_FIELD = {flag.removeprefix("--"): f for f, flag in VLLM_KNOBS.items() if f not in _VLLM_FIXED}
-
-
-class KnobError(ValueError):
-    """A flag the engine kind cannot take through tuning."""
+__all__ = ["FlagValue", "Flags", "KnobError", "engine_flags", "sim_flags", "with_flags"]
 
 
 def engine_flags(engine: EngineBase) -> Flags:
     """The server-side flags a trial varies, from the engine config."""
-    kind = getattr(engine, "kind", None)
-    if kind in ("sglang", "sim"):
-        return dict(engine.args)  # type: ignore[attr-defined]
-    if kind == "vllm":
-        return {flag: getattr(engine, f) for flag, f in _VLLM_FLAG_TO_FIELD.items() if getattr(engine, f) is not None}
-    return {}
+    return engine.flags()
 
 
 def with_flags(engine: EngineBase, flags: Flags) -> EngineBase:
     """A copy of ``engine`` launched with exactly ``flags``; validated as a plan's engine would be."""
-    kind = getattr(engine, "kind", None)
-    data: dict[str, Any] = engine.model_dump()
-    if kind in ("sglang", "sim"):
-        data["args"] = dict(flags)
-    elif kind == "vllm":
-        unknown = [k for k in flags if k not in _VLLM_FLAG_TO_FIELD]
-        if unknown:
-            raise KnobError(f"vLLM knobs servetune tunes are {sorted(_VLLM_FLAG_TO_FIELD)}; not {unknown}")
-        for flag, field in _VLLM_FLAG_TO_FIELD.items():
-            data[field] = flags.get(flag)
-    elif flags:
-        raise KnobError(f"an {kind} engine takes no server flags, got {sorted(flags)}")
+    data: dict[str, Any] = {**engine.model_dump(), **engine.flag_fields(flags)}
     return parse_engine_config(data)
 
 

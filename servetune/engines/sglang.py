@@ -11,6 +11,7 @@ catalogue is cached for that version and used from then on (``adopt_runner_versi
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
@@ -20,13 +21,30 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from servetune.engines.catalog import Catalog, FlagError, FlagValue, cache_runner_catalog, catalog_for
-from servetune.engines.common import EngineBase
+from servetune.engines.common import EngineBase, Flags, FlagValue as _FlagValue
+from servetune.redact import split_secret_flags
 
+log = logging.getLogger("servetune.runners.lifecycle")  # where its launch messages always appeared
 DEFAULT_VERSION = "0.5.23"
 ALWAYS_ON = ("enable-metrics", "enable-cache-report")
 #: set by servetune itself (model from --model, host/port from the runner): never through --set
 RESERVED = ("model-path", "host", "port")
 PROBE_PATH = Path(__file__).parent / "catalog" / "sglang_probe.py"
+#: the file SGLang reads its secret flags from (``--config``, SGLang >= 0.5.5), 0600 on the runner
+SECRETS_FILE = "sglang-secrets.yaml"
+
+
+class SGLangFlagsMixin:
+    """SGLang and its simulator: the launch flags are ``args``, and ``--set`` pairs are SGLang flags."""
+
+    display_name = "SGLang"
+    metric_prefix = "sglang:"
+
+    def flags(self) -> Flags:
+        return dict(self.args)  # type: ignore[attr-defined]
+
+    def flag_fields(self, flags: Mapping[str, _FlagValue | None]) -> dict[str, Any]:
+        return {"args": dict(flags)}
 
 
 def validate_flags(catalog: Catalog, args: Mapping[str, FlagValue], *, reserved: Sequence[str] = RESERVED,
@@ -46,7 +64,7 @@ def validate_flags(catalog: Catalog, args: Mapping[str, FlagValue], *, reserved:
     return out
 
 
-class SGLangConfig(EngineBase):
+class SGLangConfig(SGLangFlagsMixin, EngineBase):
     kind: Literal["sglang"] = "sglang"
     model: str = Field(description="model path (or hub id) as SGLang's --model-path takes it")
     version: str | None = Field(default=None, description="the SGLang version the flags are written for; unset: "
@@ -57,6 +75,9 @@ class SGLangConfig(EngineBase):
 
     health_paths: tuple[str, ...] = ("/health_generate",)
     info_paths: tuple[str, ...] = ("/server_info", "/get_server_info")
+
+    cli_options = frozenset({"python", "version", "ready_timeout_s"})
+    model_from_plan = True
 
     @field_validator("model")
     @classmethod
@@ -94,6 +115,42 @@ class SGLangConfig(EngineBase):
 
     def describe(self) -> str:
         return f"sglang {self.version or '(the runner’s version)'} {self.model}"
+
+    # --- secrets: SGLang reads no such variable, so they go to a YAML file it loads with --config
+    def secure_launch(self, argv: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        env = dict(self.env)
+        kept, secrets = split_secret_flags(argv)
+        if secrets and any(t == "--config" or t.startswith("--config=") for t in kept):
+            log.warning("sglang --config is set: its secret flags (%s) stay on the command line", ", ".join(secrets))
+        elif secrets:
+            import yaml
+
+            return kept, env, {SECRETS_FILE: yaml.safe_dump(secrets, default_flow_style=False)}
+        return argv, env, {}
+
+    def secret_files_argv(self, paths: Mapping[str, str]) -> list[str]:
+        return ["--config", paths[SECRETS_FILE]] if SECRETS_FILE in paths else []
+
+    # --- the runner's own SGLang parses the flags before launch (``parser_check``)
+    def runner_check_argv(self, *, host: str, port: int) -> list[str] | None:
+        return self.parser_check_argv(host=host, port=port) if self.parser_check else None
+
+    def read_runner_check(self, returncode: int, stdout: str, stderr: str) -> ParserVerdict:
+        return interpret_parser_check(returncode, stdout, stderr, self.version)
+
+    def adopt_runner_check(self, verdict: ParserVerdict) -> SGLangConfig:
+        return adopt_runner_version(self, verdict)
+
+    # --- servetune serve
+    @classmethod
+    def cli_resolve(cls, fields: dict[str, Any], *, runner: str) -> dict[str, Any]:
+        if runner == "local" and fields.get("version") is None:  # the runner's own (None: the newest catalogued)
+            fields = {**fields, "version": installed_version(fields.get("python") or "python3")}
+        return fields
+
+    @classmethod
+    def cli_data(cls, model: str | None, pairs: dict[str, str], fields: dict[str, Any]) -> dict[str, Any]:
+        return {"kind": "sglang", "model": model, "args": pairs, **fields}
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,13 @@ simulated number look like it answered a question it did not).
 from __future__ import annotations
 
 import sys
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from servetune.engines.catalog import Catalog, FlagError, FlagValue, load_catalog
 from servetune.engines.common import EngineBase
-from servetune.engines.sglang import ALWAYS_ON, DEFAULT_VERSION, validate_flags
+from servetune.engines.sglang import ALWAYS_ON, DEFAULT_VERSION, SGLangFlagsMixin, validate_flags
 
 
 def _sim_parser_error(argv: list[str]) -> str | None:
@@ -40,7 +40,7 @@ def _sim_parser_error(argv: list[str]) -> str | None:
     return None
 
 
-class SimConfig(EngineBase):
+class SimConfig(SGLangFlagsMixin, EngineBase):
     kind: Literal["sim"] = "sim"
     model_profile: str = Field(default="llama-3.1-8b", description="simulator model profile name or YAML path")
     gpu_profile: str = Field(default="H100-80G", description="simulator GPU profile name or YAML path")
@@ -51,6 +51,10 @@ class SimConfig(EngineBase):
 
     health_paths: tuple[str, ...] = ("/health_generate",)
     info_paths: tuple[str, ...] = ("/server_info",)
+
+    display_name = "sim"
+    cli_options = frozenset({"python", "version", "gpu_profile", "ready_timeout_s"})
+    cli_needs_model = False
 
     @model_validator(mode="after")
     def _flags_known(self) -> SimConfig:
@@ -79,3 +83,10 @@ class SimConfig(EngineBase):
 
     def describe(self) -> str:
         return f"sim {self.model_profile} on {self.gpu_profile}"
+
+    @classmethod
+    def cli_data(cls, model: str | None, pairs: dict[str, str], fields: dict[str, Any]) -> dict[str, Any]:
+        data: dict[str, Any] = {"kind": "sim", "args": pairs, **fields}
+        if model:
+            data["model_profile"] = model  # --model names the simulator's model profile
+        return data

@@ -6,11 +6,11 @@ real engine end to end through the same code path a GPU runner uses.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from servetune.engines.catalog import FlagLimit
+from servetune.engines.catalog import FlagError, FlagLimit
 from servetune.engines.common import EngineBase
 from servetune.redact import split_secret_flags
 
@@ -27,6 +27,12 @@ KNOBS: dict[str, str] = {
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "tensor_parallel_size": "--tensor-parallel-size",
 }
+
+#: knobs that say how the server is launched but are not tuned (identity, dtype, context)
+FIXED = ("served_model_name", "dtype", "max_model_len", "enable_prompt_tokens_details", "enforce_eager",
+         "tensor_parallel_size")
+#: what the tuning walk turns: flag (no dashes) -> field
+TUNED: dict[str, str] = {flag.removeprefix("--"): f for f, flag in KNOBS.items() if f not in FIXED}
 
 #: vLLM's own bounds on the knobs (its config dataclasses' ``Field(ge=..., le=...)``, checked at engine start-up),
 #: kept like an SGLang catalogue's ``limits:`` so a plan or a grid value fails with the same line, before launch
@@ -68,6 +74,12 @@ class VLLMConfig(EngineBase):
     health_paths: tuple[str, ...] = ("/health",)
     info_paths: tuple[str, ...] = ("/v1/models",)
 
+    display_name = "vLLM"
+    metric_prefix = "vllm:"
+    field_flags = KNOBS
+    knob_fields = TUNED
+    model_from_plan = True
+
     @field_validator(*LIMITS)
     @classmethod
     def _within_limits(cls, v: int | float | None, info: ValidationInfo) -> int | float | None:
@@ -96,3 +108,18 @@ class VLLMConfig(EngineBase):
 
     def describe(self) -> str:
         return f"vllm {self.model}"
+
+    def secure_launch(self, argv: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        argv, env = secret_flags_to_env(argv, dict(self.env))  # vLLM reads them from its environment
+        return argv, env, {}
+
+    @classmethod
+    def cli_data(cls, model: str | None, pairs: dict[str, str], fields: dict[str, Any]) -> dict[str, Any]:
+        data: dict[str, Any] = {"kind": "vllm", "model": model, **fields}
+        for key, value in pairs.items():
+            field = key.replace("-", "_")
+            if field not in KNOBS:
+                known = ", ".join(f.replace("_", "-") for f in KNOBS)
+                raise FlagError(f"unknown flag --{key.replace('_', '-')} for vllm (servetune's vLLM knobs: {known})")
+            data[field] = value
+        return data

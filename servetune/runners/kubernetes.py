@@ -14,7 +14,6 @@ from typing import Any
 import yaml
 
 from servetune.engines.common import EngineBase
-from servetune.engines.external import ExternalConfig
 from servetune.runners.base import KubernetesRunnerConfig
 
 
@@ -29,9 +28,9 @@ def build_manifests(engine: EngineBase, runner: KubernetesRunnerConfig) -> list[
     """``[pod]`` or ``[pod, service]`` as plain dicts (what ``kubectl apply -f`` takes)."""
     from kubernetes import client
 
-    if isinstance(engine, ExternalConfig):
-        raise ManifestError("an external endpoint is not launched, so it has no Pod")
-    from servetune.runners.lifecycle import SGLANG_SECRETS, secure_launch
+    if not engine.launches:
+        raise ManifestError(f"an {engine.kind} endpoint is not launched, so it has no Pod")
+    from servetune.runners.lifecycle import secure_launch
 
     argv = engine.launch_argv(host="0.0.0.0", port=runner.container_port)  # reached through the pod IP
     if argv[0].startswith("/") and "python" in argv[0]:
@@ -56,7 +55,7 @@ def build_manifests(engine: EngineBase, runner: KubernetesRunnerConfig) -> list[
         mounts.append(client.V1VolumeMount(name="secrets", mount_path=SECRETS_MOUNT, read_only=True))
         volumes.append(client.V1Volume(name="secrets", secret=client.V1SecretVolumeSource(
             secret_name=secret.metadata.name, default_mode=0o400)))
-        argv += ["--config", f"{SECRETS_MOUNT}/{SGLANG_SECRETS}"]
+        argv += engine.secret_files_argv({name: f"{SECRETS_MOUNT}/{name}" for name in files})
     container = client.V1Container(
         name="engine",
         image=runner.image,

@@ -23,10 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from servetune.engines.common import EngineBase
-from servetune.engines.vllm import secret_flags_to_env
-from servetune.engines.external import ExternalConfig
 from servetune.engines.failures import EngineFailure, FailureKind, failure_from_log
-from servetune.engines.sglang import SGLangConfig, adopt_runner_version, interpret_parser_check
+from servetune.engines.sglang import SECRETS_FILE
 from servetune.runners.base import (
     KubernetesRunnerConfig,
     LocalRunnerConfig,
@@ -36,33 +34,21 @@ from servetune.runners.base import (
     TeardownReport,
     tail_file,
 )
-from servetune.redact import install_log_redaction, known_secrets, redact_argv, redact_text, remember, \
-    scrub, split_secret_flags
+from servetune.redact import install_log_redaction, known_secrets, redact_argv, redact_text, remember, scrub
 from servetune.runners.preflight import PreflightReport
 
 log = logging.getLogger(__name__)
 TAIL_LINES = 50
-#: the file SGLang reads its secret flags from (``--config``, SGLang >= 0.5.5), 0600 on the runner
-SGLANG_SECRETS = "sglang-secrets.yaml"
+#: the file SGLang reads its secret flags from (``--config``), 0600 on the runner (``SGLangConfig.secure_launch``)
+SGLANG_SECRETS = SECRETS_FILE
 
 
 def secure_launch(engine: EngineBase, argv: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """``(argv, env, files)`` to launch with: secret flags (``--api-key``...) taken off the command line, where
-    ``ps`` would show them. vLLM reads them from its environment (``VLLM_API_KEY``); SGLang reads no such
-    variable, so they go to a YAML file it loads with ``--config`` (``files``: name -> text, written 0600
+    ``ps`` would show them, as the engine reads them (``EngineBase.secure_launch``): vLLM from its environment
+    (``VLLM_API_KEY``), SGLang from a YAML file it loads with ``--config`` (``files``: name -> text, written 0600
     by the runner). The simulator takes neither: its flags stay on argv (redacted wherever shown)."""
-    env = dict(engine.env)
-    if engine.kind == "vllm":
-        argv, env = secret_flags_to_env(argv, env)
-    elif engine.kind == "sglang":
-        kept, secrets = split_secret_flags(argv)
-        if secrets and any(t == "--config" or t.startswith("--config=") for t in kept):
-            log.warning("sglang --config is set: its secret flags (%s) stay on the command line", ", ".join(secrets))
-        elif secrets:
-            import yaml
-
-            return kept, env, {SGLANG_SECRETS: yaml.safe_dump(secrets, default_flow_style=False)}
-    return argv, env, {}
+    return engine.secure_launch(argv)
 
 
 def default_log_dir() -> Path:
@@ -143,7 +129,7 @@ class Server:
         self.argv, self.env, self.secret_files = secure_launch(self.engine, argv)
         if self.secret_files:
             paths = self.backend.stage_secrets(self.secret_files, dry_run=dry_run)
-            self.argv += ["--config", paths[SGLANG_SECRETS]]
+            self.argv += self.engine.secret_files_argv(paths)
 
     @property
     def shown_argv(self) -> list[str]:
@@ -170,28 +156,26 @@ class Server:
         return self
 
     def _check_flags_on_runner(self):
-        """SGLang's own parser on the runner has the last word on flags (where SGLang is installed there)."""
-        if not isinstance(self.engine, SGLangConfig) or not self.engine.parser_check:
+        """The engine's own parser on the runner has the last word on flags (SGLang's, where installed there)."""
+        argv = self.engine.runner_check_argv(host=self.backend.bind_host, port=self.backend.engine_port)
+        if argv is None:
             return None
-        argv = self.engine.parser_check_argv(host=self.backend.bind_host, port=self.backend.engine_port)
         argv = redact_argv(argv, text=False)  # the parser checks a secret's type, not its value: "***" parses
-        verdict = interpret_parser_check(*self.backend.run_check(argv, self.env), self.engine.version)
+        verdict = self.engine.read_runner_check(*self.backend.run_check(argv, self.env))
         if verdict.checked and not verdict.ok:
-            raise EngineFailure(FailureKind.bad_flag, f"sglang {verdict.version} on the runner rejects the flags: "
-                                f"{verdict.error}")
+            raise EngineFailure(FailureKind.bad_flag, f"{self.engine.kind} {verdict.version} on the runner rejects "
+                                f"the flags: {verdict.error}")
         if not verdict.checked:
-            log.info("flags not checked by SGLang's own parser: %s", verdict.note)
+            log.info("flags not checked by %s's own parser: %s", self.engine.display_name, verdict.note)
         elif verdict.note:
             log.warning("%s", verdict.note)
-        self.engine = adopt_runner_version(self.engine, verdict)  # its version, its catalogue renders the argv
+        self.engine = self.engine.adopt_runner_check(verdict)  # its version, its catalogue renders the argv
         self._render()
         return verdict
 
     @property
     def url(self) -> str:
-        if isinstance(self.engine, ExternalConfig):
-            return self.engine.url
-        return f"http://{self.backend.url_host}:{self.port}"
+        return self.engine.endpoint_url or f"http://{self.backend.url_host}:{self.port}"
 
     def tail_log(self, n: int = TAIL_LINES) -> list[str]:
         """The last log lines, secrets masked: a tail travels in failure reasons to results and the warehouse."""
@@ -211,13 +195,15 @@ class Server:
                 code = self.backend.returncode() if self.backend else None
                 if code is not None:
                     raise failure_from_log(FailureKind.exited, f"{self.engine.describe()} exited with code {code} "
-                                           "before it was ready", self.tail_log(), str(self.log_path))
+                                           "before it was ready", self.tail_log(), str(self.log_path),
+                                           patterns=self.engine.log_patterns)
                 remaining = deadline - time.monotonic()
                 if any(http_ok(self.url + p, timeout_s=max(0.5, min(10.0, remaining)))
                        for p in self.engine.health_paths):
                     break
                 if time.monotonic() >= deadline:
-                    failure = failure_from_log(FailureKind.timeout, "", self.tail_log(), str(self.log_path))
+                    failure = failure_from_log(FailureKind.timeout, "", self.tail_log(), str(self.log_path),
+                                               patterns=self.engine.log_patterns)
                     # a log pattern explains a hang (e.g. an OOM in a worker) better than "timeout" alone
                     raise EngineFailure(failure.kind, f"not ready after {self.engine.ready_timeout_s:g} s "
                                         f"({', '.join(self.engine.health_paths)})" + failure.reason,
@@ -242,7 +228,8 @@ class Server:
         code = self.backend.returncode() if self.backend else None
         if code is not None:
             raise failure_from_log(FailureKind.died, f"{self.engine.describe()} exited with code {code} "
-                                   "while serving", self.tail_log(), str(self.log_path))
+                                   "while serving", self.tail_log(), str(self.log_path),
+                                   patterns=self.engine.log_patterns)
 
     def preflight_running(self) -> PreflightReport:
         """Before a trial on this server: no foreign GPU processes (ours are expected)."""

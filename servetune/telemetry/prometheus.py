@@ -14,6 +14,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -21,44 +22,70 @@ from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger(__name__)
 
-# Families kept (names as prometheus_client reports them: counters without ``_total``).
-SGLANG_FAMILIES = frozenset(
-    "sglang:" + n
-    for n in (
-        # scheduler gauges
-        "num_running_reqs", "num_queue_reqs", "gen_throughput", "cache_hit_rate", "token_usage",
-        "num_used_tokens", "kv_available_tokens", "kv_evictable_tokens", "kv_used_tokens",
-        "new_token_ratio", "num_retracted_reqs", "max_total_num_tokens", "context_len", "utilization",
-        # scheduler counters and histogram
-        "num_retracted_requests", "num_retracted_input_tokens", "num_retracted_output_tokens",
-        "realtime_tokens", "prefill_effective_tokens", "evicted_tokens", "queue_time_seconds",
-        # tokenizer manager counters and histograms
-        "prompt_tokens", "generation_tokens", "num_requests", "cached_tokens", "num_aborted_requests",
-        "time_to_first_token_seconds", "inter_token_latency_seconds", "request_time_per_output_token_seconds",
-        "e2e_request_latency_seconds", "prompt_tokens_histogram", "uncached_prompt_tokens_histogram",
-        "generation_tokens_histogram",
-    )
-)  # fmt: skip
-VLLM_FAMILIES = frozenset(
-    "vllm:" + n
-    for n in (
-        "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "gpu_cache_usage_perc",
-        "prefix_cache_hits", "prefix_cache_queries", "num_preemptions", "prompt_tokens", "generation_tokens",
-        "request_success", "time_to_first_token_seconds", "inter_token_latency_seconds",
-        "time_per_output_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
-    )
-)  # fmt: skip
-KEPT_FAMILIES = SGLANG_FAMILIES | VLLM_FAMILIES
+@dataclass(frozen=True)
+class Dialect:
+    """One engine family's metric names: what to keep, sample, and read each summary figure from.
 
-# Gauges sampled every interval (sample names).
-SAMPLED_GAUGES = frozenset(
-    {
-        "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:cache_hit_rate",
-        "sglang:gen_throughput", "sglang:num_retracted_reqs", "sglang:num_used_tokens",
-        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-        "vllm:gpu_cache_usage_perc",
-    }
-)  # fmt: skip
+    An engine config names its dialect by prefix (``EngineBase.metric_prefix``); the telemetry layer
+    cannot import the engines (they sit above it), so the dialects live here, keyed by that prefix.
+    Names are as prometheus_client reports them: families of counters without ``_total``, samples with it.
+    """
+
+    prefix: str
+    families: frozenset[str]
+    gauges: frozenset[str]  # sampled every interval (sample names)
+    hits: str | None = None  # prefix-cache hits counter and its denominator (sample names)
+    queries: str | None = None
+    hits_total_label: tuple[str, str] | None = None  # the label value that already sums the hits' sources
+    retractions: str | None = None  # counter
+    retractions_gauge: str | None = None  # fallback when the counter is absent (last - first)
+    hit_rate_gauge: str | None = None  # kept for contrast only
+    usage: tuple[str, ...] = ()  # KV-cache usage gauges, first present wins
+    queue: tuple[str, ...] = ()
+    running: tuple[str, ...] = ()
+
+
+def _names(prefix: str, names: str) -> frozenset[str]:
+    return frozenset(prefix + n for n in names.split())
+
+
+DIALECTS: dict[str, Dialect] = {
+    "sglang:": Dialect(
+        prefix="sglang:",
+        families=_names("sglang:", """
+            num_running_reqs num_queue_reqs gen_throughput cache_hit_rate token_usage
+            num_used_tokens kv_available_tokens kv_evictable_tokens kv_used_tokens
+            new_token_ratio num_retracted_reqs max_total_num_tokens context_len utilization
+            num_retracted_requests num_retracted_input_tokens num_retracted_output_tokens
+            realtime_tokens prefill_effective_tokens evicted_tokens queue_time_seconds
+            prompt_tokens generation_tokens num_requests cached_tokens num_aborted_requests
+            time_to_first_token_seconds inter_token_latency_seconds request_time_per_output_token_seconds
+            e2e_request_latency_seconds prompt_tokens_histogram uncached_prompt_tokens_histogram
+            generation_tokens_histogram"""),  # scheduler gauges, counters, histogram; tokenizer manager's
+        gauges=_names("sglang:", "num_running_reqs num_queue_reqs token_usage cache_hit_rate gen_throughput"
+                                 " num_retracted_reqs num_used_tokens"),
+        hits="sglang:cached_tokens_total", queries="sglang:prompt_tokens_total",
+        hits_total_label=("cache_source", "total"),  # else device + host + storage
+        retractions="sglang:num_retracted_requests_total", retractions_gauge="sglang:num_retracted_reqs",
+        hit_rate_gauge="sglang:cache_hit_rate", usage=("sglang:token_usage",), queue=("sglang:num_queue_reqs",),
+        running=("sglang:num_running_reqs",)),
+    "vllm:": Dialect(
+        prefix="vllm:",
+        families=_names("vllm:", """
+            num_requests_running num_requests_waiting kv_cache_usage_perc gpu_cache_usage_perc
+            prefix_cache_hits prefix_cache_queries num_preemptions prompt_tokens generation_tokens
+            request_success time_to_first_token_seconds inter_token_latency_seconds
+            time_per_output_token_seconds e2e_request_latency_seconds request_queue_time_seconds"""),
+        gauges=_names("vllm:", "num_requests_running num_requests_waiting kv_cache_usage_perc gpu_cache_usage_perc"),
+        hits="vllm:prefix_cache_hits_total", queries="vllm:prefix_cache_queries_total",
+        retractions="vllm:num_preemptions_total",
+        usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), queue=("vllm:num_requests_waiting",),
+        running=("vllm:num_requests_running",)),
+}
+SGLANG_FAMILIES = DIALECTS["sglang:"].families
+VLLM_FAMILIES = DIALECTS["vllm:"].families
+KEPT_FAMILIES = frozenset().union(*(d.families for d in DIALECTS.values()))
+SAMPLED_GAUGES = frozenset().union(*(d.gauges for d in DIALECTS.values()))  # gauges sampled every interval
 
 # Labels that repeat one scheduler's value across ranks of one model replica.
 _RANK_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
@@ -242,12 +269,13 @@ def _counter_delta(
     return total
 
 
-def _cached_tokens_delta(before: Snapshot, after: Snapshot) -> float | None:
-    name = "sglang:cached_tokens_total"
-    sources = {s["labels"].get("cache_source") for s in after.get(name, [])}
-    if "total" in sources:
-        return _counter_delta(before, after, name, {"cache_source": "total"})
-    return _counter_delta(before, after, name)  # device + host + storage
+def _hits_delta(before: Snapshot, after: Snapshot, d: Dialect) -> float | None:
+    assert d.hits is not None
+    if d.hits_total_label:
+        key, total = d.hits_total_label
+        if total in {s["labels"].get(key) for s in after.get(d.hits, [])}:
+            return _counter_delta(before, after, d.hits, {key: total})
+    return _counter_delta(before, after, d.hits)  # the sum over its series
 
 
 def _combine(series: list[dict[str, Any]], how: str) -> float:
@@ -307,20 +335,15 @@ def derive_signals(server: dict[str, Any], *, window: tuple[float, float] | None
     if not before and not after:
         out["reason"] = server.get("metrics_reason") or "no /metrics snapshots"
         return out
+    dialects = list(DIALECTS.values())
     if after:
-        if "sglang:prompt_tokens_total" in after:
-            out["prefix_hit_rate_server"] = _ratio(
-                _cached_tokens_delta(before, after),
-                _counter_delta(before, after, "sglang:prompt_tokens_total"),
-            )
-            out["prefix_hit_rate_source"] = "sglang:cached_tokens_total/sglang:prompt_tokens_total"
-        elif "vllm:prefix_cache_queries_total" in after:
-            out["prefix_hit_rate_server"] = _ratio(
-                _counter_delta(before, after, "vllm:prefix_cache_hits_total"),
-                _counter_delta(before, after, "vllm:prefix_cache_queries_total"),
-            )
-            out["prefix_hit_rate_source"] = "vllm:prefix_cache_hits_total/vllm:prefix_cache_queries_total"
-        for name in ("sglang:num_retracted_requests_total", "vllm:num_preemptions_total"):
+        for d in dialects:
+            if d.hits and d.queries and d.queries in after:
+                out["prefix_hit_rate_server"] = _ratio(_hits_delta(before, after, d),
+                                                       _counter_delta(before, after, d.queries))
+                out["prefix_hit_rate_source"] = f"{d.hits}/{d.queries}"
+                break
+        for name in [d.retractions for d in dialects if d.retractions]:
             if name in after:
                 out["retractions"] = _counter_delta(before, after, name)
                 out["retractions_source"] = name
@@ -329,28 +352,28 @@ def derive_signals(server: dict[str, Any], *, window: tuple[float, float] | None
             ("time_to_first_token_seconds", "server_ttft_mean_s"),
             ("inter_token_latency_seconds", "server_itl_mean_s"),
         ):
-            for engine in ("sglang:", "vllm:"):
-                total = _counter_delta(before, after, f"{engine}{prefix}_sum")
-                count = _counter_delta(before, after, f"{engine}{prefix}_count")
+            for d in dialects:
+                total = _counter_delta(before, after, f"{d.prefix}{prefix}_sum")
+                count = _counter_delta(before, after, f"{d.prefix}{prefix}_count")
                 if total is not None:
                     out[key] = _ratio(total, count)
                     break
     if out["retractions"] is None:
-        gauge = _timeline(samples, ("sglang:num_retracted_reqs",), "sum")
-        if gauge:
-            out["retractions"] = max(gauge[-1] - gauge[0], 0.0)
-            out["retractions_source"] = "sglang:num_retracted_reqs (gauge, last - first)"
-    hit = _timeline(samples, ("sglang:cache_hit_rate",), "max")
+        for name in [d.retractions_gauge for d in dialects if d.retractions_gauge]:
+            gauge = _timeline(samples, (name,), "sum")
+            if gauge:
+                out["retractions"] = max(gauge[-1] - gauge[0], 0.0)
+                out["retractions_source"] = f"{name} (gauge, last - first)"
+                break
+    hit = _timeline(samples, tuple(d.hit_rate_gauge for d in dialects if d.hit_rate_gauge), "max")
     out["cache_hit_rate_gauge"] = hit[-1] if hit else None
-    usage = _timeline(
-        samples, ("sglang:token_usage", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), "max"
-    )
+    usage = _timeline(samples, tuple(n for d in dialects for n in d.usage), "max")
     out["token_usage_max"] = max(usage) if usage else None
-    queue = _timeline(samples, ("sglang:num_queue_reqs", "vllm:num_requests_waiting"), "sum")
+    queue = _timeline(samples, tuple(n for d in dialects for n in d.queue), "sum")
     if queue:
         out["queue_reqs_max"] = max(queue)
         out["queue_reqs_mean"] = sum(queue) / len(queue)
-    running = _timeline(samples, ("sglang:num_running_reqs", "vllm:num_requests_running"), "sum")
+    running = _timeline(samples, tuple(n for d in dialects for n in d.running), "sum")
     if running:
         out["running_reqs_mean"] = sum(running) / len(running)
     return out
