@@ -14,9 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from operators.config import results_dir, runner_of
+from servetune.experiment import ResultFolder
 from servetune.plan import TuningPlan, load_plan, parse_plan
 
 log = logging.getLogger(__name__)
@@ -148,7 +147,8 @@ def report(exp: dict[str, Any]) -> str:
     from servetune.report.campaign import load_campaign
     from servetune.report.html import write_report
 
-    return str(write_report(load_campaign(str(_exp_dir(exp))), _exp_dir(exp) / "report").html_path)
+    folder = ResultFolder(_exp_dir(exp))
+    return str(write_report(load_campaign(str(folder.path)), folder.report_dir).html_path)
 
 
 def teardown(exp: dict[str, Any]) -> dict[str, Any]:
@@ -156,12 +156,12 @@ def teardown(exp: dict[str, Any]) -> dict[str, Any]:
     from servetune.runners.sweep import sweep
 
     stopped = sweep(exp["experiment_id"])
-    exp_file = _exp_dir(exp) / "experiment.json"
+    folder = ResultFolder(_exp_dir(exp))
     status = None
-    if exp_file.exists():
-        data = orjson.loads(exp_file.read_bytes())
+    if folder.has_experiment():
+        data = folder.read_experiment()
         if data.get("status") == "running":
             data.update(status="failed", status_reason="the DAG run ended before the campaign concluded")
-            exp_file.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+            folder.write_experiment(data)
         status = data.get("status")
     return {"stopped_servers": stopped, "status": status}

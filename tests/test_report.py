@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from servetune.cli import app
 from servetune.report.campaign import (
-    Campaign,
+    CampaignView as Campaign,
     ReportInputError,
     derive_ceiling,
     flag_value,

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from servetune.experiment import ResultFolder
 from servetune.gpu_pools import runner_pools
 
 
@@ -209,12 +210,12 @@ def demo(
             conf = [] if load_mode == "plan" else ["--conf", orjson.dumps({"load_mode": load_mode}).decode()]
             proc = setup.airflow("dags", "test", "servetune_weekly", *conf, check=False)
             (run_dir / "airflow-dags-test.log").write_text(proc.stdout or "")
-            experiments = sorted((run_dir / "results").glob("*/experiment.json"))
+            experiments = ResultFolder.under(run_dir / "results")
             if proc.returncode != 0 or not experiments:
                 raise AirflowFailed(f"the DAG run failed (log: {run_dir / 'airflow-dags-test.log'})",
                                     (proc.stdout or "").splitlines()[-30:])
-            for exp_file in experiments:
-                _print_outcome(exp_file.parent, setup.warehouse_url)
+            for folder in experiments:
+                _print_outcome(folder, setup.warehouse_url)
             log = run_dir / "airflow-dags-test.log"
             console.print(f"done in {time.monotonic() - t_start:.0f} s; Airflow log: {log}")
     finally:
@@ -222,14 +223,13 @@ def demo(
             cluster.stop()
 
 
-def _print_outcome(exp_dir: Path, warehouse_url: str) -> None:
+def _print_outcome(folder: ResultFolder, warehouse_url: str) -> None:
     from sqlalchemy import text
 
     from servetune.warehouse.db import engine
 
-    exp = orjson.loads((exp_dir / "experiment.json").read_bytes())
-    rec_file = exp_dir / "recommendation.json"
-    rec = orjson.loads(rec_file.read_bytes()) if rec_file.exists() else None
+    exp = folder.read_experiment()
+    rec = folder.read_recommendation()
     with engine(warehouse_url).connect() as conn:
         counts = conn.execute(text(
             "select count(*) filter (where status = 'ok'), count(*) filter (where status = 'rejected'),"
@@ -252,7 +252,7 @@ def _print_outcome(exp_dir: Path, warehouse_url: str) -> None:
         t.add_row("recommendation", "none (see experiment.json)")
     t.add_row("warehouse trials (accepted / rejected / all)", f"{counts[0]} / {counts[1]} / {counts[2]}")
     console.print(t)
-    report = exp_dir / "report" / "report.html"
+    report = folder.report_file
     console.print(f"report: {report}" if report.exists() else "report: not written", soft_wrap=True)
 
 

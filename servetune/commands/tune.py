@@ -18,6 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from servetune.experiment import EXPERIMENT_FILE, RECOMMENDATION_FILE, ResultFolder
 from servetune.logs import console as _console
 from servetune.plan import PlanError, TuningPlan, load_plan
 from servetune.redact import redact
@@ -204,7 +205,7 @@ def _print_recommendation(decision: Any, out: Path) -> None:
     console.print(table)
     for line in rec.explanation:
         console.print(f"  - {escape(line)}", highlight=False)
-    console.print(f"written to {out}/recommendation.json")
+    console.print(f"written to {out}/{RECOMMENDATION_FILE}")
 
 
 def tune(
@@ -332,11 +333,11 @@ def _stored_experiment(out: Path | None) -> dict[str, Any]:
     if out is None:
         _fail("--resume needs --out: the folder of the campaign to go on with")
     try:
-        stored = orjson.loads((out / "experiment.json").read_bytes())
+        stored = ResultFolder(out).read_experiment()
     except (OSError, orjson.JSONDecodeError) as exc:
-        _fail(f"--resume: {out}/experiment.json: {exc}")
+        _fail(f"--resume: {out}/{EXPERIMENT_FILE}: {exc}")
     if not isinstance(stored, dict) or not stored.get("experiment_id"):
-        _fail(f"--resume: {out}/experiment.json names no experiment_id")
+        _fail(f"--resume: {out}/{EXPERIMENT_FILE} names no experiment_id")
     return stored
 
 

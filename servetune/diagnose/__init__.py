@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from servetune.experiment import CAMPAIGN_FILES, ResultFolder
 from servetune.result import TrialResult
 
 Severity = Literal["info", "warning", "critical"]
@@ -69,8 +70,9 @@ def read_trials(path: str | Path) -> list[TrialResult]:
         return [TrialResult.read(p)]
     if not p.is_dir():
         raise FileNotFoundError(f"{p}: no such file or directory")
-    files = sorted((p / "trials").glob("*.json")) if (p / "trials").is_dir() else sorted(p.glob("*.json"))
-    files = [f for f in files if f.name not in ("experiment.json", "recommendation.json", "state.json")]
+    folder = ResultFolder(p)
+    files = folder.trial_files() if folder.trials_dir.is_dir() else sorted(p.glob("*.json"))
+    files = [f for f in files if f.name not in CAMPAIGN_FILES]
     if not files:
         raise FileNotFoundError(f"{p}: no trial result in it (expected trials/*.json or *.json)")
     return [TrialResult.read(f) for f in files]

@@ -1,6 +1,6 @@
 """What a report is drawn from: one campaign (or one lone bench trial), whatever it was stored in.
 
-The figures and the HTML only ever see a ``Campaign``; the loaders here turn a campaign result
+The figures and the HTML only ever see a ``CampaignView``; the loaders here turn a campaign result
 directory, a single JSON file, or an experiment id in the warehouse into one, so a report looks the
 same wherever its data came from.
 """
@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from servetune.experiment import EXPERIMENT_FILE, ResultFolder
 from servetune.redact import redact, redact_text
 from servetune.result import SCHEMA as TRIAL_SCHEMA
 from servetune.result import TrialResult
@@ -28,7 +29,7 @@ class ReportInputError(ValueError):
 
 
 @dataclass
-class Campaign:
+class CampaignView:
     """One experiment's metadata, its trials and its recommendation, plus where they came from."""
 
     source: str
@@ -36,9 +37,9 @@ class Campaign:
     trials: list[TrialResult] = field(default_factory=list)
     recommendation: dict[str, Any] | None = None
 
-    def redacted(self) -> Campaign:
+    def redacted(self) -> CampaignView:
         """A copy safe to show (``servetune.redact``): the plan's env values, secret flags, URL passwords ``***``."""
-        return Campaign(source=redact_text(self.source), experiment=redact(self.experiment),
+        return CampaignView(source=redact_text(self.source), experiment=redact(self.experiment),
                         trials=[t.redacted() for t in self.trials], recommendation=redact(self.recommendation))
 
     @property
@@ -225,25 +226,25 @@ def _load_trial(path: Path) -> TrialResult:
         raise ReportInputError(f"{path}: not a readable trial result: {exc}") from None
 
 
-def load_result_dir(directory: Path) -> Campaign:
+def load_result_dir(directory: Path) -> CampaignView:
     """A campaign directory as the tuning CLI writes it: experiment.json, trials/*.json, recommendation.json."""
-    exp_path = directory / "experiment.json"
-    trials_dir = directory / "trials"
-    if not exp_path.is_file() and not trials_dir.is_dir():
+    folder = ResultFolder(directory)
+    exp_path = folder.experiment_file
+    if not folder.is_campaign():
         raise ReportInputError(f"{directory}: neither experiment.json nor trials/ found: not a campaign directory")
     experiment = _read_json(exp_path) if exp_path.is_file() else {}
     if not isinstance(experiment, dict):
         raise ReportInputError(f"{exp_path}: expected a JSON object, got {type(experiment).__name__}")
-    trials = [_load_trial(p) for p in sorted(trials_dir.glob("*.json"))] if trials_dir.is_dir() else []
-    rec_path = directory / "recommendation.json"
+    trials = [_load_trial(p) for p in folder.trial_files()]
+    rec_path = folder.recommendation_file
     recommendation = _read_json(rec_path) if rec_path.is_file() else experiment.get("recommendation")
     if recommendation is not None and not isinstance(recommendation, dict):
         raise ReportInputError(f"{rec_path}: expected a JSON object, got {type(recommendation).__name__}")
     trials.sort(key=lambda t: (STAGE_ORDER.get(t.stage, 9), level_of(t) or 0, t.created_at))
-    return Campaign(source=str(directory), experiment=experiment, trials=trials, recommendation=recommendation)
+    return CampaignView(source=str(directory), experiment=experiment, trials=trials, recommendation=recommendation)
 
 
-def load_json(path: Path) -> Campaign:
+def load_json(path: Path) -> CampaignView:
     """One JSON file: a lone trial (``servetune bench``) or a campaign's experiment.json."""
     data = _read_json(path)
     if not isinstance(data, dict):
@@ -252,8 +253,8 @@ def load_json(path: Path) -> Campaign:
         trial = _load_trial(path)
         experiment = {"experiment_id": trial.experiment_id, "model": trial.target.get("model"),
                       "engine": trial.target.get("engine")}
-        return Campaign(source=str(path), experiment=experiment, trials=[trial])
-    if "experiment_id" in data and path.name == "experiment.json":
+        return CampaignView(source=str(path), experiment=experiment, trials=[trial])
+    if "experiment_id" in data and path.name == EXPERIMENT_FILE:
         return load_result_dir(path.parent)
     raise ReportInputError(
         f"{path}: neither a trial result (schema {TRIAL_SCHEMA!r}) nor a campaign's experiment.json "
@@ -261,7 +262,7 @@ def load_json(path: Path) -> Campaign:
     )
 
 
-def load_campaign(source: str, *, database_url: str | None = None) -> Campaign:
+def load_campaign(source: str, *, database_url: str | None = None) -> CampaignView:
     """A result directory, a JSON file, or an experiment id looked up in the warehouse."""
     path = Path(source)
     if path.is_dir():

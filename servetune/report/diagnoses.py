@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from servetune.report.campaign import Campaign, level_of
+from servetune.report.campaign import CampaignView, level_of
 
 
-def diagnosis_rows(campaign: Campaign) -> dict[str, Any]:
+def diagnosis_rows(campaign: CampaignView) -> dict[str, Any]:
     """{"flagged": rows of warning/critical findings, "info": the rest, "error": why none were computed}."""
     from servetune.diagnose import diagnose_trials, sort_findings
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from servetune.report.campaign import Campaign, counts, is_invalid, level_of, marginal_levels
+from servetune.report.campaign import CampaignView, counts, is_invalid, level_of, marginal_levels
 from servetune.result import TrialResult, TrialSummary
 from servetune.stats import Spread, spread
 
@@ -31,7 +31,7 @@ class Level:
         return spread([get(t.summary) for t in self.used])
 
 
-def curve_levels(campaign: Campaign) -> list[Level]:
+def curve_levels(campaign: CampaignView) -> list[Level]:
     """The main config's curve grouped by concurrency, sorted; failed trials (no figures) left out."""
     levels: dict[int, Level] = {}
     for t in campaign.main_curve():
@@ -127,7 +127,7 @@ def goodput_text(rec: dict[str, Any]) -> str:
     return f"{goodput:,.2f} req/s (n={n}: {why})"
 
 
-def marginal(campaign: Campaign) -> tuple[list[int], str]:
+def marginal(campaign: CampaignView) -> tuple[list[int], str]:
     """Levels whose SLA verdict flipped between repeats: as stated by the experiment, else from the trials."""
     stated = campaign.ceiling_info().get("marginal")
     if isinstance(stated, list):
@@ -135,7 +135,7 @@ def marginal(campaign: Campaign) -> tuple[list[int], str]:
     return marginal_levels(campaign.main_curve(), campaign.sla), "derived from the repeats"
 
 
-def ceiling_evidence(campaign: Campaign) -> dict[str, Any]:
+def ceiling_evidence(campaign: CampaignView) -> dict[str, Any]:
     """Marginal levels and the trial ids the stated ceiling rests on, for the recommendation section."""
     info = campaign.ceiling_info()
     levels, source = marginal(campaign)

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from servetune.report.campaign import (
-    Campaign,
+    CampaignView,
     config_key,
     counts,
     flag_value,
@@ -105,7 +105,7 @@ def _curve_caption(levels: list[Level], text: str) -> str:
     return f"{text} {CURVE_NOTE}{counted}"
 
 
-def throughput_figure(campaign: Campaign) -> ReportFigure:
+def throughput_figure(campaign: CampaignView) -> ReportFigure:
     key, title = "throughput", "Throughput and goodput vs concurrency"
     levels = curve_levels(campaign)
     ceiling, ceiling_source = campaign.ceiling()
@@ -132,7 +132,7 @@ def throughput_figure(campaign: Campaign) -> ReportFigure:
     return ReportFigure(key, title, caption, _png(fig))
 
 
-def latency_figure(campaign: Campaign) -> ReportFigure:
+def latency_figure(campaign: CampaignView) -> ReportFigure:
     key, title = "latency", "TTFT and TPOT (p50, p99) vs concurrency"
     levels = curve_levels(campaign)
     sla = campaign.sla
@@ -159,7 +159,7 @@ def latency_figure(campaign: Campaign) -> ReportFigure:
     return ReportFigure(key, title, caption, _png(fig))
 
 
-def gpu_memory_figure(campaign: Campaign) -> ReportFigure:
+def gpu_memory_figure(campaign: CampaignView) -> ReportFigure:
     key, title = "gpu_memory", "GPU memory during each trial"
     trials = [t for t in campaign.trials if t.stage != "correctness"] or campaign.trials
     mark = simulated_mark(trials)
@@ -203,7 +203,7 @@ def gpu_memory_figure(campaign: Campaign) -> ReportFigure:
     return ReportFigure(key, title, caption, _png(fig))
 
 
-def prefix_hit_figure(campaign: Campaign) -> ReportFigure:
+def prefix_hit_figure(campaign: CampaignView) -> ReportFigure:
     key, title = "prefix_hit_rate", "Prefix cache hit rate per trial"
     caption = ("sum(cached)/sum(prompt) tokens from usage, beside the server's counter deltas when scraped "
                "(never the overwritten sglang:cache_hit_rate gauge alone).")
@@ -246,7 +246,7 @@ def _axis_key(value: Any) -> tuple[int, float | str]:
     return (0, 0.0) if value == DEFAULT else (1, value if isinstance(value, int | float) else str(value))
 
 
-def refine_heatmap_figure(campaign: Campaign) -> ReportFigure:
+def refine_heatmap_figure(campaign: CampaignView) -> ReportFigure:
     key, title = "refine_heatmap", "Refinement: chunked-prefill-size x schedule-conservativeness"
     caption = ("Goodput (req/s) near the ceiling for each chunked-prefill-size x schedule-conservativeness "
                "tried; 'default' is the engine's own value (the refinement changes one flag at a time, and "
@@ -327,7 +327,7 @@ def _outline(j: int, i: int) -> Rectangle:
     return Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, edgecolor="#c0392b", linewidth=2.5)
 
 
-def all_figures(campaign: Campaign) -> list[ReportFigure]:
+def all_figures(campaign: CampaignView) -> list[ReportFigure]:
     """Every figure; the scheduler's only when a trial carries its log (no empty figure otherwise)."""
     from servetune.report.scheduler import scheduler_figure  # it draws with this module's helpers
 

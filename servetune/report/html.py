@@ -15,14 +15,15 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from servetune import __version__
-from servetune.report.campaign import (Campaign, flag_value, is_simulated, level_label, level_of, meets_sla,
-                                       simulated_mark)
+from servetune.experiment import REPORT_FILE, ResultFolder
+from servetune.report.campaign import (CampaignView, flag_value, is_simulated, level_label, level_of,
+                                       meets_sla, simulated_mark)
 from servetune.report.evidence import ceiling_evidence, goodput_text, validity_cells
 from servetune.report.figures import ReportFigure, all_figures
 from servetune.report.scheduler import hit_rate_text
 from servetune.result import Percentiles, TrialResult
 
-REPORT_NAME = "report.html"
+REPORT_NAME = REPORT_FILE
 
 
 @dataclass
@@ -124,7 +125,7 @@ def _validation_cells(t: TrialResult) -> tuple[str, str, list[str]]:
     return f"failed ({len(failed)})" if failed else "failed", "bad", failed
 
 
-def checklist_rows(campaign: Campaign) -> list[dict[str, Any]]:
+def checklist_rows(campaign: CampaignView) -> list[dict[str, Any]]:
     rows = []
     sla = campaign.sla
     for t in campaign.trials:
@@ -142,7 +143,7 @@ def checklist_rows(campaign: Campaign) -> list[dict[str, Any]]:
     return rows
 
 
-def trial_rows(campaign: Campaign) -> list[dict[str, str]]:
+def trial_rows(campaign: CampaignView) -> list[dict[str, str]]:
     """One row per trial: its figures and its validity (window, completions vs needed, in flight)."""
     rows = []
     for t in campaign.trials:
@@ -170,7 +171,7 @@ def _hit(t: TrialResult) -> str:
     return pct(t.summary.prefix_hit_rate) + (f" (scheduler {sched})" if sched else "")
 
 
-def key_cards(campaign: Campaign) -> list[dict[str, str]]:
+def key_cards(campaign: CampaignView) -> list[dict[str, str]]:
     """The headline numbers: from the recommendation when there is one, else from the best curve trial."""
     ceiling, _ = campaign.ceiling()
     rec = campaign.recommendation
@@ -230,7 +231,7 @@ def _environment() -> Environment:
                        trim_blocks=True, lstrip_blocks=True)
 
 
-def render_html(campaign: Campaign, figures: list[ReportFigure], png_files: dict[str, str]) -> str:
+def render_html(campaign: CampaignView, figures: list[ReportFigure], png_files: dict[str, str]) -> str:
     exp = campaign.experiment
     is_campaign = bool(exp.get("plan")) or len(campaign.trials) > 1
     title = f"{campaign.model or 'unknown model'}" + ("" if is_campaign else " (single bench trial)")
@@ -262,7 +263,7 @@ def render_html(campaign: Campaign, figures: list[ReportFigure], png_files: dict
     return _environment().get_template("report.html.j2").render(**context)
 
 
-def write_report(campaign: Campaign, out_dir: str | Path) -> RenderedReport:
+def write_report(campaign: CampaignView, out_dir: str | Path) -> RenderedReport:
     """Draw every figure, write the PNGs and ``report.html`` into ``out_dir`` (created if missing).
 
     Drawn from ``campaign.redacted()``: a report is shared, so it never shows a secret the data held."""
@@ -285,11 +286,11 @@ def write_report(campaign: Campaign, out_dir: str | Path) -> RenderedReport:
     return RenderedReport(html_path=html_path, png_paths=pngs, figures=figures)
 
 
-def default_out_dir(source: str, campaign: Campaign) -> Path:
+def default_out_dir(source: str, campaign: CampaignView) -> Path:
     """Beside the data: DIR/report for a result dir, FILE-report/ for a JSON, ./report-<id> for the warehouse."""
     path = Path(source)
     if path.is_dir():
-        return path / "report"
+        return ResultFolder(path).report_dir
     if path.is_file():
         return path.with_name(path.stem + "-report")
     return Path(f"report-{campaign.experiment_id or source}")

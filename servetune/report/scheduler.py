@@ -13,7 +13,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from servetune.report.campaign import Campaign, counts, level_of
+from servetune.report.campaign import CampaignView, counts, level_of
 from servetune.report.figures import ReportFigure, _png, trial_label
 from servetune.result import TrialResult
 
@@ -27,7 +27,7 @@ def log_rows(trial: TrialResult) -> list[dict[str, Any]]:
     return list(log.get("rows") or []) if isinstance(log, dict) else []
 
 
-def scheduler_trial(campaign: Campaign) -> tuple[TrialResult, str] | None:
+def scheduler_trial(campaign: CampaignView) -> tuple[TrialResult, str] | None:
     """The trial to draw and why it was chosen; None when no trial carries scheduler rows."""
     logged = [t for t in campaign.trials if log_rows(t)]
     if not logged:
@@ -68,7 +68,7 @@ def _caption(t: TrialResult, why: str, rows: list[dict[str, Any]], others: int) 
     return text
 
 
-def scheduler_figure(campaign: Campaign) -> ReportFigure | None:
+def scheduler_figure(campaign: CampaignView) -> ReportFigure | None:
     """The figure for the chosen trial; None (no figure, no note) when the campaign has no scheduler log."""
     chosen = scheduler_trial(campaign)
     if chosen is None:

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import JSONB
 
-from servetune.report.campaign import STAGE_ORDER, Campaign, ReportInputError, level_of
+from servetune.report.campaign import STAGE_ORDER, CampaignView, ReportInputError, level_of
 from servetune.result import TrialResult, TrialSummary
 from servetune.warehouse import db, scheduler_rows
 from servetune.warehouse.tables import (
@@ -74,7 +74,7 @@ def _trial_from_row(row: dict[str, Any], samples: list[dict[str, Any]],
     )
 
 
-def load_experiment(experiment_id: str, *, database_url: str | None = None) -> Campaign:
+def load_experiment(experiment_id: str, *, database_url: str | None = None) -> CampaignView:
     """One experiment with its trials, GPU samples, scheduler batches and checks; request records are not read."""
     engine = db.engine(database_url)
     try:
@@ -120,5 +120,5 @@ def load_experiment(experiment_id: str, *, database_url: str | None = None) -> C
     result = [_trial_from_row(r, samples[r["trial_id"]], checks[r["trial_id"]], batches[r["trial_id"]])
               for r in rows]
     result.sort(key=lambda t: (STAGE_ORDER.get(t.stage, 9), level_of(t) or 0, t.created_at))
-    return Campaign(source=f"warehouse:{experiment_id}", experiment=experiment, trials=result,
+    return CampaignView(source=f"warehouse:{experiment_id}", experiment=experiment, trials=result,
                     recommendation=experiment.get("recommendation"))

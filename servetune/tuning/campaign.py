@@ -1,7 +1,8 @@
 """A campaign: the pure decisions driven against a TrialRunner, written to a result folder.
 
-Result folder (shared with the warehouse loader and the report):
+Result folder (``servetune.experiment.ResultFolder``, shared with the warehouse loader and the report):
   OUT/experiment.json            experiment metadata, the plan, status, the recommendation
+  OUT/state.json                 the CampaignState: every outcome so far
   OUT/trials/<trial_id>.json     every trial's TrialResult (stage and experiment_id set)
   OUT/recommendation.json        the recommendation, when there is one
 experiment.json and state.json are rewritten after every trial, so an interrupted campaign still
@@ -22,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from servetune.experiment import ExperimentRecord, ResultFolder
 from servetune.plan import TuningPlan
 from servetune.redact import MASK, redact
 from servetune.tuning.decisions import next_trials
@@ -87,7 +89,7 @@ def plan_fingerprints(plan: TuningPlan) -> tuple[str | None, str | None]:
 
 #: plan fields added after campaigns were first kept: (path..., name, default)
 ADDED_SINCE_KEPT = (("load", None), ("robustness", None), ("stages", "baseline", "rate", None),
-                    ("validation", "max_latency_growth", 1.5))
+                    ("validation", "max_latency_growth", 1.5), ("validation", "max_client_lag_ms", 25.0))
 
 
 def plan_digest(plan: TuningPlan) -> str:
@@ -116,11 +118,12 @@ class Campaign:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
         plan = plan.with_repeats(getattr(runner, "default_repeats", 1))
         self.plan, self.runner, self.out = plan, runner, Path(out_dir)
+        self.folder = ResultFolder(self.out)
         self.previous, self.progress = previous, progress
         self.state = CampaignState()
         self._ran_here = False
         model_fp, template_fp = plan_fingerprints(plan)
-        self.experiment: dict[str, Any] = {
+        self.experiment: ExperimentRecord = {
             "experiment_id": experiment_id or uuid.uuid4().hex,
             "model": plan.model,
             "engine": plan.engine.kind,
@@ -151,9 +154,9 @@ class Campaign:
         the last attempt stopped instead of measuring again.
         """
         campaign = cls(plan, runner, out_dir, **kwargs)
-        exp_file, state_file = campaign.out / "experiment.json", campaign.out / "state.json"
-        if exp_file.exists():
-            stored = orjson.loads(exp_file.read_bytes())
+        folder = campaign.folder
+        if folder.has_experiment():
+            stored = folder.read_experiment()
             if stored.get("experiment_id") != campaign.experiment_id:
                 raise ValueError(f"{out_dir} holds experiment {stored.get('experiment_id')}, "
                                  f"not {campaign.experiment_id}")
@@ -161,8 +164,9 @@ class Campaign:
                 raise ValueError(f"{out_dir} was started with another plan: its trials answer that plan, "
                                  "not this one (start a new campaign in a new folder)")
             campaign.experiment.update(started_at=stored["started_at"])
-        if state_file.exists():
-            campaign.state = _with_secrets(CampaignState.model_validate_json(state_file.read_bytes()), plan)
+        state_json = folder.read_state_json()
+        if state_json is not None:
+            campaign.state = _with_secrets(CampaignState.model_validate_json(state_json), plan)
         return campaign
 
     def advance(self, stages: Iterable[str] | None = None, *, deadline: float | None = None) -> Decision:
@@ -174,7 +178,7 @@ class Campaign:
         trial of a call always runs, so a resumed campaign always moves on.
         """
         wanted = None if stages is None else set(stages)
-        (self.out / "trials").mkdir(parents=True, exist_ok=True)
+        self.folder.create()
         self._write_experiment()
         try:
             while True:
@@ -244,7 +248,7 @@ class Campaign:
         result = report.result
         result.stage, result.experiment_id = spec.stage, self.experiment_id
         result.server_config = dict(spec.flags)
-        result.save(self.out / "trials" / f"{result.trial_id}.json")
+        self.folder.write_trial(result)
         outcome = TrialOutcome.from_result(spec, result, gpu_seconds=report.gpu_seconds, restarted=report.restarted)
         self.state = self.state.add(outcome)
         self.experiment["gpu_seconds"] = round(self.state.gpu_seconds, 3)
@@ -273,12 +277,12 @@ class Campaign:
             status_reason=reason,
         )
         if rec is not None:
-            _write_json(self.out / "recommendation.json", redact(rec.model_dump(mode="json")))
+            self.folder.write_recommendation(redact(rec.model_dump(mode="json")))
         self._write_experiment()
 
     def _write_experiment(self) -> None:
-        _write_json(self.out / "state.json", redact(self.state.model_dump(mode="json")))
-        _write_json(self.out / "experiment.json", self.experiment)
+        self.folder.write_state(redact(self.state.model_dump(mode="json")))
+        self.folder.write_experiment(self.experiment)
 
 
 def _with_secrets(state: CampaignState, plan: TuningPlan) -> CampaignState:
@@ -290,12 +294,6 @@ def _with_secrets(state: CampaignState, plan: TuningPlan) -> CampaignState:
         return {k: real[k] if v == MASK and k in real else v for k, v in flags.items()}
 
     return CampaignState(outcomes=[o.model_copy(update={"flags": back(o.flags)}) for o in state.outcomes])
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
-    tmp.replace(path)
 
 
 def run_campaign(plan: TuningPlan, runner: TrialRunner, out_dir: str | Path, **kwargs: Any) -> Decision:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from servetune.experiment import ResultFolder
 from servetune.result import TrialResult
 from servetune.validation.checklist import validate
 
@@ -16,7 +17,7 @@ def validate_campaign(out_dir: str | Path, *, min_measured: int = 200, waive: It
     correctness checks are single requests, not measurements, so the request-count floor is theirs.
     """
     counts = {"accepted": 0, "rejected": 0, "failed": 0}
-    for path in sorted(Path(out_dir).glob("trials/*.json")):
+    for path in ResultFolder(out_dir).trial_files():
         result = TrialResult.read(path)
         if result.status == "failed":
             counts["failed"] += 1

@@ -1,5 +1,6 @@
 """What the loader reads from disk: ``experiment.json`` and trial JSON, each failure one line naming the file.
 
+Where the files are is ``servetune.experiment.ResultFolder``'s to say (``read_campaign``).
 Trial files go through ``TrialResult.read`` (``servetune.result_check``), the same check ``servetune validate``
 runs, so a result is refused alike by both commands, before any row is written.
 """
@@ -12,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from servetune.experiment import ResultFolder
 from servetune.result import TrialResult
 from servetune.result_check import ResultError, read_json
 from servetune.warehouse.tables import TRIGGERS
@@ -33,7 +35,8 @@ def iso(value: str | None) -> datetime | None:
 
 
 class ExperimentInfo(BaseModel):
-    """``DIR/experiment.json`` as written by the tuning CLI."""
+    """``DIR/experiment.json`` as written by the tuning CLI (``servetune.experiment.ExperimentRecord``), checked
+    for the warehouse: the fields its rows need, a known trigger."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -86,3 +89,11 @@ def read_experiment(path: Path) -> ExperimentInfo:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise LoadError(f"{path}: field {where!r}: {first['msg']}") from None
+
+
+def read_campaign(path: Path) -> tuple[ExperimentInfo, list[Path]]:
+    """A campaign folder: its checked experiment and its trial files (sorted); ``LoadError`` without experiment.json."""
+    folder = ResultFolder(path)
+    if not folder.experiment_file.is_file():
+        raise LoadError(f"{path}: a campaign directory needs experiment.json")
+    return read_experiment(folder.experiment_file), folder.trial_files()
