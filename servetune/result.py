@@ -103,6 +103,7 @@ class TrialSummary(BaseModel):
     prefix_hit_rate: float | None = None  # sum(cached)/sum(prompt) from usage
     prefix_hit_rate_server: float | None = None  # counter deltas from /metrics
     cache_hit_rate_gauge: float | None = None  # the (misleading) gauge, kept for contrast
+    client_lag_p99_ms: float | None = None  # the client's event loop, late to wake over the window (loadgen.lag)
     by_turn: list[dict[str, Any]] | None = None  # multi-turn: a row per turn index (servetune.per_turn)
     # GPU memory curve
     gpu_state: str = "unknown"  # ok | no_gpu | error

@@ -246,6 +246,8 @@ async def _run_trial(
             "window_start_s": outcome.window_start_s,
             "window_end_s": outcome.window_end_s,
             "drain_end_s": outcome.drain_end_s,
+            "client_lag_p99_ms": outcome.client_lag_p99_ms,
+            "client_lag_max_ms": outcome.client_lag_max_ms,
         }
     result.summary = summarize(
         result.records,

@@ -64,6 +64,10 @@ class ValidityRules(BaseModel):
         default=0.95, ge=0, le=1,
         description="open loop: completions (in the window shifted by the median E2E) over arrivals to count as sustained"
     )
+    max_client_lag_ms: float = Field(
+        default=25.0, gt=0,
+        description="the client's event loop, p99 lateness over the window (loadgen.lag): above it the client stamps"
+                    " TTFT and ITL too late to referee them")
 
     def completions_needed(self, level: float | None) -> int:
         """max(min_completions, completions_per_stream x level)."""
@@ -218,6 +222,7 @@ class Assessment(BaseModel):
     latency_growth: float | None = None
     sustained: bool | None = None
     throughput_mismatch: float | None = None
+    client_lag_p99_ms: float | None = None
 
 
 def assess(
@@ -250,6 +255,11 @@ def assess(
         basis = f"{rules.completions_per_stream:g} x {level:.0f} {'streams' if mode != 'rate' else 'in flight'}"
         reasons.append(f"{completions} requests completed in the window < {needed} needed"
                        f" (max({rules.min_completions}, {basis}))")
+    lag = (load or {}).get("client_lag_p99_ms")
+    out.client_lag_p99_ms = lag
+    if lag is not None and lag > rules.max_client_lag_ms:
+        reasons.append(f"the client's event loop woke p99 {lag:.1f} ms late over the window > {rules.max_client_lag_ms:g}"
+                       " ms: its TTFT and ITL stamps are late by as much")
     if mode == "waves":
         pass  # a wave drains to its longest request by design: no in-flight rule
     elif mode != "rate":

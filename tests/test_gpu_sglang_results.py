@@ -182,7 +182,7 @@ def test_every_trial_of_a_campaign_loads_and_the_invalid_ones_are_rejected(campa
     from sqlalchemy import text
 
     from servetune.ingest import load_result
-from servetune.warehouse import db
+    from servetune.warehouse import db
     from warehouse_fixtures import migrated
 
     migrated(database_url)

@@ -30,6 +30,7 @@ from .capture import capture, release
 from .config import LoadConfig, Target
 from .endpoints import decode_stream, request_body, token_counter
 from .idle import IDLE_TIMEOUT, IdleWatch
+from .lag import LoopLag
 from .sessions import is_session, load_units
 from .sse import split_events
 from .strategies import arrival_offsets_s, closed_loop, open_loop, waves
@@ -53,6 +54,8 @@ class LoadOutcome:
     window_end_s: float  # last measured dispatch
     drain_end_s: float  # every request finished
     stopped: bool = False  # ended early by ``stop``: the requests never sent are not in ``records``
+    client_lag_p99_ms: float | None = None  # the client's event loop, late to wake, over the window (lag.py)
+    client_lag_max_ms: float | None = None
 
 
 def _classify_status(status: int) -> ErrorClass:
@@ -250,6 +253,8 @@ async def run_load(
         gc.freeze()
         decoding = asyncio.create_task(decoder())
         watching = asyncio.create_task(idle.run()) if idle is not None else None
+        lag = LoopLag()
+        ticking = asyncio.create_task(lag.tick())
         try:
             # warm-up and measured requests are one load, without a pause between them: the warm-up
             # is the first requests of the same closed loop or arrival schedule (servetune.validity)
@@ -271,6 +276,7 @@ async def run_load(
             await decoding
         finally:
             decoding.cancel()
+            ticking.cancel()
             if watching is not None:
                 watching.cancel()
             gc.unfreeze()
@@ -278,7 +284,8 @@ async def run_load(
     measured = [r for r in kept if not r.warmup]
     first = min((r.t_send_s for r in measured), default=0.0)
     last = max((r.t_send_s for r in measured), default=0.0)
-    return LoadOutcome(kept, first, last, (drain_end - t0_ns) / 1e9, stopped)
+    lag_p99, lag_max = lag.over(first, last, t0_ns)
+    return LoadOutcome(kept, first, last, (drain_end - t0_ns) / 1e9, stopped, lag_p99, lag_max)
 
 
 async def _until_stopped(dispatch: Coroutine[Any, Any, None], stop: asyncio.Event | None) -> bool:

@@ -1,0 +1,55 @@
+"""The client's own event-loop lag (servetune.loadgen.lag): stated with every trial, and a trial whose client
+was too busy to stamp its chunks on time is INVALID, whatever the server did."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from servetune.loadgen import LoadConfig, Target
+from servetune.loadgen.lag import LoopLag
+from servetune.trial import TrialRequest, run_trial
+from servetune.validity import ValidityRules
+from servetune.workload.spec import Fixed, WorkloadSpec
+
+from test_bench_cli import sim_url  # noqa: F401  (fixture: `servetune sim serve` in its own process)
+
+
+def test_a_stalled_loop_shows_in_the_lag() -> None:
+    async def main() -> tuple[LoopLag, int]:
+        lag = LoopLag()
+        task = asyncio.create_task(lag.tick())
+        t0 = time.perf_counter_ns()
+        await asyncio.sleep(0.1)
+        time.sleep(0.06)  # the loop is busy: no tick can wake
+        await asyncio.sleep(0.1)
+        task.cancel()
+        return lag, t0
+
+    lag, t0 = asyncio.run(main())
+    p99, worst = lag.over(0.0, 1.0, t0)
+    assert 50 < worst < 80 and p99 > 10
+    assert lag.over(5.0, 6.0, t0) == (None, None)  # no tick in that span
+
+
+def _trial(url: str, progress=None):
+    req = TrialRequest(target=Target(url=url, endpoint="chat", timeout_s=60),
+                       load=LoadConfig(concurrency=4, warmup_requests=4),
+                       workload=WorkloadSpec(name="lag", seed=2, input=Fixed(value=64), output=Fixed(value=24)),
+                       num_requests=40, validity=ValidityRules(min_window_s=0.5, min_completions=10))
+    return run_trial(req, progress=progress)
+
+
+def test_a_busy_client_makes_its_trial_invalid(sim_url) -> None:  # noqa: F811
+    calm = _trial(sim_url)
+    assert calm.summary.client_lag_p99_ms is not None and calm.summary.client_lag_p99_ms < 25
+    assert not any("event loop" in r for r in calm.summary.invalid_reasons)
+
+    def hog(done: int, errors: int, tokens: int) -> None:
+        time.sleep(0.04)  # a progress callback that blocks the loop: every stamp after it is late
+
+    busy = _trial(sim_url, progress=hog)
+    assert busy.summary.client_lag_p99_ms > 30
+    assert not busy.summary.valid
+    assert any("the client's event loop woke p99" in r for r in busy.summary.invalid_reasons)
+    assert busy.load["client_lag_max_ms"] >= busy.summary.client_lag_p99_ms
