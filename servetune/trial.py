@@ -24,6 +24,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servetune.loadgen import LoadConfig, Target, TargetUnreachable, run_load
+from servetune.loadgen.workers import run_load_workers, worker_count
 from servetune.loadgen.client import LoadOutcome
 from servetune.loadgen.client import preflight as check_reachable
 from servetune.metrics import summarize
@@ -75,6 +76,9 @@ class TrialRequest(BaseModel):
     )
     validity: ValidityRules = Field(
         default_factory=ValidityRules, description="what the trial needs to be VALID (servetune.validity)"
+    )
+    client_workers: int | None = Field(
+        default=None, ge=1, description="client processes (servetune.loadgen.workers); None: from the streams and cores"
     )
     server_log: str | None = Field(
         default=None, description="the engine's log file on this machine: its scheduler batch lines are kept"
@@ -226,10 +230,14 @@ async def _run_trial(
     outcome = None
     try:
         await scraper.start(t0_ns)
-        outcome = await run_load(
-            req.target, batch.requests, req.load, t0_ns=t0_ns, progress=progress, tokenizer=tokenizer,
-            stop=interrupt.event if interrupt is not None else None,
-        )
+        stop = interrupt.event if interrupt is not None else None
+        workers = worker_count(req.load.concurrency, req.client_workers)
+        if workers > 1:  # one event loop per share of the streams (no per-request progress)
+            outcome = await run_load_workers(req.target, batch.requests, req.load, t0_ns=t0_ns, workers=workers,
+                                             tokenizer=tokenizer, stop=stop)
+        else:
+            outcome = await run_load(req.target, batch.requests, req.load, t0_ns=t0_ns, progress=progress,
+                                     tokenizer=tokenizer, stop=stop)
     except Exception as exc:  # noqa: BLE001 - recorded on the result, telemetry kept
         result.status, result.failure_reason = "failed", f"load failed: {type(exc).__name__}: {exc}"
         log.exception("trial load failed")
@@ -248,6 +256,7 @@ async def _run_trial(
             "drain_end_s": outcome.drain_end_s,
             "client_lag_p99_ms": outcome.client_lag_p99_ms,
             "client_lag_max_ms": outcome.client_lag_max_ms,
+            "client_workers": worker_count(req.load.concurrency, req.client_workers),
         }
     result.summary = summarize(
         result.records,

@@ -53,3 +53,29 @@ def test_a_busy_client_makes_its_trial_invalid(sim_url) -> None:  # noqa: F811
     assert not busy.summary.valid
     assert any("the client's event loop woke p99" in r for r in busy.summary.invalid_reasons)
     assert busy.load["client_lag_max_ms"] >= busy.summary.client_lag_p99_ms
+
+
+def test_a_load_split_over_worker_processes_is_one_load(sim_url) -> None:  # noqa: F811
+    """Two client processes, each its own event loop: every request sent once, the records back in request
+    order, both workers' streams interleaved in time from one start (one clock), the closed loop's 6 streams
+    held between them, and the open loop's arrivals at their places in the one schedule."""
+    from servetune.loadgen.workers import worker_count
+
+    assert worker_count(64, 3) == 3 and worker_count(10_000) >= 1
+    spec = WorkloadSpec(name="workers", seed=4, input=Fixed(value=64), output=Fixed(value=24))
+    for load in (LoadConfig(concurrency=6, warmup_requests=6), LoadConfig(mode="rate", rate=40.0, concurrency=64,
+                                                                          warmup_requests=6, exact_rate=True)):
+        req = TrialRequest(target=Target(url=sim_url, endpoint="chat", timeout_s=60), load=load, workload=spec,
+                           num_requests=60, validity=ValidityRules(min_window_s=0.5, min_completions=10),
+                           client_workers=2)
+        t = run_trial(req)
+        assert t.status == "ok" and t.load["client_workers"] == 2, t.failure_reason
+        assert [r.request_id for r in t.records] == list(range(66))
+        assert sum(r.warmup for r in t.records) == 6 and t.summary.requests_ok == 60
+        sends = [r.t_send_s for r in t.records]
+        assert max(sends[:2]) - min(sends[:2]) < 0.2  # worker 0's and worker 1's first requests start together
+        if load.mode == "rate":  # the one schedule, kept: arrivals 1/40 s apart on average, alternating workers
+            assert abs(t.summary.scheduled_rate - 40.0) / 40.0 < 0.1 and t.summary.dispatch_fraction > 0.95
+        else:
+            assert t.summary.valid, t.summary.invalid_reasons
+            assert t.summary.in_flight_mean > 5.0

@@ -235,6 +235,9 @@ def bench(
     min_window_s: Annotated[float, typer.Option(help="validity: shortest steady window, seconds")] = 20.0,
     min_completions: Annotated[int, typer.Option(help="validity: fewest completions in the window (and >= 4 per stream)")]
     = 200,
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="client processes the streams are split over (default: one per 256 streams, up to the cores"
+                    " but one)")] = None,
 ) -> None:
     """Benchmark a running endpoint: one trial, its summary, and a JSON result with every record."""
     from servetune.commands.trace import bench_trace
@@ -286,6 +289,7 @@ def bench(
                     "tokenizer": tokenizer,
                     "validity": {"min_window_s": min_window_s, "min_completions": min_completions},
                     "server_log": _log_file(server_log),
+                    "client_workers": workers,
                 }
             )
         except ValidationError as exc:

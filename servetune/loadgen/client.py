@@ -17,7 +17,7 @@ import asyncio
 import collections
 import gc
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,16 @@ ERROR_BODY_BYTES = 2048
 PREFLIGHT_TIMEOUT_S = 10.0
 
 Progress = Callable[[int, int, int], None]  # (requests done, errors, output tokens)
+
+
+@dataclass(slots=True)
+class Share:
+    """One worker's part of a load split over processes: which of its requests are warm-up, its units'
+    arrival offsets (open loop, from the whole schedule), and ``start()``: the common start, perf_counter_ns."""
+
+    warm: list[bool]
+    offsets_s: list[float] | None
+    start: Callable[[], Awaitable[int]]
 
 
 class TargetUnreachable(ConnectionError):
@@ -89,18 +99,21 @@ async def run_load(
     progress: Progress | None = None,
     tokenizer: Any = None,
     stop: asyncio.Event | None = None,
+    share: Share | None = None,
 ) -> LoadOutcome:
     """Send ``requests`` (the first ``load.warmup_requests`` as warm-up) and return one record each
-    (each one sent, when ``stop`` was set before the end)."""
+    (each one sent, when ``stop`` was set before the end). ``share``: this process runs one worker's
+    part of a load split over several (workers.py)."""
     if not requests:
         raise ValueError("requests: nothing to send")
-    if load.warmup_requests >= len(requests):
+    if share is None and load.warmup_requests >= len(requests):
         raise ValueError(
             f"warmup_requests ({load.warmup_requests}) must be fewer than the requests ({len(requests)})"
         )
     count = token_counter(tokenizer)
     n_warm = load.warmup_requests
-    records = [r.new_record(i < n_warm) for i, r in enumerate(requests)]
+    warm = share.warm if share is not None else [i < n_warm for i in range(len(requests))]
+    records = [r.new_record(warm[i]) for i, r in enumerate(requests)]
     bodies = [request_body(target, r) for r in requests]
     url = target.request_url
     endpoint = target.endpoint
@@ -261,9 +274,12 @@ async def run_load(
             # (a closed loop's streams and an open loop's arrivals are units: requests or sessions)
             units = load_units(requests)
             everything = list(range(len(units)))
-            start = clock()
+            start = clock() if share is None else await share.start()  # workers: one shared start
+            if start > clock():
+                await asyncio.sleep((start - clock()) / 1e9)
             if load.mode == "rate":
-                offsets = arrival_offsets_s(load, len(units), [requests[u[0]] for u in units])
+                offsets = (share.offsets_s if share is not None and share.offsets_s is not None
+                           else arrival_offsets_s(load, len(units), [requests[u[0]] for u in units]))
                 dispatch = open_loop(everything, offsets, load.concurrency, send_unit, start_ns=start)
             elif load.mode == "waves":  # static batching: B units at once, the next B once all are done
                 dispatch = waves(everything, load.concurrency, send_unit)
