@@ -4,16 +4,9 @@ rule, ``servetune bench --waves`` against the simulated SGLang server, and the c
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import orjson
-import pytest
 from typer.testing import CliRunner
 
 from servetune.cli import app
@@ -22,7 +15,7 @@ from servetune.loadgen.strategies import waves
 from servetune.records import RequestRecord
 from servetune.validity import ValidityRules, assess, steady_window
 
-REPO = Path(__file__).resolve().parent.parent
+from test_bench_cli import sim_url  # noqa: F401  (fixture: `servetune sim serve` in its own process)
 
 
 def test_waves_send_the_next_batch_only_when_the_last_is_done() -> None:
@@ -56,37 +49,7 @@ def test_the_waves_window_spans_every_wave_and_has_no_in_flight_rule() -> None:
     assert a.in_flight_target is None and a.completions_needed == 8
 
 
-@pytest.fixture(scope="module")
-def sim_server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "servetune", "sim", "serve", "--port", str(port),
-                             "--load-seconds", "0.2", "--enable-metrics", "--enable-cache-report"], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url + "/health_generate", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise AssertionError("the simulated server never became ready")
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def test_bench_waves_against_continuous_batching_at_equal_b(sim_server, tmp_path) -> None:
+def test_bench_waves_against_continuous_batching_at_equal_b(sim_url, tmp_path) -> None:  # noqa: F811
     """One simulated SGLang server measured both ways at B = 8 with outputs of 8..96 tokens: a wave waits for
     its longest request, continuous batching refills each slot at once, so it serves more per second."""
     workload = tmp_path / "w.json"
@@ -94,7 +57,7 @@ def test_bench_waves_against_continuous_batching_at_equal_b(sim_server, tmp_path
                                        "output": {"kind": "uniform", "min": 8, "max": 96}}))
     (tmp_path / "trials").mkdir()
     runner = CliRunner()
-    common = ["bench", "--url", sim_server, "--concurrency", "8", "--requests", "48", "--warmup", "8",
+    common = ["bench", "--url", sim_url, "--concurrency", "8", "--requests", "48", "--warmup", "8",
               "--workload", str(workload), "--min-window-s", "0.5", "--min-completions", "16", "--gpu-interval-ms", "200"]
     for name, extra in (("waves", ["--waves", "8"]), ("continuous", [])):
         out = runner.invoke(app, [*common, *extra, "--out", str(tmp_path / "trials" / f"{name}.json")])
