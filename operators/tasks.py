@@ -12,16 +12,19 @@ import hashlib
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from operators.config import results_dir, runner_of
 from servetune.experiment import ResultFolder
 from servetune.plan import TuningPlan, load_plan, parse_plan
 
+if TYPE_CHECKING:
+    from servetune.tuning.state import Stage
+
 log = logging.getLogger(__name__)
 
-# Stage task -> the decision stages it runs (servetune.tuning.decisions.next_trials names them).
-STAGES: dict[str, tuple[str, ...]] = {
+# Stage task (a DAG task id) -> the decision stages it runs (servetune.tuning.state.Stage names them).
+STAGES: dict[str, tuple[Stage, ...]] = {
     "correctness": ("correctness",),
     "baseline": ("baseline",),
     "ramp": ("ramp", "bisect"),

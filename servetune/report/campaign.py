@@ -17,11 +17,15 @@ from servetune.experiment import EXPERIMENT_FILE, ResultFolder
 from servetune.redact import redact, redact_text
 from servetune.result import SCHEMA as TRIAL_SCHEMA
 from servetune.result import TrialResult
+from servetune.sla import SLA
+from servetune.tuning.state import ALL_STAGES, Stage
+from servetune.tuning.verdict import judge_result
 
 # Stages that measure the load curve (throughput/latency vs concurrency); `refine` trials vary
 # the server config near the ceiling and get their own heatmap, `correctness` is a single request.
-CURVE_STAGES = (None, "baseline", "ramp", "bisect")
-STAGE_ORDER = {"correctness": 0, "baseline": 1, "ramp": 2, "bisect": 3, "refine": 4, "robustness": 5, None: 6}
+# None: a lone bench trial, on the curve and after every stage.
+CURVE_STAGES: tuple[Stage | None, ...] = (None, "baseline", "ramp", "bisect")
+STAGE_ORDER: dict[Stage | None, int] = {**{s: i for i, s in enumerate(ALL_STAGES)}, None: len(ALL_STAGES)}
 
 
 class ReportInputError(ValueError):
@@ -164,22 +168,19 @@ def counts(trial: TrialResult) -> bool:
     return trial.status != "failed" and not is_invalid(trial)
 
 
-def meets_sla(trial: TrialResult, sla: dict[str, float]) -> bool:
-    """The trial-level judgement the tuner uses: VALID, ok status, p99 bounds met, errors under the limit.
+def sla_limits(sla: dict[str, float]) -> SLA:
+    """The report's SLA section as the tuner's SLA; a limit the section leaves out is not checked."""
+    known = {k: float(v) for k, v in sla.items() if k in SLA.model_fields}
+    known.setdefault("max_error_rate", 1.0)  # no error limit stated: none applied
+    return SLA.model_construct(**known)
 
-    An INVALID trial did not measure the load it states, so whatever its numbers it never passes."""
-    if trial.status != "ok" or is_invalid(trial):
-        return False
-    s = trial.summary
-    for bound, pct in (("p99_ttft_ms", s.ttft_ms), ("p99_tpot_ms", s.tpot_ms), ("p99_e2e_ms", s.e2e_ms)):
-        limit = sla.get(bound)
-        if limit is not None and (pct.p99 is None or pct.p99 > limit):
-            return False
-    max_err = sla.get("max_error_rate")
-    if max_err is not None and s.error_rate > max_err:
-        return False
-    mem_limit = sla.get("gpu_memory_limit")
-    return not (mem_limit is not None and s.gpu_mem_peak_fraction is not None and s.gpu_mem_peak_fraction > mem_limit)
+
+def meets_sla(trial: TrialResult, sla: dict[str, float]) -> bool:
+    """The tuner's trial verdict (``servetune.tuning.verdict``), and not rejected by the checklist.
+
+    An INVALID trial did not measure the load it states, so whatever its numbers it never passes; an open
+    loop the server fell behind fails as ``overload``, as it did in the tuner."""
+    return trial.status != "rejected" and judge_result(trial, sla_limits(sla)).passed
 
 
 def level_verdicts(curve: list[TrialResult], sla: dict[str, float]) -> dict[int, list[bool]]:

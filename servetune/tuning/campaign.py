@@ -28,7 +28,7 @@ from servetune.plan import TuningPlan
 from servetune.redact import MASK, redact
 from servetune.tuning.decisions import next_trials
 from servetune.tuning.runner import RunReport, TrialRunner, failed_result
-from servetune.tuning.state import CampaignState, Decision, TrialOutcome, TrialSpec
+from servetune.tuning.state import CampaignState, Decision, Stage, TrialOutcome, TrialSpec
 
 log = logging.getLogger(__name__)
 TRIGGERS = ("manual", "weekly", "on_change", "bench")
@@ -46,7 +46,7 @@ class Progress:
     outcome: TrialOutcome | None = None
 
 
-def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: str) -> int:
+def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: Stage) -> int:
     """At most this many trials are left: the ETA's basis (the walk usually stops sooner)."""
     st = plan.stages
     refine = 0
@@ -169,7 +169,7 @@ class Campaign:
             campaign.state = _with_secrets(CampaignState.model_validate_json(state_json), plan)
         return campaign
 
-    def advance(self, stages: Iterable[str] | None = None, *, deadline: float | None = None) -> Decision:
+    def advance(self, stages: Iterable[Stage] | None = None, *, deadline: float | None = None) -> Decision:
         """Run trials while the decisions ask for one of ``stages`` (all when None); the runner is
         always closed. Returns the first decision not run here (``done`` at the end).
 

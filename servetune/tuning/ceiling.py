@@ -16,7 +16,7 @@ from servetune.plan import Level, TuningPlan
 from servetune.stats import compare
 from servetune.tuning.evidence import Evidence, gather
 from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialOutcome, TrialSpec
-from servetune.tuning.verdict import judge
+from servetune.tuning.verdict import judge  # re-exported: the one trial verdict (servetune.tuning.verdict)
 
 __all__ = ["find_ceiling", "judge", "ramp_levels", "throughput", "gains"]
 

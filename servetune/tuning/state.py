@@ -7,7 +7,7 @@ CLI can replay a campaign from its result folder.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,7 +16,10 @@ from servetune.engines.knobs import FlagValue, Flags
 from servetune.plan import Level
 from servetune.result import TrialResult, TrialSummary
 
+#: the one list of stage names: a trial's ``stage`` (TrialSpec, TrialOutcome, TrialResult, the warehouse)
 Stage = Literal["correctness", "baseline", "ramp", "bisect", "refine", "robustness"]
+#: every stage, in the order a campaign walks them
+ALL_STAGES: tuple[Stage, ...] = get_args(Stage)
 #: a trial's failure_reason starts with this when the engine died under it: a fault, not a verdict
 ENGINE_CRASH = "engine_crash"
 
@@ -205,7 +208,7 @@ class Decision(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    stage: Literal["correctness", "baseline", "ramp", "bisect", "refine", "robustness", "done"]
+    stage: Literal[Stage, "done"]
     trials: list[TrialSpec] = Field(default_factory=list)
     done: bool = False
     reason: str = ""

@@ -1,4 +1,4 @@
-"""One trial against the plan's limits: the one definition of a trial's pass/fail (servetune.tuning).
+"""One trial against the plan's limits: the one definition of a trial's pass/fail (the tuner's, the report's).
 
 A failed trial fails; an INVALID one (servetune.validity) decides nothing and says so; then the
 error rate, the p99 bounds, GPU memory, and for an open loop whether the server kept up.
@@ -6,20 +6,35 @@ error rate, the p99 bounds, GPU memory, and for an open loop whether the server 
 
 from __future__ import annotations
 
-from servetune.result import TrialSummary
+from servetune.result import TrialResult, TrialSummary
 from servetune.sla import SLA
-from servetune.tuning.state import TrialOutcome, Verdict
+from servetune.tuning.state import ENGINE_CRASH, TrialOutcome, Verdict
 from servetune.validity import cap_full
 
 
 def judge(outcome: TrialOutcome, sla: SLA) -> Verdict:
     """Pass/fail of one trial: failed, invalid, errors, the p99 bounds, GPU memory, an overloaded open loop."""
-    if outcome.fault:
+    return _judge(outcome.summary, sla, failed=outcome.status == "failed", fault=outcome.fault,
+                  failure_reason=outcome.failure_reason)
+
+
+def judge_result(result: TrialResult, sla: SLA) -> Verdict:
+    """``judge`` on a stored trial (the report's): the same verdict the tuner gave its ``TrialOutcome``.
+
+    ``TrialOutcome.from_result`` keeps only failed-or-not of the status, so a trial the checklist later
+    ``rejected`` is judged here on its numbers; whoever shows the checklist's verdict says that apart.
+    """
+    failed = result.status == "failed"
+    fault = failed and (result.failure_reason or "").startswith(ENGINE_CRASH)
+    return _judge(result.summary, sla, failed=failed, fault=fault, failure_reason=result.failure_reason)
+
+
+def _judge(s: TrialSummary, sla: SLA, *, failed: bool, fault: bool, failure_reason: str | None) -> Verdict:
+    if fault:
         return Verdict(passed=False, kind="fault", reasons=[f"the engine died under the trial, not a capacity verdict:"
-                                                            f" {outcome.failure_reason}"])
-    if outcome.status == "failed":
-        return Verdict(passed=False, kind="failed", reasons=[f"trial failed: {outcome.failure_reason or 'unknown'}"])
-    s = outcome.summary
+                                                            f" {failure_reason}"])
+    if failed:
+        return Verdict(passed=False, kind="failed", reasons=[f"trial failed: {failure_reason or 'unknown'}"])
     if s.sustained is False and not _client_fell_behind(s):
         # an open loop beyond capacity: its queue grows, so its window is no steady state either; the
         # server not keeping up is the verdict (only a client that could not send the load decides nothing)
