@@ -228,6 +228,16 @@ class TuningPlan(_Strict):
         return v
 
     @model_validator(mode="after")
+    def _gpus_fit_the_engine(self) -> TuningPlan:
+        """A runner that names its GPUs must name as many as the engine occupies (tp x dp for SGLang)."""
+        need, gpus = self.engine.gpus_needed(), getattr(self.runner, "gpus", None)
+        have = len(gpus) if isinstance(gpus, list) else gpus
+        if need is not None and have is not None and have != need:
+            raise ValueError(f"runner.gpus: {have} GPU(s) for an engine that occupies {need}"
+                             " (tp-size x dp-size): list one per rank")
+        return self
+
+    @model_validator(mode="after")
     def _trace_fits_the_load(self) -> TuningPlan:
         check_trace(self.load, self.workload)
         return self

@@ -21,11 +21,13 @@ cli = CliRunner()
 
 
 def test_dry_run_prints_the_exact_sglang_argv():
+    """Two GPUs: both visible, and NVLink multicast kept off (NCCL NVLS, torch symmetric memory, NVSHMEM)."""
     r = cli.invoke(app, ["serve", "--engine", "sglang", "--model", "/models/llama", "--set", "max-running-requests=64",
                          "--set", "schedule-policy=lpm", "--gpus", "0,1", "--port", "30123", "--dry-run"])
     assert r.exit_code == 0, r.output
     assert shlex.split(r.stdout) == [
-        "env", "CUDA_VISIBLE_DEVICES=0,1", "python3", "-m", "sglang.launch_server", "--model-path", "/models/llama",
+        "env", "CUDA_VISIBLE_DEVICES=0,1", "NCCL_NVLS_ENABLE=0", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1",
+        "NVSHMEM_DISABLE_NVLS=1", "python3", "-m", "sglang.launch_server", "--model-path", "/models/llama",
         "--host", "127.0.0.1", "--port", "30123", "--enable-metrics", "--enable-cache-report",
         "--max-running-requests", "64", "--schedule-policy", "lpm"]
 

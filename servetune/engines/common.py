@@ -58,6 +58,10 @@ class EngineBase(BaseModel):
         """False for an endpoint we only measure (nothing to start or tear down)."""
         return True
 
+    def gpus_needed(self) -> int | None:
+        """GPUs one server of this config occupies, when its flags say (None: the engine decides)."""
+        return None
+
     @property
     def served_model(self) -> str | None:
         """The model name requests must carry, when the engine insists on one."""

@@ -46,6 +46,16 @@ class SGLangFlagsMixin:
     def flag_fields(self, flags: Mapping[str, _FlagValue | None]) -> dict[str, Any]:
         return {"args": dict(flags)}
 
+    def gpus_needed(self) -> int | None:
+        """tp-size x dp-size (SGLang's defaults: 1 each): one GPU per tensor-parallel rank per replica."""
+        a = self.args  # type: ignore[attr-defined]
+        tp = a.get("tp-size", a.get("tensor-parallel-size", 1))
+        dp = a.get("dp-size", a.get("data-parallel-size", 1))
+        try:
+            return int(tp or 1) * int(dp or 1)
+        except (TypeError, ValueError):
+            return None  # the flag's own check names the bad value
+
 
 def validate_flags(catalog: Catalog, args: Mapping[str, FlagValue], *, reserved: Sequence[str] = RESERVED,
                    ) -> dict[str, FlagValue]:

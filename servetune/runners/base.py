@@ -80,6 +80,23 @@ RUNNER_KINDS = ("local", "ssh", "kubernetes")
 _adapter: TypeAdapter[Any] = TypeAdapter(RunnerConfig)
 
 
+#: an engine on several GPUs of one host keeps NVLink multicast (NVLS) off: the lent multi-GPU hosts, and
+#: any host whose fabric manager does not grant multicast, hang or fail in NCCL's NVLS init otherwise
+MULTI_GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def gpu_env(gpus: list[int] | int | None, extra: dict[str, str]) -> dict[str, str]:
+    """What an engine process gets beyond the runner's environment: ``extra`` (the plan's own env wins),
+    CUDA_VISIBLE_DEVICES for a list of GPUs, and MULTI_GPU_ENV when it runs on more than one."""
+    env = dict(extra)
+    if isinstance(gpus, list):
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    if (len(gpus) if isinstance(gpus, list) else gpus or 0) > 1:
+        for k, v in MULTI_GPU_ENV.items():
+            env.setdefault(k, v)
+    return env
+
+
 def parse_runner_config(data: dict[str, Any]) -> RunnerBase:
     return _adapter.validate_python(data)
 

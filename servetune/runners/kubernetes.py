@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from servetune.engines.common import EngineBase
-from servetune.runners.base import KubernetesRunnerConfig
+from servetune.runners.base import KubernetesRunnerConfig, gpu_env
 
 
 SECRETS_MOUNT = "/etc/servetune-secrets"
@@ -36,6 +36,7 @@ def build_manifests(engine: EngineBase, runner: KubernetesRunnerConfig) -> list[
     if argv[0].startswith("/") and "python" in argv[0]:
         argv = ["python3", *argv[1:]]  # a host interpreter path means nothing inside the image
     argv, env, files = secure_launch(engine, argv)
+    env = gpu_env(runner.gpus, env)  # several GPUs in the pod: NVLink multicast off (runners.base)
     labels = {"app.kubernetes.io/name": "servetune-engine", "app.kubernetes.io/instance": runner.name,
               "servetune/engine": engine.kind, **runner.labels}
     gpu_limits = {runner.gpu_resource: str(runner.gpus)} if runner.gpus else {}

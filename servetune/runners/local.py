@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from servetune.runners.base import LocalRunnerConfig
+from servetune.runners.base import LocalRunnerConfig, gpu_env
 from servetune.runners.preflight import PreflightReport, check_clean, free_port, wait_gpu_released, wait_port_free
 from servetune.runners.process import GuardedProcess
 
@@ -41,10 +41,7 @@ class LocalBackend:
 
     def engine_env(self, extra: Mapping[str, str]) -> dict[str, str]:
         """Only what differs from our own environment (shown by --dry-run; the rest is inherited)."""
-        env = dict(extra)
-        if self.cfg.gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.cfg.gpus)
-        return env
+        return gpu_env(self.cfg.gpus, dict(extra))
 
     def command(self, argv: list[str], extra_env: Mapping[str, str]) -> list[str]:
         """The exact command, environment included (``env K=V argv``), as --dry-run prints it (values masked

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from servetune.runners.base import SSHRunnerConfig, tail_file
+from servetune.runners.base import SSHRunnerConfig, gpu_env, tail_file
 from servetune.runners.preflight import (
     REMOTE_PROBE,
     PreflightReport,
@@ -142,10 +142,7 @@ class SSHBackend:
         return self.remote_port
 
     def engine_env(self, extra: Mapping[str, str]) -> dict[str, str]:
-        env = dict(extra)
-        if self.cfg.gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.cfg.gpus)
-        return env
+        return gpu_env(self.cfg.gpus, dict(extra))
 
     def remote_argv(self, argv: list[str]) -> list[str]:
         """What the remote host runs: REMOTE_SCRIPT, which takes the engine's environment from stdin."""
