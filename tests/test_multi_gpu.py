@@ -60,3 +60,18 @@ def test_a_plan_for_two_gpus_names_both(args) -> None:
 def test_a_plan_naming_fewer_gpus_than_its_ranks_is_refused_before_any_gpu_is_touched() -> None:
     with pytest.raises(PlanError, match=r"runner.gpus: 1 GPU\(s\) for an engine that occupies 4 \(tp-size x dp-size\)"):
         _plan({"tp-size": 2, "dp-size": 2}, [0])
+
+
+def test_both_runner_backends_declare_the_one_interface() -> None:
+    """The lifecycle calls a declared interface (runners.backend.RunnerBackend), never probes with hasattr."""
+    import inspect
+
+    from servetune.runners import lifecycle
+    from servetune.runners.backend import RunnerBackend
+    from servetune.runners.base import LocalRunnerConfig
+    from servetune.runners.local import LocalBackend
+
+    for backend in (LocalBackend(LocalRunnerConfig(gpus=[0, 1])), SSHBackend(SSHRunnerConfig(host="h"))):
+        assert isinstance(backend, RunnerBackend), type(backend).__name__
+    assert "hasattr" not in inspect.getsource(lifecycle)
+    assert LocalBackend(LocalRunnerConfig()).tail(5) == []  # nothing launched: no log yet

@@ -35,6 +35,7 @@ from servetune.runners.base import (
     tail_file,
 )
 from servetune.redact import install_log_redaction, known_secrets, redact_argv, redact_text, remember, scrub
+from servetune.runners.backend import RunnerBackend
 from servetune.runners.preflight import PreflightReport
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def default_log_dir() -> Path:
     return Path(os.environ.get("SERVETUNE_LOG_DIR") or Path.home() / ".cache" / "servetune" / "logs")
 
 
-def make_backend(runner: RunnerBase):
+def make_backend(runner: RunnerBase) -> RunnerBackend:
     if isinstance(runner, LocalRunnerConfig):
         from servetune.runners.local import LocalBackend
 
@@ -179,10 +180,7 @@ class Server:
 
     def tail_log(self, n: int = TAIL_LINES) -> list[str]:
         """The last log lines, secrets masked: a tail travels in failure reasons to results and the warehouse."""
-        if self.backend is not None and hasattr(self.backend, "tail"):
-            lines = self.backend.tail(n)
-        else:
-            lines = tail_file(self.log_path, n)
+        lines = self.backend.tail(n) if self.backend is not None else tail_file(self.log_path, n)
         return [redact_text(line, self.known) for line in lines]
 
     def wait_ready(self) -> RunningServer:

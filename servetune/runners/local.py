@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from servetune.runners.base import LocalRunnerConfig, gpu_env
+from servetune.runners.base import LocalRunnerConfig, gpu_env, tail_file
 from servetune.runners.preflight import PreflightReport, check_clean, free_port, wait_gpu_released, wait_port_free
 from servetune.runners.process import GuardedProcess
 
@@ -22,6 +22,11 @@ class LocalBackend:
         self.process: GuardedProcess | None = None
         self.port: int | None = None
         self.secret_dir: Path | None = None
+        self.log_path: Path | None = None
+
+    def tail(self, n: int) -> list[str]:
+        """The last ``n`` lines of the engine's log (the file it writes here)."""
+        return tail_file(self.log_path, n)
 
     @property
     def bind_host(self) -> str:
@@ -80,6 +85,7 @@ class LocalBackend:
         return check_clean(host=self.bind_host, port=port, gpus=self.cfg.gpus, idle_mib=self.cfg.gpu_idle_mib)
 
     def launch(self, argv: list[str], extra_env: Mapping[str, str], log_path: Path) -> None:
+        self.log_path = log_path
         env = {**os.environ, **self.engine_env(extra_env)}
         self.process = GuardedProcess(argv, env=env, log_path=log_path, cwd=self.cfg.cwd,
                                       watchdog_grace_s=min(self.cfg.grace_s, 10.0))
