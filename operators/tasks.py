@@ -147,7 +147,7 @@ def load(exp: dict[str, Any], warehouse_url: str) -> dict[str, Any]:
 
 def report(exp: dict[str, Any]) -> str:
     """The HTML report of the campaign, beside its results."""
-    from servetune.report.campaign import load_campaign
+    from servetune.report.sources import load_campaign
     from servetune.report.html import write_report
 
     folder = ResultFolder(_exp_dir(exp))

@@ -17,7 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from servetune.cli import app
-from servetune.report.campaign import is_simulated, load_campaign
+from servetune.report.campaign import is_simulated
+from servetune.report.sources import load_campaign
 from servetune.report.html import diff_rows, flag_rows, write_report
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,12 +22,12 @@ from servetune.report.campaign import (
     ReportInputError,
     derive_ceiling,
     flag_value,
-    load_campaign,
     meets_sla,
 )
 from servetune.report.evidence import curve_levels, series, validity_cells
 from servetune.report.figures import _cell_value, all_figures, latency_figure, throughput_figure
 from servetune.report.html import diff_rows, write_report
+from servetune.report.sources import load_campaign
 from servetune.stats import spread
 
 FIGURE_KEYS = ("throughput", "latency", "gpu_memory", "prefix_hit_rate", "refine_heatmap")

@@ -11,7 +11,8 @@ from PIL import Image
 from report_fixtures import write_campaign
 from warehouse_fixtures import with_scheduler_log
 
-from servetune.report.campaign import CampaignView as Campaign, level_of, load_campaign
+from servetune.report.campaign import CampaignView as Campaign, level_of
+from servetune.report.sources import load_campaign
 from servetune.report.figures import all_figures, prefix_hit_figure
 from servetune.report.html import key_cards, write_report
 from servetune.report.scheduler import TITLE, scheduler_trial

@@ -9,7 +9,7 @@ from report_fixtures import write_campaign
 from typer.testing import CliRunner
 
 from servetune.cli import app
-from servetune.report.campaign import load_campaign
+from servetune.report.sources import load_campaign
 from servetune.report.html import key_cards, write_report
 from servetune.warehouse import migrate
 from servetune.ingest import load_result

@@ -185,7 +185,7 @@ def test_the_capacity_search_matches_an_exhaustive_rate_grid(tmp_path: Path) -> 
     campaign_gpu = sum(o["gpu_seconds"] for o in state["outcomes"])
     assert campaign_gpu <= 0.3 * grid_gpu, (campaign_gpu, grid_gpu)
 
-    from servetune.report.campaign import load_campaign
+    from servetune.report.sources import load_campaign
     from servetune.report.html import write_report
 
     report = write_report(load_campaign(tmp_path), tmp_path / "report")

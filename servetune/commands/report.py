@@ -33,7 +33,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a self-contained HTML report: curves vs concurrency, GPU memory, hit rate, refinement heatmap,
         the recommendation and its difference from the last one, and every trial's checklist status."""
-        from servetune.report.campaign import ReportInputError, load_campaign
+        from servetune.report.campaign import ReportInputError
+        from servetune.report.sources import load_campaign
         from servetune.report.html import default_out_dir, write_report
 
         try:

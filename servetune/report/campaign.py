@@ -261,17 +261,3 @@ def load_json(path: Path) -> CampaignView:
         f"{path}: neither a trial result (schema {TRIAL_SCHEMA!r}) nor a campaign's experiment.json "
         f"(schema={data.get('schema')!r})"
     )
-
-
-def load_campaign(source: str, *, database_url: str | None = None) -> CampaignView:
-    """A result directory, a JSON file, or an experiment id looked up in the warehouse."""
-    path = Path(source)
-    if path.is_dir():
-        return load_result_dir(path)
-    if path.is_file():
-        return load_json(path)
-    if path.suffix == ".json" or "/" in source:
-        raise ReportInputError(f"{source}: no such file or directory")
-    from servetune.report.warehouse_source import load_experiment
-
-    return load_experiment(source, database_url=database_url)

@@ -8,13 +8,10 @@ showing an empty plot.
 
 from __future__ import annotations
 
-import io
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import matplotlib
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -31,42 +28,12 @@ from servetune.report.campaign import (
     simulated_mark,
 )
 from servetune.report.evidence import Getter, Level, curve_levels, series
+from servetune.report.figure_base import ReportFigure, _png, trial_label
+from servetune.report.scheduler import scheduler_figure
 from servetune.result import TrialResult
 from servetune.stats import spread
 
 GIB = 1024**3
-DPI = 110
-
-
-@dataclass
-class ReportFigure:
-    key: str  # file stem and HTML id
-    title: str
-    caption: str
-    png: bytes | None  # None: nothing to draw, see ``note``
-    note: str = ""
-
-
-def _png(fig: Figure) -> bytes:
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
-    return buf.getvalue()
-
-
-def trial_label(t: TrialResult) -> str:
-    """Short, stable label: stage, concurrency and the config knobs refinement varies."""
-    parts = [t.stage or "bench"]
-    c = level_of(t)
-    if c is not None:
-        parts.append(f"c={c}")
-    cfg = t.server_config
-    if t.stage == "refine":
-        for key, short in (("chunked_prefill_size", "chunk"), ("schedule_conservativeness", "cons"),
-                           ("max_running_requests", "mrr")):
-            if flag_value(cfg, key) is not None:
-                parts.append(f"{short}={flag_value(cfg, key)}")
-    return " ".join(parts)
 
 
 def _mark_ceiling(ax, ceiling: int | None) -> None:
@@ -329,8 +296,6 @@ def _outline(j: int, i: int) -> Rectangle:
 
 def all_figures(campaign: CampaignView) -> list[ReportFigure]:
     """Every figure; the scheduler's only when a trial carries its log (no empty figure otherwise)."""
-    from servetune.report.scheduler import scheduler_figure  # it draws with this module's helpers
-
     figures = [
         throughput_figure(campaign),
         latency_figure(campaign),

@@ -14,7 +14,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from servetune.report.campaign import CampaignView, counts, level_of
-from servetune.report.figures import ReportFigure, _png, trial_label
+from servetune.report.figure_base import ReportFigure, _png, trial_label
 from servetune.result import TrialResult
 
 KEY = "scheduler"
