@@ -25,10 +25,11 @@ from sqlalchemy import Connection, Engine, delete, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 
 from servetune.checklist_report import ValidationReport
+from servetune.experiment import EXPERIMENT_FILE
 from servetune.redact import redact
 from servetune.result import TrialResult
 from servetune.warehouse import db, diagnoses, scheduler_rows
-from servetune.warehouse.files import ExperimentInfo, LoadError, iso, read_experiment, read_trial, ts
+from servetune.warehouse.files import ExperimentInfo, LoadError, iso, read_campaign, read_trial, ts
 from servetune.warehouse.request_copy import WIRE_COLUMNS, EncodeError, copy_stream
 from servetune.warehouse.tables import (
     REQUEST_COLUMNS,
@@ -316,15 +317,11 @@ def _load(eng: Engine, source: str | Path | TrialResult, **kw: Any) -> LoadRepor
         report.trials.append(load_trial(eng, source, exp, lone=True, **kw))
         return report
     path = Path(source)
-    if path.is_file() and path.name == "experiment.json":
+    if path.is_file() and path.name == EXPERIMENT_FILE:
         path = path.parent
     if path.is_dir():
-        exp_file = path / "experiment.json"
-        if not exp_file.is_file():
-            raise LoadError(f"{path}: a campaign directory needs experiment.json")
-        exp = read_experiment(exp_file)
+        exp, files = read_campaign(path)  # the result folder's layout: servetune.experiment
         report.experiment_id = exp.experiment_id
-        files = sorted((path / "trials").glob("*.json"))
         if not files:
             with eng.begin() as conn:
                 _upsert_experiment(conn, exp, lone=False)
