@@ -30,12 +30,15 @@ from typing import Any
 
 import orjson
 
+from servetune.experiment import ResultFolder
+
 DEFAULT_DECODE_LOG_INTERVAL = 40
 
 
 def _trial_docs(path: Path) -> Iterator[dict[str, Any]]:
     if path.is_dir():
-        files = sorted((path / "trials").glob("*.json")) if (path / "trials").is_dir() else sorted(path.glob("*.json"))
+        folder = ResultFolder(path)  # a campaign's trials/, else a folder of trial files
+        files = folder.trial_files() if folder.trials_dir.is_dir() else sorted(path.glob("*.json"))
         for f in files:
             yield orjson.loads(f.read_bytes())
     elif path.name.endswith((".tar.xz", ".tar.gz", ".tgz", ".tar")):
