@@ -238,8 +238,9 @@ def _print_outcome(folder: ResultFolder, warehouse_url: str) -> None:
     t.add_column("what")
     t.add_column("value")
     if rec:
-        t.add_row("recommended flags", " ".join(f"--{k} {v}" if v is not None else f"--{k}"
-                                               for k, v in rec["config"].items()))
+        from servetune.engines.catalog import command_text  # as a user types them: a switch is a bare flag
+
+        t.add_row("recommended flags", command_text({k: True if v is None else v for k, v in rec["config"].items()}))
         if rec.get("rate") is not None:
             t.add_row("capacity at the SLA", f"{rec['rate']:g} req/s (about {rec['concurrency']} in flight)")
         else:
