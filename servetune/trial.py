@@ -228,10 +228,10 @@ async def _run_trial(
     scraper = _scraper(req)
     gpu_sampler.start(t0_ns)
     outcome = None
+    workers = worker_count(req.load.concurrency, req.client_workers)
     try:
         await scraper.start(t0_ns)
         stop = interrupt.event if interrupt is not None else None
-        workers = worker_count(req.load.concurrency, req.client_workers)
         if workers > 1:  # one event loop per share of the streams (no per-request progress)
             outcome = await run_load_workers(req.target, batch.requests, req.load, t0_ns=t0_ns, workers=workers,
                                              tokenizer=tokenizer, stop=stop)
@@ -256,7 +256,7 @@ async def _run_trial(
             "drain_end_s": outcome.drain_end_s,
             "client_lag_p99_ms": outcome.client_lag_p99_ms,
             "client_lag_max_ms": outcome.client_lag_max_ms,
-            "client_workers": worker_count(req.load.concurrency, req.client_workers),
+            "client_workers": workers,
         }
     result.summary = summarize(
         result.records,

@@ -131,6 +131,7 @@ class _Generator:
         self._prefixes: dict[int, str] = {}
         self._convs: dict[int, _Conversation] = {}
         self._image_pool: dict[int, str] = {}
+        self.image_position = spec.images.position if spec.images else "before_text"
 
     # --- pieces shared by single- and multi-turn requests
     def nonce(self, index: int) -> str:
@@ -226,7 +227,7 @@ class _Generator:
             output_tokens=output,
             prefix_group=group,
             images=self.images(index),
-            image_position=self.spec.images.position if self.spec.images else "before_text",
+            image_position=self.image_position,
             arrival_s=self.trace.arrival_s(index) if self.trace is not None else None,
         )
 
@@ -326,7 +327,7 @@ class _Generator:
             history=history,
             conversation=conv,
             turn=turn,
-            image_position=self.spec.images.position if self.spec.images else "before_text",
+            image_position=self.image_position,
             live_history=mt.mode == "sessions",
             think_s=think,
         )
