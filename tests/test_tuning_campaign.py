@@ -107,6 +107,23 @@ def test_stop_on_failure_ends_the_campaign_after_the_failed_trial(tmp_path: Path
     assert "on_trial_failure: stop" in decision.reason and decision.recommendation is not None
 
 
+def test_a_stop_request_ends_the_campaign_between_trials_even_after_the_last(tmp_path: Path) -> None:
+    """The flag a signal handler sets stops the campaign before the next trial, and before the answer:
+    a signal whose KeyboardInterrupt was swallowed during the last trial still reads interrupted."""
+    plan = small_plan()
+    c = Campaign(plan, SimTrialRunner(plan), tmp_path / "mid")
+    with pytest.raises(KeyboardInterrupt):
+        c.run(stop=lambda: len(c.state.outcomes) >= 2)
+    assert len(c.state.outcomes) == 2 and json.loads((tmp_path / "mid" / "experiment.json").read_text())["status"] == "interrupted"
+    straight = Campaign(plan, SimTrialRunner(plan), tmp_path / "straight")
+    straight.run()
+    n = len(straight.state.outcomes)
+    late = Campaign(plan, SimTrialRunner(plan), tmp_path / "late")
+    with pytest.raises(KeyboardInterrupt):
+        late.run(stop=lambda: len(late.state.outcomes) >= n)  # set during the last trial
+    assert len(late.state.outcomes) == n and not (tmp_path / "late" / "recommendation.json").exists()
+
+
 def test_budget_is_enforced_in_virtual_time(tmp_path: Path) -> None:
     plan = small_plan(budget={"max_gpu_minutes": 0.1, "restart_cost_s": 5})  # 6 s of GPU
     c = Campaign(plan, SimTrialRunner(plan), tmp_path)

@@ -258,8 +258,8 @@ def tune(
                               previous=prev, virtual=virtual)
     deadline = started + stop_after if stop_after is not None else None
     try:
-        with _signals_interrupt():
-            decision = campaign.run(deadline=deadline)
+        with _signals_interrupt() as signalled:
+            decision = campaign.run(deadline=deadline, stop=lambda: bool(signalled))
     except KeyboardInterrupt:
         _emit(campaign, "interrupted")
         console.print(f"interrupted after {len(campaign.state.outcomes)} trials: engine torn down; go on with:"
@@ -347,19 +347,29 @@ def _fail(message: str) -> NoReturn:
 
 
 @contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler, ``timeout``) ends the campaign like Ctrl-C: engine torn down, status interrupted."""
+def _signals_interrupt() -> Iterator[list[int]]:
+    """SIGTERM (a scheduler, ``timeout``) ends the campaign like Ctrl-C: engine torn down, status interrupted.
+
+    Yields the signals received (SIGINT and SIGTERM): the campaign also stops on that list between
+    trials, since a ``KeyboardInterrupt`` raised inside a finaliser or an event-loop callback is swallowed."""
+    received: list[int] = []
+
     def _raise(signum: int, frame: Any) -> None:
+        received.append(signum)
         raise KeyboardInterrupt(f"signal {signum}")
 
     try:
         old = signal.signal(signal.SIGTERM, _raise)
     except ValueError:  # not the main thread (an embedding caller): leave signals alone
-        yield
+        yield received
         return
+    old_int = signal.getsignal(signal.SIGINT)
+    if old_int is signal.default_int_handler:  # Ctrl-C as Python has it (an ignored SIGINT stays ignored)
+        signal.signal(signal.SIGINT, _raise)
     try:
-        yield
+        yield received
     finally:
+        signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old)
 
 

@@ -169,19 +169,26 @@ class Campaign:
             campaign.state = _with_secrets(CampaignState.model_validate_json(state_json), plan)
         return campaign
 
-    def advance(self, stages: Iterable[Stage] | None = None, *, deadline: float | None = None) -> Decision:
+    def advance(self, stages: Iterable[Stage] | None = None, *, deadline: float | None = None,
+                stop: Callable[[], bool] | None = None) -> Decision:
         """Run trials while the decisions ask for one of ``stages`` (all when None); the runner is
         always closed. Returns the first decision not run here (``done`` at the end).
 
         ``deadline`` (``time.monotonic()`` seconds): no trial starts whose expected cost would pass it,
         so a machine lent for a fixed time ends a campaign between trials, never inside one; the first
         trial of a call always runs, so a resumed campaign always moves on.
+
+        ``stop``: asked before every trial and before the answer; True raises ``KeyboardInterrupt``. A
+        signal handler that raises can be swallowed where Python ignores exceptions (a finaliser, an
+        event-loop callback); the flag it also sets is never lost.
         """
         wanted = None if stages is None else set(stages)
         self.folder.create()
         self._write_experiment()
         try:
             while True:
+                if stop is not None and stop():
+                    raise KeyboardInterrupt("stop requested")
                 decision = next_trials(self.plan, self.state, previous=self.previous)
                 if decision.done or (wanted is not None and decision.stage not in wanted):
                     return decision
@@ -190,6 +197,8 @@ class Campaign:
                     late = deadline is not None and time.monotonic() + self.expected_cost_s(spec) > deadline
                     if late and self._ran_here:
                         return decision
+                    if stop is not None and stop():
+                        raise KeyboardInterrupt("stop requested")
                     self._run_one(spec, decision.stage)
         finally:
             self.runner.close()
@@ -205,11 +214,11 @@ class Campaign:
             self._finish(None, failed=True, reason=f"campaign incomplete: the {decision.stage} stage did not finish")
         return decision
 
-    def run(self, *, deadline: float | None = None) -> Decision:
+    def run(self, *, deadline: float | None = None, stop: Callable[[], bool] | None = None) -> Decision:
         """Loop decide -> run -> record until the decisions say done (or ``deadline``: paused);
         the runner is always closed, so a signal still tears the engine down."""
         try:
-            decision = self.advance(deadline=deadline)
+            decision = self.advance(deadline=deadline, stop=stop)
         except KeyboardInterrupt:
             self._finish(None, failed=True, reason="campaign interrupted by a signal; resume with --resume",
                          status="interrupted")
