@@ -1,4 +1,4 @@
-"""The campaign as an Airflow task group: prepare -> provision -> stages -> recommend -> validate ->
+"""The campaign as an Airflow task group: prepare -> provision -> protocols -> stages -> recommend -> validate ->
 load -> report, with teardown always last. One group per GPU runner, mapped over that runner's plans.
 
 Every task of a runner's group sits in the runner's pool (one slot: no two trials share a GPU) and on
@@ -28,6 +28,9 @@ PARAMS = {
     "load_mode": Param("plan", type="string", enum=["plan", "concurrency", "rate"],
                        description="plan: each plan's own load; rate: open-loop arrivals, the ramp's levels read as"
                                    " requests/s and the answer a capacity at the SLA; concurrency: closed loop"),
+    "clock": Param("live", type="string", enum=["live", "virtual"],
+                   description="live: real servers over HTTP; virtual: every trial in the simulator's virtual time"
+                               " (plans with engine kind sim or an estimate section), seconds per campaign"),
 }
 
 
@@ -75,13 +78,18 @@ def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
         try:
             return tasks.prepare(plan_file, trigger=trigger or _trigger(), run_id=ctx["run_id"],
                                  overrides=ctx["params"].get("overrides") or {},
-                                 load_mode=ctx["params"].get("load_mode") or "plan")
+                                 load_mode=ctx["params"].get("load_mode") or "plan",
+                                 clock=ctx["params"].get("clock") or "live")
         except PlanError as exc:  # a bad plan stays bad: no retry, the message names the field
             raise AirflowFailException(str(exc)) from None
 
     @task(**where)
     def provision(exp: dict[str, Any]) -> dict[str, Any]:
         return tasks.provision(exp)
+
+    @task(**where)
+    def protocols(exp: dict[str, Any]) -> dict[str, Any]:
+        return tasks.run_protocols(exp)
 
     def stage(name: str):
         @task(task_id=name, **where)
@@ -114,7 +122,7 @@ def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
     def campaign(plan_file: str) -> None:
         exp = prepare(plan_file)
         ready = provision(exp)
-        steps = [stage(name)(exp) for name in tasks.STAGES]
+        steps = [protocols(exp), *(stage(name)(exp) for name in tasks.STAGES)]
         done = recommend(exp)
         checked = validate(exp)
         stored = load(exp)

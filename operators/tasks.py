@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from operators.config import results_dir, runner_of
 from servetune.experiment import ResultFolder
-from servetune.plan import TuningPlan, load_plan, parse_plan
+from servetune.plan import PlanError, TuningPlan, load_plan, parse_plan
+from servetune.tuning.runner import SimTrialRunner
 
 if TYPE_CHECKING:
     from servetune.tuning.state import Stage
@@ -53,9 +54,10 @@ def _plan(exp: dict[str, Any]) -> TuningPlan:
 
 
 def prepare(plan_file: str, *, trigger: str, run_id: str, overrides: dict[str, Any] | None = None,
-            results_root: str | None = None, load_mode: str = "plan") -> dict[str, Any]:
+            results_root: str | None = None, load_mode: str = "plan", clock: str = "live") -> dict[str, Any]:
     """Validate the plan (with the run's overrides and load mode) before any GPU is touched; fix the
-    experiment id. ``load_mode`` rate or concurrency sets ``load.mode`` (the overrides can still set the rest)."""
+    experiment id. ``load_mode`` rate or concurrency sets ``load.mode`` (the overrides can still set the rest).
+    ``clock`` virtual answers every trial in the simulator's virtual time (a sim plan, or one with ``estimate``)."""
     import yaml
 
     plan = load_plan(plan_file)
@@ -66,6 +68,8 @@ def prepare(plan_file: str, *, trigger: str, run_id: str, overrides: dict[str, A
         if "load" in overrides and not data.get("load"):
             data["load"] = {}  # a plan without a load section: its defaults, under the override
         plan = parse_plan(_deep_merge(data, overrides), source=f"{plan_file} + overrides")
+    if clock == "virtual" and SimTrialRunner.for_plan(plan) is None:
+        raise PlanError(f"{plan_file}: clock virtual needs engine.kind sim or an `estimate:` section in the plan")
     exp_id = experiment_id_for(plan_file, run_id)
     out = Path(results_root or results_dir()) / exp_id
     out.mkdir(parents=True, exist_ok=True)
@@ -75,7 +79,7 @@ def prepare(plan_file: str, *, trigger: str, run_id: str, overrides: dict[str, A
         f.write(yaml.safe_dump(plan.model_dump(mode="json"), sort_keys=False))
     os.chmod(out / "plan.yaml", 0o600)
     return {"experiment_id": exp_id, "out_dir": str(out), "plan_file": str(plan_file), "plan_name": plan.name,
-            "trigger": trigger, "run_id": run_id, "runner": runner_of(plan).name}
+            "trigger": trigger, "run_id": run_id, "runner": runner_of(plan).name, "clock": clock}
 
 
 def provision(exp: dict[str, Any]) -> dict[str, Any]:
@@ -87,6 +91,8 @@ def provision(exp: dict[str, Any]) -> dict[str, Any]:
     from servetune.runners.preflight import check_clean
 
     plan = _plan(exp)
+    if exp.get("clock") == "virtual":
+        return {"runner": exp["runner"], "preflight": "virtual time: no server is started"}
     if plan.runner.kind != "local" or not plan.engine.launches:
         return {"runner": exp["runner"], "preflight": f"checked by the {plan.runner.kind} runner at each start"}
     report = check_clean(host=plan.runner.host, port=None, gpus=plan.runner.gpus,
@@ -101,9 +107,20 @@ def _campaign(exp: dict[str, Any]):
     from servetune.tuning.live import LiveTrialRunner
 
     plan = _plan(exp)
-    runner = LiveTrialRunner(plan, log_dir=_exp_dir(exp) / "logs", owner=exp["experiment_id"])
+    if exp.get("clock") == "virtual":
+        runner = SimTrialRunner.for_plan(plan)
+    else:
+        runner = LiveTrialRunner(plan, log_dir=_exp_dir(exp) / "logs", owner=exp["experiment_id"])
     return Campaign.resume(plan, runner, _exp_dir(exp), trigger=exp["trigger"], dag_run_id=exp["run_id"],
                            experiment_id=exp["experiment_id"])
+
+
+def run_protocols(exp: dict[str, Any]) -> dict[str, Any]:
+    """The plan's other ways of measuring the same server, once each (none: nothing to do)."""
+    campaign = _campaign(exp)
+    results = campaign.run_protocols()
+    return {"protocols": [{"name": r.load.get("protocol", {}).get("name"), "trial_id": r.trial_id,
+                           "status": r.status} for r in results]}
 
 
 def run_stage(exp: dict[str, Any], task: str) -> dict[str, Any]:

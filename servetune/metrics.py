@@ -94,7 +94,8 @@ def summarize(
     ws: float | None = None
     we: float | None = None
     if steady.exists:
-        ws, we, source = steady.start_s, steady.end_s, "steady" if window is None else "stated"
+        kind = "waves" if steady.kind == "waves" else "steady"  # a static batch fills and drains: never steady
+        ws, we, source = steady.start_s, steady.end_s, kind if window is None else "stated"
     else:
         span = _whole_span(measured)
         if span:

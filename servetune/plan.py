@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from servetune.engines import EngineConfig, engine_class
 from servetune.engines.knobs import FlagValue, KnobError, engine_flags, with_flags
 from servetune.plan_load import LoadSection, check_trace
+from servetune.plan_protocols import Protocol, check_protocols
 from servetune.runners import LocalRunnerConfig, RunnerConfig
 from servetune.sla import SLA
 from servetune.validity import ValidityRules
@@ -202,6 +203,8 @@ class TuningPlan(_Strict):
     )
     estimate: SimEstimate | None = Field(default=None, description="sim profiles for --dry-run estimates")
     robustness: RobustnessSection | None = Field(default=None, description="re-measure the answer under bursts")
+    protocols: list[Protocol] = Field(default_factory=list, description="other ways to measure the same server,"
+                                      " run once beside the campaign (servetune.plan_protocols)")
     prompt_template: str | None = Field(
         default=None, description="template file or model dir whose chat template the answer depends on (fingerprinted)"
     )
@@ -235,6 +238,11 @@ class TuningPlan(_Strict):
         if need is not None and have is not None and have != need:
             raise ValueError(f"runner.gpus: {have} GPU(s) for an engine that occupies {need}"
                              " (tp-size x dp-size): list one per rank")
+        return self
+
+    @model_validator(mode="after")
+    def _protocols_fit(self) -> TuningPlan:
+        check_protocols(self.protocols, self.workload, self.engine, self.engine_flags())
         return self
 
     @model_validator(mode="after")

@@ -98,6 +98,31 @@ def test_the_load_mode_param_runs_the_campaign_as_an_open_loop(airflow_setup):
     assert modes == [("rate",)]
 
 
+def test_the_demo_story_runs_in_virtual_time_with_both_protocols_beside_the_answer(airflow_setup):
+    """What `servetune demo` runs: plans/weekly/demo.yaml with `clock: virtual`. Engineer A's protocol (fixed
+    512-token prompts, static batches, radix cache off) and engineer B's run first on the same simulated
+    server; the checklist rejects A's static batches (no steady window) and keeps B; the report's
+    "Protocols side by side" shows both beside the tuned answer; every trial is in the warehouse."""
+    from pathlib import Path
+
+    demo = Path(__file__).resolve().parents[1] / "plans" / "weekly" / "demo.yaml"
+    conf = {"plans": [str(demo)], "clock": "virtual"}
+    proc = airflow_setup.airflow("dags", "test", "servetune_weekly", "--conf", json.dumps(conf), check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    (exp_dir,) = [p.parent for p in airflow_setup.results_dir.glob("*/experiment.json")]
+    exp = orjson.loads((exp_dir / "experiment.json").read_bytes())
+    assert exp["status"] == "done" and not (exp_dir / "logs").exists()  # virtual time: no server was started
+    rows = _rows(airflow_setup.warehouse_url, "select load->'protocol'->>'name', status, load_mode from trials"
+                 " where experiment_id = :e and stage = 'protocol' order by 1", e=exp["experiment_id"])
+    assert rows == [("engineer-a", "rejected", "waves"), ("engineer-b", "ok", "concurrency")]
+    rec = orjson.loads((exp_dir / "recommendation.json").read_bytes())
+    assert rec["concurrency"] >= 32  # 1-4k prompts and ~256-token answers: far above the old demo's 8
+    html = (exp_dir / "report" / "report.html").read_text()
+    section = html[html.index('id="protocols"'):html.index('id="key-figures"')]
+    assert section.count('class="protocol"') == 3 and "tuned (servetune)" in section
+    assert "steady_window: window_source = &#39;waves&#39;" in section
+
+
 def test_failing_trial_still_tears_down_and_is_recorded(airflow_setup):
     # The engine dies at start with a CUDA OOM (the fake SGLang of tests/fake_engines, launched through
     # the real sglang argv path): the trial fails with its reason, the teardown runs, no engine process

@@ -105,7 +105,7 @@ def _run_on_celery(airflow_setup: AirflowSetup, tmp_path: Path) -> None:
         rows = conn.execute("select task_id, queue, pool, state from task_instance where run_id = %s",
                             (run_id,)).fetchall()
     # the tasks that hold the GPU run on the GPU type's queue, in the runner's pool; the rest anywhere
-    on_gpu = {"prepare", "provision", "correctness", "baseline", "ramp", "refine", "recommend", "teardown"}
+    on_gpu = {"prepare", "provision", "protocols", "correctness", "baseline", "ramp", "refine", "recommend", "teardown"}
     campaign = {r[0].split(".", 1)[1]: r for r in rows if r[0].startswith("campaign_local.")}
     assert set(campaign) >= on_gpu and all(r[3] == "success" for r in campaign.values()), rows
     for task in on_gpu:

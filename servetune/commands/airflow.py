@@ -190,14 +190,21 @@ def demo(
     state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow home, results and reports"),
     load_mode: str = typer.Option("plan", help="the DAG's load_mode Param: plan | concurrency | rate (open-loop"
                                                 " arrivals, the ramp's levels in req/s, a capacity at the SLA)"),
+    clock: str = typer.Option("virtual", help="the DAG's clock Param: virtual (the simulator's virtual time, a"
+                                              " couple of minutes) | live (the simulated server over HTTP in real"
+                                              " time: as long as the GPU would take)"),
 ) -> None:
     """The main job: run `servetune_weekly` through real Airflow against the simulated engine.
 
-    Uses SERVETUNE_DATABASE_URL's server when set, else PostgreSQL on 127.0.0.1:5432, else a private
-    cluster started (and stopped) here. Prints the recommendation and the report path.
+    The demo plan measures one server three ways: engineer A's protocol, engineer B's and the staged
+    campaign; the report puts them side by side with the checklist's verdicts. Uses
+    SERVETUNE_DATABASE_URL's server when set, else PostgreSQL on 127.0.0.1:5432, else a private
+    cluster started (and stopped) here. Prints the comparison, the recommendation and the report path.
     """
     if load_mode not in ("plan", "concurrency", "rate"):
         raise typer.BadParameter(f"must be plan, concurrency or rate, got {load_mode!r}", param_hint="--load-mode")
+    if clock not in ("virtual", "live"):
+        raise typer.BadParameter(f"must be virtual or live, got {clock!r}", param_hint="--clock")
     t_start = time.monotonic()
     server_url, cluster = _localdb().resolve_server()
     run_dir = (state_dir / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
@@ -207,7 +214,7 @@ def demo(
                           + (" (private cluster, stopped at the end)" if cluster else ""))
             setup = prepare(setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), run_dir / "results"))
             console.print("running DAG [bold]servetune_weekly[/] with `airflow dags test` ...")
-            conf = [] if load_mode == "plan" else ["--conf", orjson.dumps({"load_mode": load_mode}).decode()]
+            conf = ["--conf", orjson.dumps({"load_mode": load_mode, "clock": clock}).decode()]
             proc = setup.airflow("dags", "test", "servetune_weekly", *conf, check=False)
             (run_dir / "airflow-dags-test.log").write_text(proc.stdout or "")
             experiments = ResultFolder.under(run_dir / "results")
@@ -230,6 +237,7 @@ def _print_outcome(folder: ResultFolder, warehouse_url: str) -> None:
 
     exp = folder.read_experiment()
     rec = folder.read_recommendation()
+    _print_protocols(folder)
     with engine(warehouse_url).connect() as conn:
         counts = conn.execute(text(
             "select count(*) filter (where status = 'ok'), count(*) filter (where status = 'rejected'),"
@@ -255,6 +263,26 @@ def _print_outcome(folder: ResultFolder, warehouse_url: str) -> None:
     console.print(t)
     report = folder.report_file
     console.print(f"report: {report}" if report.exists() else "report: not written", soft_wrap=True)
+
+
+def _print_protocols(folder: ResultFolder) -> None:
+    """The report's "Protocols side by side" in the terminal, when the plan has protocols."""
+    from servetune.report.protocols import protocol_rows, rejection_sentences
+    from servetune.report.sources import load_campaign
+
+    rows = protocol_rows(load_campaign(str(folder.path)))
+    if not rows:
+        return
+    simulated = " (simulated)" if any(r["simulated"] for r in rows) else ""
+    t = Table(title=f"one server, measured {len(rows)} ways{simulated}")
+    for col in ("who", "quotes", "load", "p99 TTFT / TPOT / E2E ms", "SLA", "checklist"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["who"], r["quoted_short"], r["load_short"], f"{r['ttft_p99']} / {r['tpot_p99']} / {r['e2e_p99']}",
+                  r["sla"], r["verdict"])
+    console.print(t)
+    for line in rejection_sentences(rows):
+        console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
 
 
 def register(root: typer.Typer) -> None:

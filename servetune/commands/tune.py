@@ -81,14 +81,9 @@ def _load(plan_path: Path) -> TuningPlan:
 
 
 def _sim_runner(plan: TuningPlan) -> Any:
-    """A simulated runner for the plan: its own flags for a sim engine, the estimate profiles otherwise."""
     from servetune.tuning.runner import SimTrialRunner
 
-    if plan.engine.kind == "sim":
-        return SimTrialRunner(plan)
-    if plan.estimate is None or plan.engine.kind != "sglang":
-        return None  # the simulator models SGLang's flags only
-    return SimTrialRunner(plan, gpu=plan.estimate.gpu, model=plan.estimate.model)
+    return SimTrialRunner.for_plan(plan)
 
 
 def _print_dry_run(plan: TuningPlan) -> None:
@@ -131,6 +126,9 @@ def _print_dry_run(plan: TuningPlan) -> None:
     repeats = plan.repeats.count or runner.default_repeats
     console.print(f"{len(specs)} trials, estimated GPU time {_fmt_s(total)} (budget {plan.budget.max_gpu_minutes:g} min,"
                   f" restart cost {plan.budget.restart_cost_s:g} s each); the simulator's estimate, not a measurement.")
+    if plan.protocols:
+        console.print(f"Before them, once each, the plan's protocols: {', '.join(p.name for p in plan.protocols)}"
+                      " (their own workload, flags and batching; not counted above).", highlight=False)
     per = "requests in flight" if plan.rate_mode else "streams"
     console.print(f"Each trial is sized for a steady window of >= {rules.min_window_s:g} s and >= max("
                   f"{rules.min_completions}, {rules.completions_per_stream:g} x {per}) completions"

@@ -260,6 +260,9 @@ def render_html(campaign: CampaignView, figures: list[ReportFigure], png_files: 
     from servetune.report.diagnoses import diagnosis_rows  # the "Diagnoses" section (servetune.diagnose)
 
     context["diagnoses"] = diagnosis_rows(campaign)
+    from servetune.report.protocols import protocol_rows  # the "Protocols side by side" section
+
+    context["protocols"] = protocol_rows(campaign)
     return _environment().get_template("report.html.j2").render(**context)
 
 

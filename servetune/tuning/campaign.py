@@ -25,6 +25,8 @@ import orjson
 
 from servetune.experiment import ExperimentRecord, ResultFolder
 from servetune.plan import TuningPlan
+from servetune.plan_protocols import Protocol
+from servetune.result import TrialResult
 from servetune.redact import MASK, redact
 from servetune.tuning.decisions import next_trials
 from servetune.tuning.runner import RunReport, TrialRunner, failed_result
@@ -218,6 +220,7 @@ class Campaign:
         """Loop decide -> run -> record until the decisions say done (or ``deadline``: paused);
         the runner is always closed, so a signal still tears the engine down."""
         try:
+            self.run_protocols(stop=stop)
             decision = self.advance(deadline=deadline, stop=stop)
         except KeyboardInterrupt:
             self._finish(None, failed=True, reason="campaign interrupted by a signal; resume with --resume",
@@ -232,6 +235,47 @@ class Campaign:
             return decision
         self._finish(decision, failed=decision.failed, reason=decision.reason)
         return decision
+
+    def run_protocols(self, *, stop: Callable[[], bool] | None = None) -> list[TrialResult]:
+        """The plan's protocols (servetune.plan_protocols), each once, before the staged trials; one
+        already in trials/ (a resumed campaign, a retried task) is not measured again. Their trials are
+        results like any other (checked, stored, reported) but never outcomes the decisions read."""
+        done = {t.load.get("protocol", {}).get("name"): t for t in self.folder.read_trials() if t.stage == "protocol"}
+        self.folder.create()
+        self._write_experiment()
+        out = []
+        try:
+            for p in self.plan.protocols:
+                if p.name in done:
+                    out.append(done[p.name])
+                    continue
+                if stop is not None and stop():
+                    raise KeyboardInterrupt("stop requested")
+                out.append(self._run_protocol(p))
+        finally:
+            self.runner.close()
+        return out
+
+    def _run_protocol(self, p: Protocol) -> TrialResult:
+        spec = TrialSpec(stage="protocol", protocol=p.name, concurrency=p.concurrency, requests=p.requests,
+                         warmup=p.warmup, flags={**self.plan.engine_flags(), **p.flags},
+                         reason=f"protocol {p.name}: {p.about}".rstrip(": "))
+        log.info("protocol %s: %s", p.name, p.about or "(no description)")
+        try:
+            report = self.runner.run(spec, experiment_id=self.experiment_id)
+        except Exception as exc:  # noqa: BLE001 - recorded, like a broken campaign trial
+            log.exception("protocol %s failed", p.name)
+            report = RunReport(failed_result(spec, f"{type(exc).__name__}: {exc}", experiment_id=self.experiment_id),
+                               gpu_seconds=0.0, restarted=False)
+        result = report.result
+        result.stage, result.experiment_id, result.server_config = "protocol", self.experiment_id, dict(spec.flags)
+        result.load = {**result.load, "protocol": {"name": p.name, "about": p.about, "headline": p.headline,
+                                                   "batching": p.batching}}
+        self.folder.write_trial(result)
+        self.experiment["protocols_gpu_seconds"] = round(
+            float(self.experiment.get("protocols_gpu_seconds") or 0.0) + report.gpu_seconds, 3)
+        self._write_experiment()
+        return result
 
     def expected_cost_s(self, spec: TrialSpec) -> float:
         """Seconds the next trial should take: the mean of those so far, plus a restart when its flags

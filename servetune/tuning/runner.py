@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from servetune.plan import TuningPlan
+from servetune.plan_protocols import Protocol, protocol_workload
 from servetune.result import TrialResult
 from servetune.engines.knobs import sim_flags
 from servetune.tuning.state import TrialSpec
@@ -36,11 +37,23 @@ class TrialRunner(Protocol):
     def close(self) -> None: ...
 
 
+def protocol_of(plan: TuningPlan, spec: TrialSpec) -> Protocol | None:
+    """The plan's protocol a trial measures, None for a campaign trial."""
+    if spec.protocol is None:
+        return None
+    found = next((p for p in plan.protocols if p.name == spec.protocol), None)
+    if found is None:
+        raise ValueError(f"the plan has no protocol {spec.protocol!r}")
+    return found
+
+
 def trial_workload(plan: TuningPlan, spec: TrialSpec) -> Any:
-    """The plan's workload with the repeat's seed: repeat k of a trial sees different requests."""
+    """The plan's workload (a protocol's, for its trial) with the repeat's seed: repeat k sees new requests."""
+    protocol = protocol_of(plan, spec)
+    workload = plan.workload if protocol is None else protocol_workload(plan.workload, protocol)
     if not spec.seed_offset:
-        return plan.workload
-    return plan.workload.model_copy(update={"seed": plan.workload.seed + spec.seed_offset})
+        return workload
+    return workload.model_copy(update={"seed": workload.seed + spec.seed_offset})
 
 
 def trial_load(plan: TuningPlan, spec: TrialSpec) -> Any:
@@ -48,6 +61,9 @@ def trial_load(plan: TuningPlan, spec: TrialSpec) -> Any:
     from servetune.loadgen import LoadConfig
 
     common = {"concurrency": spec.concurrency, "warmup_requests": spec.warmup, "seed": plan.seed + spec.seed_offset}
+    protocol = protocol_of(plan, spec)
+    if protocol is not None and protocol.batching == "static":
+        return LoadConfig(mode="waves", **common)
     if spec.rate is None:
         return LoadConfig(mode="concurrency", **common)
     if spec.burstiness is not None:  # a robustness trial: gamma bursts, whatever the plan's mode
@@ -91,11 +107,21 @@ class SimTrialRunner:
         self.gpu, self.model = gpu, model
         self.restart_cost_s = plan.budget.restart_cost_s if restart_cost_s is None else restart_cost_s
         self._running: dict[str, Any] | None = None
-        self._requests: dict[tuple[int, int], list[Any]] = {}
+        self._requests: dict[tuple[int, int, str | None], list[Any]] = {}
+
+    @classmethod
+    def for_plan(cls, plan: TuningPlan) -> SimTrialRunner | None:
+        """The plan in virtual time: its own flags for a sim engine, an SGLang plan through its ``estimate``
+        profiles; None for anything else (the simulator models SGLang's flags only)."""
+        if plan.engine.kind == "sim":
+            return cls(plan)
+        if plan.estimate is None or plan.engine.kind != "sglang":
+            return None
+        return cls(plan, gpu=plan.estimate.gpu, model=plan.estimate.model)
 
     def _workload(self, spec: TrialSpec) -> list[Any]:
         n = spec.warmup + spec.requests
-        key = (n, spec.seed_offset)
+        key = (n, spec.seed_offset, spec.protocol)
         if key not in self._requests:
             from servetune.workload import build_requests
 

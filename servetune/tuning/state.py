@@ -17,7 +17,8 @@ from servetune.plan import Level
 from servetune.result import TrialResult, TrialSummary
 
 #: the one list of stage names: a trial's ``stage`` (TrialSpec, TrialOutcome, TrialResult, the warehouse)
-Stage = Literal["correctness", "baseline", "ramp", "bisect", "refine", "robustness"]
+#: ``protocol``: a plan's other ways of measuring (servetune.plan_protocols), run first, never decided on
+Stage = Literal["protocol", "correctness", "baseline", "ramp", "bisect", "refine", "robustness"]
 #: every stage, in the order a campaign walks them
 ALL_STAGES: tuple[Stage, ...] = get_args(Stage)
 #: a trial's failure_reason starts with this when the engine died under it: a fault, not a verdict
@@ -60,6 +61,8 @@ class TrialSpec(_AtALevel):
     reason: str = ""
     seed_offset: int = Field(default=0, ge=0, description="added to the workload seed: each repeat sees new requests")
     sizing: str = Field(default="", description="how the request count was chosen (servetune.tuning.sizing)")
+    protocol: str | None = Field(default=None, description="the plan's protocol this trial measures (its workload"
+                                 " and batching instead of the plan's)")
 
 
 class TrialOutcome(_AtALevel):

@@ -1,0 +1,105 @@
+"""The report's "Protocols side by side": each way of measuring the plan ran, and the tuned answer.
+
+A protocol trial (``stage: protocol``, servetune.plan_protocols) quotes one figure; the row shows that
+figure beside every other one its trial measured, and the checklist's verdict with the items it failed
+and the values they saw, so a reader sees why one engineer's number cannot settle the question. The last
+row is the campaign's recommendation from its own evidence trial.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servetune.plan_protocols import HEADLINE_LABELS, HEADLINE_UNITS, headline_value
+from servetune.report.campaign import CampaignView, is_simulated, level_of, meets_sla
+from servetune.result import TrialResult
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def failed_checks(t: TrialResult) -> list[str]:
+    """Each failed checklist expectation as a reader needs it: the item, the column and what it saw."""
+    out = []
+    for r in (t.validation or {}).get("results") or []:
+        if not isinstance(r, dict) or r.get("success") is not False:
+            continue
+        observed, details = r.get("observed_value"), r.get("details") or {}
+        if isinstance(observed, dict):
+            seen = (observed.get("partial_unexpected_list") or [None])[0]
+        else:
+            seen = observed
+        want = (f"not in {', '.join(map(str, details['value_set']))}" if "value_set" in details else
+                f"< {details['min_value']}" if isinstance(details.get("min_value"), int | float) else "")
+        seen = f"{seen:.4g}" if isinstance(seen, float) else seen
+        what = " ".join(x for x in (str(r.get("column") or ""), f"= {seen!r}" if seen is not None else "", want) if x)
+        out.append(f"{r.get('checklist') or r.get('suite')}: {what or r.get('expectation')}")
+    return sorted(dict.fromkeys(out))
+
+
+def _verdict(t: TrialResult) -> tuple[str, str]:
+    if t.status == "failed":
+        return f"failed: {t.failure_reason or 'no reason recorded'}", "bad"
+    if t.validation is None:
+        return "not validated", "muted"
+    if t.status == "rejected":
+        return "rejected", "bad"
+    return "accepted", "ok"
+
+
+def _row(t: TrialResult, sla: dict[str, float], *, who: str, about: str, quoted: str, short: str) -> dict[str, Any]:
+    s = t.summary
+    verdict, css = _verdict(t)
+    sla_text = ("met" if meets_sla(t, sla) else "missed") if sla and t.status != "failed" else "-"
+    batching = "static batches of" if t.load.get("mode") == "waves" else "streams"
+    return {
+        "who": who, "about": about, "quoted": quoted, "quoted_short": short, "trial_id": t.trial_id,
+        "load": f"{batching} {_num(level_of(t))}" if level_of(t) is not None else "-",
+        "load_short": "-" if level_of(t) is None else (f"batch {_num(level_of(t))}, static" if batching != "streams"
+                                                        else f"{_num(level_of(t))} streams"),
+        "radix": "off" if t.server_config.get("disable-radix-cache") else "on",
+        "decode_tps": _num(s.decode_tokens_per_s), "output_tps": _num(s.output_tokens_per_s),
+        "ttft_p99": _num(s.ttft_ms.p99), "tpot_p99": _num(s.tpot_ms.p99, 1), "e2e_p99": _num(s.e2e_ms.p99),
+        "goodput": _num(s.goodput_rps, 2), "hit": "-" if s.prefix_hit_rate is None else f"{s.prefix_hit_rate:.0%}",
+        "input_len": f"{_num(s.input_len.p50)} / {_num(s.input_len.p99)}",
+        "verdict": verdict, "verdict_class": css, "failed": failed_checks(t), "sla": sla_text,
+        "simulated": is_simulated(t),
+    }
+
+
+def protocol_rows(campaign: CampaignView) -> list[dict[str, Any]]:
+    """One row per protocol trial, in the plan's order, then the recommendation's evidence ([] without protocols)."""
+    planned = [p.get("name") for p in (campaign.experiment.get("plan") or {}).get("protocols") or []]
+    protocols = sorted((t for t in campaign.trials if t.stage == "protocol"), key=lambda t: (
+        planned.index(name) if (name := (t.load.get("protocol") or {}).get("name")) in planned else len(planned),
+        t.created_at))
+    if not protocols:
+        return []
+    sla = campaign.sla
+    rows = []
+    for t in protocols:
+        p = t.load.get("protocol") or {}
+        headline = str(p.get("headline") or "goodput_rps")
+        value = headline_value(t.summary, headline)
+        unit = HEADLINE_UNITS.get(headline, "")
+        quoted = f"{headline} = {_num(value, 1)} {unit}".rstrip()
+        short = f"{HEADLINE_LABELS.get(headline, headline)} {_num(value)} {unit}".rstrip()
+        rows.append(_row(t, sla, who=str(p.get("name") or "protocol"), about=str(p.get("about") or ""),
+                         quoted=quoted, short=short))
+    rec = campaign.recommendation or {}
+    by_id = {t.trial_id: t for t in campaign.trials}
+    evidence = [by_id[i] for i in rec.get("evidence_trial_ids") or [] if i in by_id]
+    at_answer = [t for t in evidence if level_of(t) == rec.get("concurrency") and t.status != "failed"]
+    if at_answer:
+        quoted = f"goodput_rps = {_num(rec.get('goodput_rps'), 2)} req/s at the SLA, concurrency {rec.get('concurrency')}"
+        short = f"goodput {_num(rec.get('goodput_rps'), 2)} req/s at the SLA"
+        rows.append(_row(at_answer[0], sla, who="tuned (servetune)", quoted=quoted, short=short,
+                         about="the staged campaign: the plan's workload, continuous batching, one steady window"))
+    return rows
+
+
+def rejection_sentences(rows: list[dict[str, Any]]) -> list[str]:
+    """'engineer-a: rejected by the checklist (steady_window: ...)' for each protocol that did not pass."""
+    return [f"{r['who']}: {r['verdict']} by the checklist ({'; '.join(r['failed']) or 'see its trial'})"
+            for r in rows if r["verdict"] == "rejected"]

@@ -1,0 +1,123 @@
+"""A plan's protocols (servetune.plan_protocols): other ways of measuring the same server, run once
+beside the campaign, judged by the same checklist and shown beside the tuned answer.
+
+The campaigns here run the simulator in virtual time (SimTrialRunner); the Airflow path is
+tests/test_airflow_dags.py's demo test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servetune.experiment import ResultFolder
+from servetune.plan import PlanError, load_plan, parse_plan
+from servetune.plan_protocols import deep_merge, headline_value, protocol_workload
+from servetune.report.html import write_report
+from servetune.report.protocols import protocol_rows, rejection_sentences
+from servetune.report.sources import load_campaign
+from servetune.tuning.campaign import Campaign
+from servetune.tuning.runner import SimTrialRunner
+from servetune.validation.campaign import validate_campaign
+
+DEMO = Path(__file__).resolve().parents[1] / "plans" / "weekly" / "demo.yaml"
+
+
+def demo_data() -> dict:
+    return yaml.safe_load(DEMO.read_text())
+
+
+def test_a_distribution_of_another_kind_replaces_the_plans_and_the_rest_merges() -> None:
+    base = {"input": {"kind": "lognormal", "median": 2048, "sigma": 0.4}, "seed": 3,
+            "shared_prefix": {"tokens": 512, "share_ratio": 1.0}}
+    merged = deep_merge(base, {"input": {"kind": "fixed", "value": 512}, "shared_prefix": {"tokens": 64}})
+    assert merged == {"input": {"kind": "fixed", "value": 512}, "seed": 3,
+                      "shared_prefix": {"tokens": 64, "share_ratio": 1.0}}
+    assert deep_merge(base, {"input": {"median": 1024}})["input"] == {"kind": "lognormal", "median": 1024, "sigma": 0.4}
+    plan = load_plan(DEMO)
+    a = protocol_workload(plan.workload, plan.protocols[0])
+    assert (a.input.kind, a.input.value, a.output.value, a.shared_prefix) == ("fixed", 512, 256, None)
+    assert protocol_workload(plan.workload, plan.protocols[1]) is plan.workload
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda p: p["protocols"].append(dict(p["protocols"][0])), "protocols: names must differ"),
+    (lambda p: p["protocols"][0]["workload"].update(input={"kind": "fixed"}), "protocols[0].workload.input.fixed.value"),
+    (lambda p: p["protocols"][1].update(flags={"chunked-prefill-size": "big"}), "protocols[1].flags: the sim engine refuses"),
+    (lambda p: p["protocols"][0].update(headline="fastest"), "protocols.0.headline"),
+    (lambda p: p["protocols"][0].update(batching="dynamic"), "protocols.0.batching"),
+])
+def test_a_bad_protocol_is_refused_with_its_path_before_anything_runs(change, message) -> None:
+    data = demo_data()
+    change(data)
+    with pytest.raises(PlanError) as err:
+        parse_plan(data, source="demo.yaml")
+    assert message in str(err.value)
+
+
+def test_headline_reads_a_summary_field_or_a_p99() -> None:
+    from servetune.result import Percentiles, TrialSummary
+
+    s = TrialSummary(decode_tokens_per_s=2611.5, e2e_ms=Percentiles(p99=11616.0))
+    assert headline_value(s, "decode_tokens_per_s") == 2611.5 and headline_value(s, "p99_e2e_ms") == 11616.0
+    assert headline_value(s, "goodput_rps") is None
+
+
+@pytest.fixture(scope="module")
+def demo_campaign(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demo")
+    plan = load_plan(DEMO)
+    Campaign(plan, SimTrialRunner(plan), out).run()
+    validate_campaign(out, min_measured=plan.validation.min_measured)
+    return out
+
+
+def test_protocols_run_first_as_results_the_decisions_never_read(demo_campaign: Path) -> None:
+    folder = ResultFolder(demo_campaign)
+    trials = folder.read_trials()
+    protocols = {t.load["protocol"]["name"]: t for t in trials if t.stage == "protocol"}
+    assert set(protocols) == {"engineer-a", "engineer-b"}
+    a, b = protocols["engineer-a"], protocols["engineer-b"]
+    assert (a.load["mode"], a.load["concurrency"], a.server_config.get("disable-radix-cache")) == ("waves", 64, True)
+    assert a.summary.input_len.p50 == a.summary.input_len.p99 and a.summary.prefix_hit_rate == 0.0
+    assert (b.load["mode"], b.load["concurrency"], "disable-radix-cache" in b.server_config) == ("concurrency", 32, False)
+    assert b.summary.input_len.p99 > 1.5 * b.summary.input_len.p50 and b.summary.prefix_hit_rate > 0.1
+    import orjson
+
+    state = orjson.loads(folder.read_state_json() or b"{}")
+    assert all(o["stage"] != "protocol" for o in state["outcomes"])
+    assert len(state["outcomes"]) == len(trials) - 2
+    assert min(t.created_at for t in trials) in {a.created_at, b.created_at}  # before any staged trial
+
+
+def test_the_checklist_rejects_static_batches_and_keeps_the_distribution(demo_campaign: Path) -> None:
+    """A's waves fill and drain (window_source ``waves``): no steady window, rejected; B passes every item."""
+    rows = protocol_rows(load_campaign(str(demo_campaign)))
+    assert [r["who"] for r in rows] == ["engineer-a", "engineer-b", "tuned (servetune)"]
+    a, b, tuned = rows
+    assert a["verdict"] == "rejected" and a["failed"] == ["steady_window: window_source = 'waves' not in steady, stated"]
+    assert a["quoted"].startswith("decode_tokens_per_s = ") and a["radix"] == "off" and a["load"] == "static batches of 64"
+    assert (b["verdict"], b["sla"], b["failed"]) == ("accepted", "met", [])
+    assert tuned["verdict"] == "accepted" and tuned["sla"] == "met" and "concurrency" in tuned["quoted"]
+    assert rejection_sentences(rows) == [
+        "engineer-a: rejected by the checklist (steady_window: window_source = 'waves' not in steady, stated)"]
+    html = write_report(load_campaign(str(demo_campaign)), demo_campaign / "report").html_path.read_text()
+    assert html.index('id="protocols"') < html.index('id="key-figures"') and html.count('class="protocol"') == 3
+
+
+def test_a_resumed_campaign_does_not_measure_a_protocol_again(demo_campaign: Path, tmp_path: Path) -> None:
+    plan = load_plan(DEMO)
+    out = tmp_path / "c"
+    first = Campaign(plan, SimTrialRunner(plan), out, experiment_id="e1").run_protocols()
+    again = Campaign.resume(plan, SimTrialRunner(plan), out, experiment_id="e1").run_protocols()
+    assert [t.trial_id for t in again] == [t.trial_id for t in first]
+    assert len(ResultFolder(out).trial_files()) == 2
+
+
+def test_a_plan_without_protocols_shows_no_section(demo_campaign: Path, tmp_path: Path) -> None:
+    from test_tuning_campaign import small_plan
+
+    plan = small_plan()
+    Campaign(plan, SimTrialRunner(plan), tmp_path).run()
+    assert protocol_rows(load_campaign(str(tmp_path))) == []
