@@ -385,16 +385,12 @@ def _gpu(s: TrialSummary, gpu: dict[str, Any] | None) -> None:
 
 
 def clean_at_start(gpu: dict[str, Any]) -> bool | None:
-    """No foreign process held a sampled GPU at the start; None when that cannot be told.
-
-    The sampler marks each process ``foreign`` when it knows the server's PIDs; an entry without
-    the mark (PIDs unknown) or a sampler that did not reach the GPUs leaves the answer unknown.
-    """
-    if gpu.get("state") != "ok" or gpu.get("processes_at_start") is None:
+    """THE clean-GPU-at-start rule (the checklist's ``clean_gpu``; the stored-trial SQL mirrors it): no foreign
+    process held a sampled (or simulated) GPU; None when that cannot be told: no GPU state, no process
+    list, or an entry without the sampler's ``foreign`` mark (the server's PIDs were unknown)."""
+    procs = gpu.get("processes_at_start")
+    if gpu.get("state") not in ("ok", "simulated") or not isinstance(procs, list):
         return None
-    procs = gpu["processes_at_start"]
     if any(isinstance(p, dict) and p.get("foreign") is True for p in procs):
         return False
-    if all(isinstance(p, dict) and p.get("foreign") is False for p in procs):
-        return True
-    return None
+    return True if all(isinstance(p, dict) and p.get("foreign") is False for p in procs) else None

@@ -121,3 +121,18 @@ def test_a_plan_without_protocols_shows_no_section(demo_campaign: Path, tmp_path
     plan = small_plan()
     Campaign(plan, SimTrialRunner(plan), tmp_path).run()
     assert protocol_rows(load_campaign(str(tmp_path))) == []
+
+
+def test_the_demo_prints_the_protocols_beside_the_answer(demo_campaign: Path, capsys) -> None:
+    from rich.console import Console
+
+    from servetune.commands import airflow as demo_cmd
+
+    demo_cmd.console = Console(width=160, force_terminal=False)
+    demo_cmd._print_protocols(ResultFolder(demo_campaign))
+    out = capsys.readouterr().out
+    assert "one server, measured 3 ways (simulated)" in out
+    lines = {ln.split("│")[1].strip(): ln for ln in out.splitlines() if ln.count("│") > 3}
+    assert "decode 2,612 tok/s" in lines["engineer-a"] and "rejected" in lines["engineer-a"]
+    assert "accepted" in lines["engineer-b"] and "met" in lines["tuned (servetune)"]
+    assert "engineer-a: rejected by the checklist (steady_window: window_source = 'waves'" in out

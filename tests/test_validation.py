@@ -207,3 +207,38 @@ def test_stored_trial_through_gx_postgres_datasource(database_url):
     assert _failed(rejected) == _failed(validate(bad))
     with pytest.raises(LookupError, match="no trial"):
         validate_stored("nope", database_url=database_url)
+
+
+GPU_CASES = [  # (state, processes_at_start) -> the one verdict
+    ("ok", [], True),
+    ("ok", [{"pid": 1, "foreign": False}], True),
+    ("ok", [{"pid": 1, "foreign": False}, {"pid": 4242, "foreign": True}], False),
+    ("ok", [{"pid": 4242, "name": "python"}], None),  # the server's PIDs unknown: cannot tell
+    ("simulated", [], True),
+    ("no_gpu", [], None),
+    ("ok", None, None),
+]
+
+
+def test_one_clean_gpu_rule_in_memory_and_in_the_warehouse(database_url):
+    """servetune.metrics.clean_at_start decides; a result stored without the verdict (older trials) gets
+    the same one from the checklist's frames and from the stored-trial SQL."""
+    from servetune.ingest import load_result
+    from servetune.metrics import clean_at_start
+    from servetune.validation.frames import build_frames
+    from servetune.validation.stored import validate_stored
+    from warehouse_fixtures import migrated
+
+    migrated(database_url)
+    for i, (state, procs, want) in enumerate(GPU_CASES):
+        t = make_trial(trial_id=f"clean-rule-{i}")
+        t.gpu = {**t.gpu, "state": state, "processes_at_start": procs}
+        t.summary.gpu_clean_at_start = None  # as an older result stored it
+        assert clean_at_start(t.gpu) is want, (state, procs)
+        assert build_frames(t).summary["gpu_clean_at_start"].iloc[0] is want, (state, procs)
+        load_result(database_url, t, validate=False)
+        stored = validate_stored(t.trial_id, database_url=database_url)
+        clean = [r for r in stored.results if r.checklist == "clean_gpu"]
+        assert all(r.success for r in clean) is (want is True), (state, procs, clean)
+        in_memory = [r.success for r in validate(t).results if r.checklist == "clean_gpu"]
+        assert [r.success for r in clean] == in_memory, (state, procs)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from servetune.metrics import clean_at_start
 from servetune.result import TrialResult
 from servetune.warehouse.tables import flatten_summary
 
@@ -79,10 +80,10 @@ def _window_uncovered_s(result: TrialResult, gpu: pd.DataFrame) -> float | None:
 
 
 def _clean_at_start(result: TrialResult) -> bool | None:
+    """The verdict the trial was measured with, else the one rule on its GPU record (older results)."""
     if result.summary.gpu_clean_at_start is not None:
         return result.summary.gpu_clean_at_start
-    procs = result.gpu.get("processes_at_start")
-    return None if procs is None else len(procs) == 0
+    return clean_at_start(result.gpu)
 
 
 def build_frames(result: TrialResult) -> TrialFrames:

@@ -35,8 +35,12 @@ SELECT t.input_len_p50, t.input_len_p90, t.input_len_p99, t.output_len_p50, t.ou
        t.window_source, t.window_s, t.completions_in_window, t.in_flight_min_fraction, t.dispatch_fraction,
        t.throughput_mismatch, t.request_throughput, t.goodput_rps,
        COALESCE(t.gpu_info->>'state', t.gpu_state) AS gpu_state,
-       COALESCE(t.gpu_clean_at_start, jsonb_array_length(t.gpu_info->'processes_at_start') = 0)
-           AS gpu_clean_at_start,
+       COALESCE(t.gpu_clean_at_start, CASE  -- servetune.metrics.clean_at_start, the one rule, in SQL
+         WHEN COALESCE(t.gpu_info->>'state', '') NOT IN ('ok', 'simulated')
+              OR jsonb_typeof(t.gpu_info->'processes_at_start') IS DISTINCT FROM 'array' THEN NULL
+         WHEN jsonb_path_exists(t.gpu_info, '$.processes_at_start[*] ? (@.foreign == true)') THEN false
+         WHEN NOT jsonb_path_exists(t.gpu_info, '$.processes_at_start[*] ? (!(@.foreign == false))') THEN true
+         END) AS gpu_clean_at_start,
        (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY r.prompt_tokens::float8 / r.requested_input_tokens)
           FROM request_records r
          WHERE r.trial_id = t.trial_id AND NOT r.warmup AND r.error_class IS NULL AND r.turn = 0
