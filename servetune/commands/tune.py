@@ -45,7 +45,9 @@ def _progress_printer(plan: TuningPlan, state_of: Any = None) -> Any:
         s = p.spec
         level = f"{s.rate:>6g} req/s" if s.rate is not None else f"{s.concurrency:>4}"
         head = f"[bold]#{p.index}[/bold] {s.stage:<11} level {level}"
-        if state_of is not None and p.event == "start":  # the walk usually stops before the bound
+        if s.stage == "protocol":  # run once before the campaign, outside its count
+            head = f"[bold]{escape(s.protocol or '?')}[/bold] protocol    level {level}"
+        elif state_of is not None and p.event == "start":  # the walk usually stops before the bound
             most = max(p.index, p.index - 1 + remaining_trials_upper_bound(plan, state_of(), s.stage))
             head = f"[bold]#{p.index}[/bold] of <= {most} {s.stage:<11} level {level}"
         if p.event == "start":

@@ -260,7 +260,8 @@ class Campaign:
         spec = TrialSpec(stage="protocol", protocol=p.name, concurrency=p.concurrency, requests=p.requests,
                          warmup=p.warmup, flags={**self.plan.engine_flags(), **p.flags},
                          reason=f"protocol {p.name}: {p.about}".rstrip(": "))
-        log.info("protocol %s: %s", p.name, p.about or "(no description)")
+        if self.progress:
+            self.progress(Progress("start", spec, 0, self.state.gpu_seconds, None))
         try:
             report = self.runner.run(spec, experiment_id=self.experiment_id)
         except Exception as exc:  # noqa: BLE001 - recorded, like a broken campaign trial
@@ -275,6 +276,9 @@ class Campaign:
         self.experiment["protocols_gpu_seconds"] = round(
             float(self.experiment.get("protocols_gpu_seconds") or 0.0) + report.gpu_seconds, 3)
         self._write_experiment()
+        if self.progress:
+            outcome = TrialOutcome.from_result(spec, result, gpu_seconds=report.gpu_seconds, restarted=report.restarted)
+            self.progress(Progress("end", spec, 0, self.state.gpu_seconds, None, outcome))
         return result
 
     def expected_cost_s(self, spec: TrialSpec) -> float:
