@@ -203,8 +203,9 @@ class TuningPlan(_Strict):
     )
     estimate: SimEstimate | None = Field(default=None, description="sim profiles for --dry-run estimates")
     robustness: RobustnessSection | None = Field(default=None, description="re-measure the answer under bursts")
-    protocols: list[Protocol] = Field(default_factory=list, description="other ways to measure the same server,"
-                                      " run once beside the campaign (servetune.plan_protocols)")
+    protocols: list[Protocol] = Field(  # left out of dumps when empty: older plan digests hold
+        default_factory=list, exclude_if=lambda v: not v,
+        description="other ways to measure the same server, run once beside the campaign (servetune.plan_protocols)")
     prompt_template: str | None = Field(
         default=None, description="template file or model dir whose chat template the answer depends on (fingerprinted)"
     )
