@@ -113,7 +113,7 @@ def test_radix_match_insert_split_and_lru_eviction() -> None:
     assert t.evict(100) == 3 and t.total_size == 0
 
 
-# --- plausibility (seed article 2.1 and the SGLang tuning guide) ---------------------------------
+# --- plausibility (the load-curve shape docs/method.md describes and the SGLang tuning guide) ---------------------------------
 
 
 @pytest.fixture(scope="module")
