@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from servetune.plan_protocols import HEADLINE_LABELS, HEADLINE_UNITS, headline_value
-from servetune.report.campaign import CampaignView, is_simulated, level_of, meets_sla
+from servetune.report.campaign import CampaignView, flag_value, is_simulated, level_of, meets_sla
 from servetune.result import TrialResult
 
 
@@ -58,7 +58,8 @@ def _row(t: TrialResult, sla: dict[str, float], *, who: str, about: str, quoted:
         "load": f"{batching} {_num(level_of(t))}" if level_of(t) is not None else "-",
         "load_short": "-" if level_of(t) is None else (f"batch {_num(level_of(t))}, static" if batching != "streams"
                                                         else f"{_num(level_of(t))} streams"),
-        "radix": "off" if t.server_config.get("disable-radix-cache") else "on",
+        "radix": "off" if (flag_value(t.server_config, "disable-radix-cache")  # SGLang, sim
+                           or flag_value(t.server_config, "enable-prefix-caching") is False) else "on",  # vLLM
         "decode_tps": _num(s.decode_tokens_per_s), "output_tps": _num(s.output_tokens_per_s),
         "ttft_p99": _num(s.ttft_ms.p99), "tpot_p99": _num(s.tpot_ms.p99, 1), "e2e_p99": _num(s.e2e_ms.p99),
         "goodput": _num(s.goodput_rps, 2), "hit": "-" if s.prefix_hit_rate is None else f"{s.prefix_hit_rate:.0%}",
