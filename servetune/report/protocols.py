@@ -52,12 +52,11 @@ def _row(t: TrialResult, sla: dict[str, float], *, who: str, about: str, quoted:
     s = t.summary
     verdict, css = _verdict(t)
     sla_text = ("met" if meets_sla(t, sla) else "missed") if sla and t.status != "failed" else "-"
-    batching = "static batches of" if t.load.get("mode") == "waves" else "streams"
+    static, level = t.load.get("mode") == "waves", level_of(t)
     return {
         "who": who, "about": about, "quoted": quoted, "quoted_short": short, "trial_id": t.trial_id,
-        "load": f"{batching} {_num(level_of(t))}" if level_of(t) is not None else "-",
-        "load_short": "-" if level_of(t) is None else (f"batch {_num(level_of(t))}, static" if batching != "streams"
-                                                        else f"{_num(level_of(t))} streams"),
+        "load": "-" if level is None else f"static batches of {_num(level)}" if static else f"{_num(level)} streams",
+        "load_short": "-" if level is None else f"batch {_num(level)}, static" if static else f"{_num(level)} streams",
         "radix": "off" if (flag_value(t.server_config, "disable-radix-cache")  # SGLang, sim
                            or flag_value(t.server_config, "enable-prefix-caching") is False) else "on",  # vLLM
         "decode_tps": _num(s.decode_tokens_per_s), "output_tps": _num(s.output_tokens_per_s),
