@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from servetune.engines import EngineConfig, engine_class
 from servetune.engines.knobs import FlagValue, KnobError, engine_flags, with_flags
 from servetune.plan_load import LoadSection, check_trace
-from servetune.plan_protocols import Protocol, check_protocols
+from servetune.plan_protocols import MeasurementProtocol, check_protocols
 from servetune.runners import LocalRunnerConfig, RunnerConfig
 from servetune.sla import SLA
 from servetune.validity import ValidityRules
@@ -203,7 +203,7 @@ class TuningPlan(_Strict):
     )
     estimate: SimEstimate | None = Field(default=None, description="sim profiles for --dry-run estimates")
     robustness: RobustnessSection | None = Field(default=None, description="re-measure the answer under bursts")
-    protocols: list[Protocol] = Field(  # left out of dumps when empty: older plan digests hold
+    protocols: list[MeasurementProtocol] = Field(  # left out of dumps when empty: older plan digests hold
         default_factory=list, exclude_if=lambda v: not v,
         description="other ways to measure the same server, run once beside the campaign (servetune.plan_protocols)")
     prompt_template: str | None = Field(

@@ -32,7 +32,7 @@ HEADLINE_UNITS: dict[str, str] = {
 }
 
 
-class Protocol(BaseModel):
+class MeasurementProtocol(BaseModel):
     """How one engineer measures: the plan's workload with ``workload`` deep-merged over it, the
     engine's flags with ``flags`` over them, ``concurrency`` streams (``batching: static``: waves of that
     many, the next wave once the whole batch is done) and the figure ``headline`` they quote."""
@@ -61,7 +61,7 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def protocol_workload(plan_workload: WorkloadSpec, protocol: Protocol) -> WorkloadSpec:
+def protocol_workload(plan_workload: WorkloadSpec, protocol: MeasurementProtocol) -> WorkloadSpec:
     """The protocol's workload: the plan's, with the protocol's changes (validated like any workload)."""
     if not protocol.workload:
         return plan_workload
@@ -78,7 +78,7 @@ def headline_value(summary: Any, headline: str) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def check_protocols(protocols: list[Protocol], workload: WorkloadSpec, engine: Any, engine_flags: dict[str, Any]) -> None:
+def check_protocols(protocols: list[MeasurementProtocol], workload: WorkloadSpec, engine: Any, engine_flags: dict[str, Any]) -> None:
     """Each protocol's workload and flags, checked as the campaign's are: before any server starts."""
     names = [p.name for p in protocols]
     if len(set(names)) != len(names):

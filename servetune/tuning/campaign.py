@@ -25,7 +25,7 @@ import orjson
 
 from servetune.experiment import ExperimentRecord, ResultFolder
 from servetune.plan import TuningPlan
-from servetune.plan_protocols import Protocol
+from servetune.plan_protocols import MeasurementProtocol
 from servetune.result import TrialResult
 from servetune.redact import MASK, redact
 from servetune.tuning.decisions import next_trials
@@ -256,7 +256,7 @@ class Campaign:
             self.runner.close()
         return out
 
-    def _run_protocol(self, p: Protocol) -> TrialResult:
+    def _run_protocol(self, p: MeasurementProtocol) -> TrialResult:
         spec = TrialSpec(stage="protocol", protocol=p.name, concurrency=p.concurrency, requests=p.requests,
                          warmup=p.warmup, flags={**self.plan.engine_flags(), **p.flags},
                          reason=f"protocol {p.name}: {p.about}".rstrip(": "))

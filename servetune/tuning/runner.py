@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from servetune.plan import TuningPlan
-from servetune.plan_protocols import Protocol, protocol_workload
+from servetune.plan_protocols import MeasurementProtocol, protocol_workload
 from servetune.result import TrialResult
 from servetune.engines.knobs import sim_flags
 from servetune.tuning.state import TrialSpec
@@ -37,7 +37,7 @@ class TrialRunner(Protocol):
     def close(self) -> None: ...
 
 
-def protocol_of(plan: TuningPlan, spec: TrialSpec) -> Protocol | None:
+def protocol_of(plan: TuningPlan, spec: TrialSpec) -> MeasurementProtocol | None:
     """The plan's protocol a trial measures, None for a campaign trial."""
     if spec.protocol is None:
         return None
