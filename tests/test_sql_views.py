@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 
 from servetune.cli import app
 from servetune.validation import validate
-from servetune.ingest import load_result
 from servetune.warehouse import db, queries
 from servetune.warehouse.loader import ExperimentInfo, load_trial
 from warehouse_fixtures import make_trial, migrated, passing_report
