@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from operators.config import results_dir, runner_of
 from servetune.experiment import ResultFolder
 from servetune.plan import PlanError, TuningPlan, load_plan, parse_plan
+from servetune.plan_protocols import deep_merge
 from servetune.tuning.runner import SimTrialRunner
 
 if TYPE_CHECKING:
@@ -31,13 +32,6 @@ STAGES: dict[str, tuple[Stage, ...]] = {
     "ramp": ("ramp", "bisect"),
     "refine": ("refine", "robustness"),
 }
-
-
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def experiment_id_for(plan_file: str, run_id: str) -> str:
@@ -62,12 +56,12 @@ def prepare(plan_file: str, *, trigger: str, run_id: str, overrides: dict[str, A
 
     plan = load_plan(plan_file)
     if load_mode != "plan":
-        overrides = _deep_merge({"load": {"mode": load_mode}}, overrides or {})
+        overrides = deep_merge({"load": {"mode": load_mode}}, overrides or {})
     if overrides:
         data = plan.model_dump(mode="json")
         if "load" in overrides and not data.get("load"):
             data["load"] = {}  # a plan without a load section: its defaults, under the override
-        plan = parse_plan(_deep_merge(data, overrides), source=f"{plan_file} + overrides")
+        plan = parse_plan(deep_merge(data, overrides), source=f"{plan_file} + overrides")
     if clock == "virtual" and SimTrialRunner.for_plan(plan) is None:
         raise PlanError(f"{plan_file}: clock virtual needs engine.kind sim or an `estimate:` section in the plan")
     exp_id = experiment_id_for(plan_file, run_id)

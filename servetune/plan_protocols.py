@@ -21,14 +21,11 @@ from servetune.workload.spec import WorkloadSpec
 #: the figures a protocol's author may quote (TrialSummary fields, or a p99 of one)
 Headline = Literal["decode_tokens_per_s", "output_tokens_per_s", "request_throughput", "goodput_rps",
                    "p99_ttft_ms", "p99_tpot_ms", "p99_e2e_ms"]
-#: how each figure reads in a narrow table
-HEADLINE_LABELS: dict[str, str] = {
-    "decode_tokens_per_s": "decode", "output_tokens_per_s": "output", "request_throughput": "throughput",
-    "goodput_rps": "goodput", "p99_ttft_ms": "p99 TTFT", "p99_tpot_ms": "p99 TPOT", "p99_e2e_ms": "p99 E2E",
-}
-HEADLINE_UNITS: dict[str, str] = {
-    "decode_tokens_per_s": "tok/s", "output_tokens_per_s": "tok/s", "request_throughput": "req/s",
-    "goodput_rps": "req/s", "p99_ttft_ms": "ms", "p99_tpot_ms": "ms", "p99_e2e_ms": "ms",
+#: each figure's (label in a narrow table, unit)
+HEADLINES: dict[str, tuple[str, str]] = {
+    "decode_tokens_per_s": ("decode", "tok/s"), "output_tokens_per_s": ("output", "tok/s"),
+    "request_throughput": ("throughput", "req/s"), "goodput_rps": ("goodput", "req/s"),
+    "p99_ttft_ms": ("p99 TTFT", "ms"), "p99_tpot_ms": ("p99 TPOT", "ms"), "p99_e2e_ms": ("p99 E2E", "ms"),
 }
 
 

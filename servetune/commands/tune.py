@@ -82,18 +82,13 @@ def _load(plan_path: Path) -> TuningPlan:
         raise typer.Exit(BAD_INPUT) from None
 
 
-def _sim_runner(plan: TuningPlan) -> Any:
-    from servetune.tuning.runner import SimTrialRunner
-
-    return SimTrialRunner.for_plan(plan)
-
-
 def _print_dry_run(plan: TuningPlan) -> None:
     from servetune.engines.catalog import command_text
     from servetune.logs import emit_json, json_mode
     from servetune.tuning.campaign import dry_run
+    from servetune.tuning.runner import SimTrialRunner
 
-    runner = _sim_runner(plan)
+    runner = SimTrialRunner.for_plan(plan)
     if runner is None:
         _print_static_schedule(plan)
         return
@@ -246,7 +241,9 @@ def tune(
             console.print(f"[red]error:[/red] --previous {previous}: not a recommendation.json (no 'config')")
             raise typer.Exit(BAD_INPUT)
     if virtual:
-        runner = _sim_runner(plan)
+        from servetune.tuning.runner import SimTrialRunner
+
+        runner = SimTrialRunner.for_plan(plan)
         if runner is None:
             console.print("[red]error:[/red] --virtual needs engine.kind sim or an `estimate:` section in the plan")
             raise typer.Exit(BAD_INPUT)

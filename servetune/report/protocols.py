@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from servetune.plan_protocols import HEADLINE_LABELS, HEADLINE_UNITS, headline_value
+from servetune.plan_protocols import HEADLINES, headline_value
 from servetune.report.campaign import CampaignView, flag_value, is_simulated, level_of, meets_sla
 from servetune.result import TrialResult
 
@@ -32,8 +32,8 @@ def failed_checks(t: TrialResult) -> list[str]:
             seen = observed
         want = (f"not in {', '.join(map(str, details['value_set']))}" if "value_set" in details else
                 f"< {details['min_value']}" if isinstance(details.get("min_value"), int | float) else "")
-        seen = f"{seen:.4g}" if isinstance(seen, float) else seen
-        what = " ".join(x for x in (str(r.get("column") or ""), f"= {seen!r}" if seen is not None else "", want) if x)
+        shown = "" if seen is None else f"= {seen:.4g}" if isinstance(seen, float) else f"= {seen!r}"
+        what = " ".join(x for x in (str(r.get("column") or ""), shown, want) if x)
         out.append(f"{r.get('checklist') or r.get('suite')}: {what or r.get('expectation')}")
     return sorted(dict.fromkeys(out))
 
@@ -82,9 +82,9 @@ def protocol_rows(campaign: CampaignView) -> list[dict[str, Any]]:
         p = t.load.get("protocol") or {}
         headline = str(p.get("headline") or "goodput_rps")
         value = headline_value(t.summary, headline)
-        unit = HEADLINE_UNITS.get(headline, "")
+        label, unit = HEADLINES.get(headline, (headline, ""))
         quoted = f"{headline} = {_num(value, 1)} {unit}".rstrip()
-        short = f"{HEADLINE_LABELS.get(headline, headline)} {_num(value)} {unit}".rstrip()
+        short = f"{label} {_num(value)} {unit}".rstrip()
         rows.append(_row(t, sla, who=str(p.get("name") or "protocol"), about=str(p.get("about") or ""),
                          quoted=quoted, short=short))
     rec = campaign.recommendation or {}

@@ -189,8 +189,7 @@ class Campaign:
         self._write_experiment()
         try:
             while True:
-                if stop is not None and stop():
-                    raise KeyboardInterrupt("stop requested")
+                _stop_if(stop)
                 decision = next_trials(self.plan, self.state, previous=self.previous)
                 if decision.done or (wanted is not None and decision.stage not in wanted):
                     return decision
@@ -199,8 +198,7 @@ class Campaign:
                     late = deadline is not None and time.monotonic() + self.expected_cost_s(spec) > deadline
                     if late and self._ran_here:
                         return decision
-                    if stop is not None and stop():
-                        raise KeyboardInterrupt("stop requested")
+                    _stop_if(stop)
                     self._run_one(spec, decision.stage)
         finally:
             self.runner.close()
@@ -240,6 +238,8 @@ class Campaign:
         """The plan's protocols (servetune.plan_protocols), each once, before the staged trials; one
         already in trials/ (a resumed campaign, a retried task) is not measured again. Their trials are
         results like any other (checked, stored, reported) but never outcomes the decisions read."""
+        if not self.plan.protocols:  # most plans: no trial file is read
+            return []
         done = {t.load.get("protocol", {}).get("name"): t for t in self.folder.read_trials() if t.stage == "protocol"}
         self.folder.create()
         self._write_experiment()
@@ -249,8 +249,7 @@ class Campaign:
                 if p.name in done:
                     out.append(done[p.name])
                     continue
-                if stop is not None and stop():
-                    raise KeyboardInterrupt("stop requested")
+                _stop_if(stop)
                 out.append(self._run_protocol(p))
         finally:
             self.runner.close()
@@ -262,17 +261,9 @@ class Campaign:
                          reason=f"protocol {p.name}: {p.about}".rstrip(": "))
         if self.progress:
             self.progress(Progress("start", spec, 0, self.state.gpu_seconds, None))
-        try:
-            report = self.runner.run(spec, experiment_id=self.experiment_id)
-        except Exception as exc:  # noqa: BLE001 - recorded, like a broken campaign trial
-            log.exception("protocol %s failed", p.name)
-            report = RunReport(failed_result(spec, f"{type(exc).__name__}: {exc}", experiment_id=self.experiment_id),
-                               gpu_seconds=0.0, restarted=False)
+        report = self._measure(spec, protocol={"name": p.name, "about": p.about, "headline": p.headline,
+                                               "batching": p.batching})
         result = report.result
-        result.stage, result.experiment_id, result.server_config = "protocol", self.experiment_id, dict(spec.flags)
-        result.load = {**result.load, "protocol": {"name": p.name, "about": p.about, "headline": p.headline,
-                                                   "batching": p.batching}}
-        self.folder.write_trial(result)
         self.experiment["protocols_gpu_seconds"] = round(
             float(self.experiment.get("protocols_gpu_seconds") or 0.0) + report.gpu_seconds, 3)
         self._write_experiment()
@@ -280,6 +271,21 @@ class Campaign:
             outcome = TrialOutcome.from_result(spec, result, gpu_seconds=report.gpu_seconds, restarted=report.restarted)
             self.progress(Progress("end", spec, 0, self.state.gpu_seconds, None, outcome))
         return result
+
+    def _measure(self, spec: TrialSpec, protocol: dict[str, Any] | None = None) -> RunReport:
+        """Run ``spec`` (a broken trial is recorded, never raised), tag it with this campaign, write it."""
+        try:
+            report = self.runner.run(spec, experiment_id=self.experiment_id)
+        except Exception as exc:  # noqa: BLE001 - a broken trial is recorded; the plan decides what follows
+            log.exception("trial %s at %s failed", spec.stage, self.plan.level_text(spec.level))
+            report = RunReport(failed_result(spec, f"{type(exc).__name__}: {exc}", experiment_id=self.experiment_id),
+                               gpu_seconds=0.0, restarted=False)
+        result = report.result
+        result.stage, result.experiment_id, result.server_config = spec.stage, self.experiment_id, dict(spec.flags)
+        if protocol is not None:
+            result.load = {**result.load, "protocol": protocol}
+        self.folder.write_trial(result)
+        return report
 
     def expected_cost_s(self, spec: TrialSpec) -> float:
         """Seconds the next trial should take: the mean of those so far, plus a restart when its flags
@@ -295,17 +301,9 @@ class Campaign:
         eta = self._eta(stage)
         if self.progress:
             self.progress(Progress("start", spec, index, self.state.gpu_seconds, eta))
-        try:
-            report = self.runner.run(spec, experiment_id=self.experiment_id)
-        except Exception as exc:  # noqa: BLE001 - a broken trial is recorded; the plan decides what follows
-            log.exception("trial %s at %s failed", spec.stage, self.plan.level_text(spec.level))
-            report = RunReport(failed_result(spec, f"{type(exc).__name__}: {exc}", experiment_id=self.experiment_id),
-                               gpu_seconds=0.0, restarted=False)
+        report = self._measure(spec)
         self._ran_here = True
         result = report.result
-        result.stage, result.experiment_id = spec.stage, self.experiment_id
-        result.server_config = dict(spec.flags)
-        self.folder.write_trial(result)
         outcome = TrialOutcome.from_result(spec, result, gpu_seconds=report.gpu_seconds, restarted=report.restarted)
         self.state = self.state.add(outcome)
         self.experiment["gpu_seconds"] = round(self.state.gpu_seconds, 3)
@@ -340,6 +338,12 @@ class Campaign:
     def _write_experiment(self) -> None:
         self.folder.write_state(redact(self.state.model_dump(mode="json")))
         self.folder.write_experiment(self.experiment)
+
+
+def _stop_if(stop: Callable[[], bool] | None) -> None:
+    """``KeyboardInterrupt`` when the caller's flag says a signal came (see ``Campaign.advance``)."""
+    if stop is not None and stop():
+        raise KeyboardInterrupt("stop requested")
 
 
 def _with_secrets(state: CampaignState, plan: TuningPlan) -> CampaignState:
