@@ -56,8 +56,9 @@ def test_a_partly_simulated_campaign_names_which_trials(virtual_campaign: Path, 
     """One trial rewritten as measured (its sim marks removed): the banner counts, the rows tell them apart."""
     copy = tmp_path / "mixed"
     shutil.copytree(virtual_campaign, copy)
-    path = sorted((copy / "trials").glob("*.json"))[0]
-    data = orjson.loads(path.read_bytes())
+    # trial files are named by random id: take one the memory figure draws (not the correctness trial)
+    path, data = next((p, d) for p in sorted((copy / "trials").glob("*.json"))
+                      if (d := orjson.loads(p.read_bytes()))["stage"] != "correctness" and d["gpu"].get("samples"))
     data["target"]["engine"] = "sglang"
     data["environment"].pop("simulated")
     data["gpu"]["state"] = "ok"
