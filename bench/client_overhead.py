@@ -48,7 +48,8 @@ VLLM_HOME = Path(os.environ.get("SERVETUNE_VLLM_HOME", Path.home() / ".cache/ser
 
 
 # --- the servetune client, run as its own process -------------------------------------------
-def servetune_worker(url: str, concurrency: int, n_requests: int, out: Path, rt: bool, workers: int = 1) -> None:
+def servetune_worker(url: str, concurrency: int, n_requests: int, out: Path, rt: bool, workers: int = 1,
+                     http_client: str = "auto") -> None:
     from servetune.loadgen import LoadConfig, Target, run_load
     from servetune.loadgen.workers import run_load_workers
     from servetune.workload.request import WorkloadRequest
@@ -72,7 +73,7 @@ def servetune_worker(url: str, concurrency: int, n_requests: int, out: Path, rt:
 
         tick = asyncio.create_task(ticker())
         t0 = time.perf_counter_ns()
-        target = Target(url=url, endpoint="completions", timeout_s=120)
+        target = Target(url=url, endpoint="completions", timeout_s=120, http_client=http_client)
         load = LoadConfig(concurrency=concurrency, warmup_requests=concurrency)
         if workers > 1:  # each worker process has its own loop: their worst lag is in the outcome
             res = await run_load_workers(target, reqs, load, t0_ns=t0, workers=workers)
@@ -87,6 +88,55 @@ def servetune_worker(url: str, concurrency: int, n_requests: int, out: Path, rt:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         out.write_bytes(orjson.dumps(runner.run(main())))
+
+
+# --- the baseline: a plain aiohttp + uvloop streaming loop, as anyone would write it ------------
+def plain_worker(url: str, concurrency: int, n_requests: int, out: Path, rt: bool) -> None:
+    """Closed loop of ``concurrency`` streams; each read of ``iter_any()`` stamped and split into SSE events
+    (each event gets the stamp of the read that completed it); which events are content chunks (not the
+    usage chunk, not [DONE]) is sorted out after the whole run."""
+    import aiohttp
+    import uvloop
+
+    if rt:
+        realtime(4)
+    results: list[dict] = []
+
+    async def stream(session: aiohttp.ClientSession, i: int, t0: int) -> None:
+        body = {"model": "m", "prompt": f"bench #{i}", "max_tokens": TOKENS, "stream": True}
+        start = time.perf_counter_ns()
+        stamped: list[tuple[int, bytes]] = []
+        async with session.post(url + "/v1/completions", json=body, headers={"x-request-id": f"p-{i}"}) as resp:
+            buf = b""
+            async for data in resp.content.iter_any():
+                now = time.perf_counter_ns()
+                buf += data
+                *events, buf = buf.split(b"\n\n")
+                stamped += [(now, e) for e in events]
+        if i >= concurrency:  # the first request of each stream is its warm-up
+            results.append({"request_id": i, "start_ns": start, "events": stamped})
+
+    async def main() -> None:
+        t0 = time.perf_counter_ns()
+        nxt = iter(range(n_requests + concurrency))
+        connector = aiohttp.TCPConnector(limit=concurrency + 4)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+            async def lane() -> None:
+                for i in nxt:
+                    await stream(session, i, t0)
+
+            await asyncio.gather(*(lane() for _ in range(concurrency)))
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+    for r in results:
+        content = [(t, orjson.loads(e[6:])) for t, e in r.pop("events") if e.startswith(b"data: {")]
+        r["chunk_ns"] = [t for t, obj in content if obj.get("choices")]
+    out.write_bytes(orjson.dumps({"plain": results}))
+
+
+def plain_chunks(result: dict) -> dict[int, tuple[float, np.ndarray]]:
+    return {r["request_id"]: (r["start_ns"], np.asarray(r["chunk_ns"], dtype=np.float64)) for r in result["plain"]}
 
 
 def servetune_chunks(result: dict) -> dict[int, tuple[float, np.ndarray]]:
@@ -164,9 +214,9 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
     n = concurrency * per_stream
     run_dir = Path(tempfile.mkdtemp(prefix=f"{client}-{concurrency}-", dir=work))
     with ServerProcess(Scenario(ttft_ms=TTFT_MS, gap_ms=GAP_MS), run_dir, rt_priority=5) as srv:
-        if client == "servetune":
+        if client in ("servetune", "servetune-aiohttp", "plain-aiohttp"):
             argv = [sys.executable, __file__, "--worker", srv.url, str(concurrency), str(n), str(run_dir / "st.json"),
-                    str(workers)]
+                    str(workers), client]
             argv += ["--client-rt"] if client_rt else []
         else:
             argv = vllm_argv(srv.url, concurrency, n, run_dir)
@@ -184,8 +234,11 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
             print(f"{client} at {concurrency} failed:\n{output.decode()[-3000:]}", file=sys.stderr)
             return None
     log = srv.log()
-    chunks = servetune_chunks(orjson.loads((run_dir / "st.json").read_bytes())) if client == "servetune" else vllm_chunks(run_dir)
-    lag = orjson.loads((run_dir / "st.json").read_bytes())["lag_ms"] if client == "servetune" else None
+    ours = client.startswith("servetune")
+    result = orjson.loads((run_dir / "st.json").read_bytes()) if client != "vllm" else None
+    chunks = (servetune_chunks(result) if ours else plain_chunks(result) if result is not None
+              else vllm_chunks(run_dir))
+    lag = result["lag_ms"] if ours else None
 
     s = np.asarray(poller.samples)
     total = s[-1, 1]
@@ -226,12 +279,19 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         url, conc, n, out, workers = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]), int(sys.argv[6])
-        servetune_worker(url, conc, n, out, rt="--client-rt" in sys.argv, workers=workers)
+        rt = "--client-rt" in sys.argv
+        if sys.argv[7] == "plain-aiohttp":
+            plain_worker(url, conc, n, out, rt)
+        else:
+            http = "aiohttp" if sys.argv[7] == "servetune-aiohttp" else "auto"
+            servetune_worker(url, conc, n, out, rt=rt, workers=workers, http_client=http)
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--levels", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--requests-per-stream", type=int, default=3, help="measured requests = streams x this")
-    ap.add_argument("--clients", nargs="+", default=["servetune", "vllm"], choices=["servetune", "vllm"])
+    ap.add_argument("--clients", nargs="+", default=["servetune", "plain-aiohttp", "vllm"],
+                    choices=["servetune", "servetune-aiohttp", "plain-aiohttp", "vllm"],
+                    help="servetune-aiohttp: servetune through aiohttp (Target.http_client) instead of its raw client")
     ap.add_argument("--client-rt", action="store_true", help="clients SCHED_FIFO too (shared machines)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--workers", type=int, nargs="+", default=[1],

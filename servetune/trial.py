@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from servetune.loadgen import LoadConfig, Target, TargetUnreachable, run_load
 from servetune.loadgen.workers import run_load_workers, worker_count
 from servetune.loadgen.client import LoadOutcome
-from servetune.loadgen.client import preflight as check_reachable
+from servetune.loadgen.transport import check_reachable
 from servetune.metrics import summarize
 from servetune.result import TrialResult
 from servetune.sla import SLA
@@ -196,8 +196,7 @@ async def _run_trial(
     tok_path = req.tokenizer or req.workload.tokenizer
     tokenizer = load_tokenizer(tok_path) if tok_path else None
     batch = build_requests(req.workload, req.total_requests, tokenizer=tokenizer)
-    async with aiohttp.ClientSession() as session:
-        await check_reachable(session, req.target)
+    await check_reachable(req.target)
 
     result = TrialResult(
         stage=req.stage,
@@ -257,6 +256,7 @@ async def _run_trial(
             "client_lag_p99_ms": outcome.client_lag_p99_ms,
             "client_lag_max_ms": outcome.client_lag_max_ms,
             "client_workers": workers,
+            "http_client": outcome.http_client,
         }
     result.summary = summarize(
         result.records,
@@ -289,11 +289,10 @@ def _failed(result: TrialResult, reason: str, req: TrialRequest, lengths_exact: 
 async def _failure_after_load(target: Target, result: TrialResult) -> str | None:
     """A trial whose every measured request failed, or whose target stopped answering, failed."""
     s = result.summary
-    async with aiohttp.ClientSession() as session:
-        try:
-            await check_reachable(session, target)
-        except TargetUnreachable as exc:
-            return f"the target stopped answering during the trial: {exc}"
+    try:
+        await check_reachable(target)
+    except TargetUnreachable as exc:
+        return f"the target stopped answering during the trial: {exc}"
     if s.requests_measured and s.requests_ok == 0:
         classes = ", ".join(f"{k}: {v}" for k, v in sorted(s.errors_by_class.items()))
         sample = next((r.error_message for r in result.records if not r.warmup and r.error_message), None)

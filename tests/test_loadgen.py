@@ -115,12 +115,15 @@ class _WordCounter:
         ("generate", "usage_chunk", TokenCountSource.META_INFO),  # cumulative text + meta_info
     ],
 )
-async def test_stream_shapes(endpoint: str, shape: str, source: TokenCountSource) -> None:
+@pytest.mark.parametrize("client", ["raw", "aiohttp"])
+async def test_stream_shapes(endpoint: str, shape: str, source: TokenCountSource, client: str) -> None:
     async with SseServer(Scenario(ttft_ms=25, gap_ms=2, tokens_per_chunk=2, shape=shape)) as srv:
         t0 = time.perf_counter_ns()
         out = await run_load(
-            Target(url=srv.url, endpoint=endpoint), _requests(3, out=9), LoadConfig(concurrency=3), t0_ns=t0
+            Target(url=srv.url, endpoint=endpoint, http_client=client), _requests(3, out=9), LoadConfig(concurrency=3),
+            t0_ns=t0,
         )
+    assert out.http_client == client
     for rec in out.records:
         log = srv.log[rec.request_id]
         assert rec.ok, rec.error_message
@@ -150,7 +153,8 @@ async def test_tokenizer_counts_chunks_when_the_server_gives_no_per_chunk_counts
         assert rec.chunk_tokens == [2, 2, 2, 1] and rec.client_completion_tokens == 7 == rec.completion_tokens
 
 
-async def test_every_error_class_is_recorded_and_the_run_completes() -> None:
+@pytest.mark.parametrize("client", ["raw", "aiohttp"])
+async def test_every_error_class_is_recorded_and_the_run_completes(client: str) -> None:
     fails = {
         "400": ErrorClass.HTTP_4XX,
         "500": ErrorClass.HTTP_5XX,
@@ -169,7 +173,7 @@ async def test_every_error_class_is_recorded_and_the_run_completes() -> None:
     seen: list[tuple[int, int, int]] = []
     async with SseServer(Scenario(ttft_ms=5, gap_ms=5, fail_after_chunks=2)) as srv:
         out = await run_load(
-            Target(url=srv.url, timeout_s=1.0),
+            Target(url=srv.url, timeout_s=1.0, http_client=client),
             reqs,
             LoadConfig(concurrency=len(reqs)),
             t0_ns=time.perf_counter_ns(),

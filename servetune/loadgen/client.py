@@ -1,8 +1,8 @@
-"""run_load: stream every request through one pooled aiohttp session and record what came back.
+"""run_load: stream every request through one pool of keep-alive connections and record what came back.
 
-The per-chunk hot path is three operations: await the socket, take ``perf_counter_ns()``,
-append the raw bytes. Everything else (SSE splitting, JSON, token counting) happens once the
-request's stream has ended, so a busy client stamps chunks late as little as possible.
+The per-chunk hot path is one call in the socket's protocol (transport.py): take ``perf_counter_ns()``,
+append the payload. Everything else (SSE splitting, JSON, token counting) happens once the request's
+stream has ended, so a busy client stamps chunks late as little as possible.
 The load's units are requests, or users' sessions (sessions.py): a session's next turn goes out once
 the previous answer has been decoded, carrying it.
 Failures are recorded on the request (docs/metrics.md, Errors: never an aborted run); a stream
@@ -21,12 +21,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from servetune.records import ErrorClass, RequestRecord
 from servetune.workload.request import WorkloadRequest
 
-from .capture import capture, release
 from .config import LoadConfig, Target
 from .endpoints import decode_stream, request_body, token_counter
 from .idle import IDLE_TIMEOUT, IdleWatch
@@ -34,10 +31,9 @@ from .lag import LoopLag
 from .sessions import is_session, load_units
 from .sse import split_events
 from .strategies import arrival_offsets_s, closed_loop, open_loop, waves
+from .transport import CONNECTION_ERRORS, ERROR_BODY_BYTES, TargetUnreachable, open_transport
 
-READ_BUFSIZE = 1 << 22  # 64 KiB (aiohttp's default) throttles long-context streams: vLLM #39963
-ERROR_BODY_BYTES = 2048
-PREFLIGHT_TIMEOUT_S = 10.0
+__all__ = ["LoadOutcome", "Share", "TargetUnreachable", "run_load", "run_load_sync"]
 
 Progress = Callable[[int, int, int], None]  # (requests done, errors, output tokens)
 
@@ -52,10 +48,6 @@ class Share:
     start: Callable[[], Awaitable[int]]
 
 
-class TargetUnreachable(ConnectionError):
-    """The target did not answer the preflight: nothing was sent."""
-
-
 @dataclass(slots=True)
 class LoadOutcome:
     records: list[RequestRecord]  # one per request sent, in request order (a session's turns after a
@@ -66,6 +58,7 @@ class LoadOutcome:
     stopped: bool = False  # ended early by ``stop``: the requests never sent are not in ``records``
     client_lag_p99_ms: float | None = None  # the client's event loop, late to wake, over the window (lag.py)
     client_lag_max_ms: float | None = None
+    http_client: str = "raw"  # the client the requests went through (transport.py)
 
 
 def _classify_status(status: int) -> ErrorClass:
@@ -76,18 +69,6 @@ def _classify_status(status: int) -> ErrorClass:
 
 def _redact(text: str, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
-
-
-async def preflight(session: aiohttp.ClientSession, target: Target) -> None:
-    """Any HTTP answer from ``/health`` proves the target is reachable; only transport failures fail."""
-    url = target.url + "/health"
-    timeout = aiohttp.ClientTimeout(total=min(PREFLIGHT_TIMEOUT_S, target.timeout_s))
-    try:
-        async with session.get(url, timeout=timeout) as resp:
-            await resp.read()
-    except (aiohttp.ClientConnectionError, TimeoutError, OSError) as exc:
-        cause = str(exc) or type(exc).__name__
-        raise TargetUnreachable(f"target {target.url} is unreachable ({cause}); no request was sent") from exc
 
 
 async def run_load(
@@ -115,7 +96,6 @@ async def run_load(
     warm = share.warm if share is not None else [i < n_warm for i in range(len(requests))]
     records = [r.new_record(warm[i]) for i, r in enumerate(requests)]
     bodies = [request_body(target, r) for r in requests]
-    url = target.request_url
     endpoint = target.endpoint
     key = target.api_key()
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Accept-Encoding": "identity"}
@@ -141,28 +121,16 @@ async def run_load(
             async with asyncio.timeout(timeout_s) as deadline:
                 if idle is not None:
                     idle.watch(i, t_send, times, deadline)
-                async with session.post(url, data=bodies[i] if body is None else body) as resp:
-                    if idle is not None:
-                        idle.alive(i)
-                    rec.http_status = resp.status
-                    content = resp.content
-                    if resp.status >= 400:
-                        body = await content.read(ERROR_BODY_BYTES)
-                        t_end = clock()
-                        rec.error_class = _classify_status(resp.status).value
-                        rec.error_message = f"HTTP {resp.status}: {body.decode('utf-8', 'replace')[:300]}"
-                    elif capture(content, times, reads):
-                        try:
-                            await content.wait_eof()
-                        finally:
-                            release(content)
-                        t_end = clock()
-                    else:  # an aiohttp we do not know: the public, slower path
-                        readany = content.readany
-                        while data := await readany():
-                            times.append(clock())
-                            reads.append(data)
-                        t_end = clock()
+                status = await post(bodies[i] if body is None else body, times, reads,
+                                    None if idle is None else (lambda: idle.alive(i)))
+                t_end = clock()
+                rec.http_status = status
+                if status >= 400:
+                    text = b"".join(reads)[:ERROR_BODY_BYTES].decode("utf-8", "replace")
+                    reads.clear()
+                    times.clear()
+                    rec.error_class = _classify_status(status).value
+                    rec.error_message = f"HTTP {status}: {text[:300]}"
         except TimeoutError:
             t_end = clock()
             if idle is not None and i in idle.fired:
@@ -172,7 +140,7 @@ async def run_load(
             else:
                 rec.error_class = ErrorClass.TIMEOUT.value
                 rec.error_message = f"no complete response within timeout_s={target.timeout_s}"
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
+        except CONNECTION_ERRORS as exc:
             t_end = clock()
             rec.error_class = ErrorClass.CONNECTION.value
             rec.error_message = f"{type(exc).__name__}: {exc}"
@@ -253,15 +221,8 @@ async def run_load(
             progress(counters[0], counters[1], counters[2])
         return text
 
-    connector = aiohttp.TCPConnector(limit=load.concurrency + 4, limit_per_host=0, keepalive_timeout=60)
-    async with aiohttp.ClientSession(
-        connector=connector,
-        headers=headers,
-        read_bufsize=READ_BUFSIZE,
-        auto_decompress=False,
-        timeout=aiohttp.ClientTimeout(total=None),
-    ) as session:
-        await preflight(session, target)
+    async with open_transport(target, headers, load.concurrency) as transport:
+        post = transport.post
         # The records and bodies are long-lived: keep the collector from re-scanning them all run long.
         gc.freeze()
         decoding = asyncio.create_task(decoder())
@@ -301,7 +262,7 @@ async def run_load(
     first = min((r.t_send_s for r in measured), default=0.0)
     last = max((r.t_send_s for r in measured), default=0.0)
     lag_p99, lag_max = lag.over(first, last, t0_ns)
-    return LoadOutcome(kept, first, last, (drain_end - t0_ns) / 1e9, stopped, lag_p99, lag_max)
+    return LoadOutcome(kept, first, last, (drain_end - t0_ns) / 1e9, stopped, lag_p99, lag_max, transport.name)
 
 
 async def _until_stopped(dispatch: Coroutine[Any, Any, None], stop: asyncio.Event | None) -> bool:

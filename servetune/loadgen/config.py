@@ -49,6 +49,20 @@ class Target(BaseModel):
     ignore_eos: bool = Field(default=True, description="ask for exactly max_tokens (sent only when true: "
                                                        "some OpenAI servers reject the field)")
     temperature: float = Field(default=0.0, ge=0)
+    http_client: Literal["auto", "raw", "aiohttp"] = Field(
+        default="auto", description="auto: the raw HTTP/1.1 client (loadgen/rawhttp.py, the least CPU per chunk)"
+                                    " for http:// targets, aiohttp for https://")
+
+    @field_validator("http_client")
+    @classmethod
+    def _raw_is_plain_http(cls, v: str, info: ValidationInfo) -> str:
+        if v == "raw" and not str(info.data.get("url", "")).startswith("http://"):
+            raise ValueError("the raw client speaks plain http:// only (use auto or aiohttp for https)")
+        return v
+
+    @property
+    def request_path(self) -> str:
+        return ENDPOINT_PATHS[self.endpoint]
 
     @property
     def request_url(self) -> str:

@@ -188,4 +188,5 @@ def _merge(n: int, shares: list[dict[str, Any]], outcomes: list[LoadOutcome]) ->
         any(o.stopped for o in outcomes),
         max(lags) if lags else None,
         max(worst) if worst else None,
+        outcomes[0].http_client,
     )
