@@ -75,6 +75,7 @@ async def test_bench_writes_a_complete_result(server, tmp_path):
     assert len(d["records"]) == 14 and all(rec["ttft_ms"] < rec["e2e_ms"] for rec in d["records"])
     assert d["workload"]["spec"]["name"] == "tiny" and d["workload"]["fingerprint"]
     assert d["load"]["concurrency"] == 4 and d["load"]["mode"] == "concurrency"
+    assert d["load"]["http_client"] == "raw"  # http://: the raw client
     assert "samples" in d["gpu"] and d["environment"]
     assert len(seen.generations) == 14
 
@@ -99,11 +100,14 @@ async def test_default_workload_and_rate_mode(server, tmp_path):
         "constant",
         "--endpoint",
         "completions",
+        "--http-client",
+        "aiohttp",
     )
     assert r.exit_code == 0, r.output
     d = orjson.loads(out.read_bytes())
     assert d["workload"]["spec"]["name"] == "chat-default"
     assert d["load"]["mode"] == "rate" and d["load"]["rate"] == 50.0 and d["load"]["arrival"] == "constant"
+    assert d["target"]["http_client"] == d["load"]["http_client"] == "aiohttp"  # pinned, and used
     assert d["target"]["endpoint"] == "completions" and d["summary"]["requests_ok"] == 3
 
 
@@ -153,6 +157,7 @@ async def test_bad_workload_files_name_the_cause_and_send_nothing(server, tmp_pa
         (["--arrival", "zipf", "--rate", "5"], "--arrival"),
         (["--rate", "-1"], "--rate"),
         (["--endpoint", "embeddings"], "--endpoint"),
+        (["--http-client", "curl"], "--http-client"),
         (["--sla", "ttft=5"], "ttft"),
         (["--sla", "ttft_ms=fast"], "--sla"),
         (["--sla", "ttft_ms=-5"], "ttft_ms"),

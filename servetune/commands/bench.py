@@ -238,6 +238,8 @@ def bench(
     workers: Annotated[int | None, typer.Option(
         min=1, help="client processes the streams are split over (default: one per 256 streams, up to the cores"
                     " but one)")] = None,
+    http_client: Annotated[str, typer.Option(
+        help="auto (the raw HTTP/1.1 client for http://, aiohttp for https://), raw or aiohttp")] = "auto",
 ) -> None:
     """Benchmark a running endpoint: one trial, its summary, and a JSON result with every record."""
     from servetune.commands.trace import bench_trace
@@ -268,6 +270,7 @@ def bench(
                         "api_key_env": api_key_env,
                         "timeout_s": timeout_s,
                         "idle_timeout_s": idle_timeout or None,
+                        "http_client": http_client,
                     },
                     "load": {
                         "mode": "rate" if rate is not None or arrival == "trace" else
@@ -339,6 +342,7 @@ _CLI_NAMES = {
     "target.url": "--url",
     "target.endpoint": "--endpoint",
     "target.timeout_s": "--timeout-s",
+    "target.http_client": "--http-client",
     "target.idle_timeout_s": "--idle-timeout",
     "num_requests": "--requests",
     "gpu_interval_ms": "--gpu-interval-ms",
