@@ -6,7 +6,8 @@
 # plan, e.g. tune:rate-a=plans/gpu-h200-sglang-rate.yaml), openloop
 # (`servetune bench --rate` at five Poisson rates against one server; SERVE_SET adds --set flags to the
 # server, ARRIVAL_ARGS bench arguments, OPENLOOP_DIR names the results folder), benchserving (servetune bench
-# and sglang.bench_serving side by side on one server, bench/bench_serving_side_by_side.py). Each call
+# and sglang.bench_serving side by side on one server, bench/bench_serving_side_by_side.py), clientbench
+# (bench/client_overhead.py on the machine's 16 cores: no GPU, no model; LEVELS, WORKERS). Each call
 # runs the steps not done yet and stops before DEADLINE seconds (default 560): a campaign pauses between trials
 # (--stop-after) and the next call resumes it (--resume). Work lives in /tmp/st on the machine; the
 # whole of it comes back as one archive in $OUT; on a cold machine .sgl/st.tar.gz (carried) restores it,
@@ -47,7 +48,7 @@ LOG="$OUT/call-$(date +%H%M%S).log"
     else for t in tests/data/gpu-h200-sglang/tune-*.tar.xz; do tar -C "$ST" -xJf "$t" && echo "seeded from $t"; done; fi
   fi
   [ -d /tmp/sglpkgs/sglang ] || bash .sgl/sgl_h200.sh unpack .sgl/sglpkgs.tar.xz | tail -3
-  [ -f /tmp/m8b/config.json ] || env -u PYTHONPATH "$PY" scripts/make_random_llama.py /tmp/m8b --hidden 4096 \
+  [ -f /tmp/m8b/config.json ] || [ "$*" = clientbench ] || env -u PYTHONPATH "$PY" scripts/make_random_llama.py /tmp/m8b --hidden 4096 \
       --layers 32 --heads 32 --kv-heads 8 --inter 14336 | tail -2
   source .sgl/sgl_h200.sh >/dev/null; setup_cuda_home; sgl_env
   export PYTHONPATH="$PWD:$PYTHONPATH" PYTHONUNBUFFERED=1 SERVETUNE_LOG_DIR="$ST/logs"
@@ -104,6 +105,11 @@ LOG="$OUT/call-$(date +%H%M%S).log"
         st_run 16 400 && bs_run 16 400 && bs_run 64 800 && st_run 64 800 || rc=1
         "$PY" bench/bench_serving_side_by_side.py --pair 16 "$B/servetune-c16.json" "$B/bench-serving-c16.jsonl" \
             --pair 64 "$B/servetune-c64.json" "$B/bench-serving-c64.jsonl" | tee "$B/side-by-side.md" ;;
+      clientbench)   # the load generator's CPU per chunk and timestamp error, with worker processes
+        bounded "$PY" bench/client_overhead.py --levels ${LEVELS:-64 256 1024} --requests-per-stream 3 \
+            --clients servetune servetune-aiohttp plain-aiohttp --workers ${WORKERS:-1 4 8} \
+            --json "$ST/clientbench.json" 2>&1 | tee "$ST/clientbench.md" | tail -20
+        rc=${PIPESTATUS[0]} ;;
       *) echo "unknown step $step"; rc=2 ;;
     esac
     echo "=== $step exit $rc at $(( $(date +%s) - T0 )) s"
