@@ -124,6 +124,17 @@ class _Connection(asyncio.Protocol):
             self._finish()
 
     def _chunks(self, data: bytes, t: int) -> None:
+        if not (self.skip or self.partial or self.last_chunk):  # the usual read: exactly one whole chunk
+            eol = data.find(b"\r\n", 0, 10)
+            if eol > 0:
+                try:
+                    size = int(data[:eol], 16)
+                except ValueError:  # a chunk extension: the general path below
+                    size = 0
+                if size and len(data) == eol + size + 4:
+                    self.times.append(t)
+                    self.reads.append(data[eol + 2 : -2])
+                    return
         if self.partial:
             data, self.partial = self.partial + data, b""
         n, pos, skip = len(data), 0, self.skip
