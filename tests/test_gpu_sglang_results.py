@@ -198,8 +198,9 @@ def test_every_trial_of_a_campaign_loads_and_the_invalid_ones_are_rejected(campa
     by_status = {}
     for r in rows:
         by_status.setdefault(r.status, []).append(r)
-    assert all(r.valid for r in by_status["ok"]) and len(by_status["ok"]) == 12
-    assert {r.valid for r in by_status["rejected"]} == {False} and len(by_status["rejected"]) == 5  # 4 + correctness
+    assert all(r.valid or r.stage == "correctness" for r in by_status["ok"]) and len(by_status["ok"]) == 13
+    assert {r.valid for r in by_status["rejected"]} == {False} and len(by_status["rejected"]) == 4
+    assert "correctness" in {r.stage for r in by_status["ok"]}  # a check, not a measurement: no window to judge
     for f in (campaigns["tune-b"] / "trials").glob("*.json"):
         s = TrialResult.read(f).summary
         if s.valid and s.requests_measured >= 100:

@@ -110,6 +110,21 @@ def test_each_validity_defect_rejects(defect, expected):
     assert {f[0] for f in failed} == {expected[0]}, failed
 
 
+def test_a_correctness_check_is_not_judged_as_a_measurement():
+    """One request, no steady window: rejected as a measurement, accepted as the check it is, and the
+    window items it skipped are named as waived; the rest of the checklist still applies to it."""
+    t = make_trial(n=1, warmup=0, concurrency=1)
+    as_measurement = {c for c, _, _ in _failed(validate(t))}
+    assert {"steady_window", "window_completions"} <= as_measurement, as_measurement
+    t.stage = "correctness"
+    report = validate(t)
+    assert report.success, _failed(report)
+    assert {"one_window", "steady_window", "window_completions"} <= set(report.waived)
+    assert not {o.checklist for o in report.results} & {"one_window", "steady_window", "window_completions"}
+    t.records[0].ttft_ms = t.records[0].e2e_ms + 1  # a broken record still fails it
+    assert ("sanity_timings" in {c for c, _, _ in _failed(validate(t))})
+
+
 def test_validate_uses_the_rules_the_trial_was_measured_under():
     trial = make_trial()
     assert validate(trial).success

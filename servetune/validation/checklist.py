@@ -24,6 +24,8 @@ EXPECTATIONS_DIR = Path(__file__).with_name("expectations")
 SUITES = ("trial_summary", "trial_requests", "trial_gpu")
 #: checklist items a plan may waive (e.g. a CPU-only engine has no GPU memory curve)
 WAIVABLE = frozenset({"gpu_memory_curve", "clean_gpu"})
+#: the items about a measurement's steady window: a correctness check (one request, no load) has none
+WINDOW_ITEMS = frozenset({"one_window", "steady_window", "window_completions"})
 
 
 def check_waivable(waive: tuple[str, ...] | list[str]) -> None:
@@ -191,11 +193,17 @@ def validate(result: TrialResult, *, min_measured: int = 200, expected_interval_
              max_error_rate: float | None = None, waive: tuple[str, ...] | list[str] = (),
              data_docs_dir: str | Path | None = None, rules: ValidityRules | None = None) -> ValidationReport:
     """Check one trial against the report checklist; ``waive`` drops checklist items a plan waived;
-    ``rules`` (default: those the trial was measured under) bound the steady-window checks."""
+    ``rules`` (default: those the trial was measured under) bound the steady-window checks.
+    A correctness trial is a check, not a measurement: its own request count is the floor and the
+    window items are waived for it (the report lists them as waived)."""
     check_waivable(waive)
+    skipped = frozenset(waive)
+    if result.stage == "correctness":
+        min_measured = max(1, result.summary.requests_measured)
+        skipped |= WINDOW_ITEMS
     params = parameters(result, min_measured=min_measured, expected_interval_ms=expected_interval_ms,
                         max_error_rate=max_error_rate, rules=rules)
-    report = run_suites(build_frames(result), params, waive=frozenset(waive),
+    report = run_suites(build_frames(result), params, waive=skipped,
                         data_docs_dir=Path(data_docs_dir) if data_docs_dir else None,
                         run_name=result.trial_id)
     log.info("trial %s: validation %s (%d/%d expectations met)", result.trial_id,
