@@ -129,7 +129,7 @@ def test_checklist_and_sla_columns(campaign_dir: Path, tmp_path: Path) -> None:
     rejected = next(t for t in campaign.trials if t.status == "rejected")
     row = html[html.index(f'id="check-{rejected.trial_id}"'):]
     row = row[: row.index("</tr>")]
-    assert "rejected" in row and "expect_gpu_samples_cover_window (t_s)" in row
+    assert "rejected" in row and "<div>gpu_memory_curve: expect_gpu_samples_cover_window(t_s)</div>" in row
     assert "validation failed: gpu_memory_curve" in row
     c96 = next(t for t in campaign.trials if t.stage == "ramp" and t.load["concurrency"] == 96)
     row96 = html[html.index(f'id="check-{c96.trial_id}"'):]

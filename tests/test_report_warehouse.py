@@ -41,7 +41,7 @@ def test_report_from_experiment_id_matches_the_files(fresh_database_url: str, tm
     assert len(re.findall(r'<img src="data:image/png;base64,', html)) == 5
     rejected = next(t for t in from_db.trials if t.status == "rejected")
     row = html[html.index(f'id="check-{rejected.trial_id}"'):]
-    assert "expect_gpu_samples_cover_window (t_s)" in row[: row.index("</tr>")]
+    assert "<div>gpu_memory_curve: expect_gpu_samples_cover_window(t_s)</div>" in row[: row.index("</tr>")]
 
 
 def test_unknown_experiment_id(fresh_database_url: str) -> None:

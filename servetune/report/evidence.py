@@ -142,3 +142,26 @@ def ceiling_evidence(campaign: CampaignView) -> dict[str, Any]:
     return {"marginal": levels, "marginal_source": source,
             "pass_ids": [str(x) for x in info.get("pass_trial_ids") or []],
             "fail_ids": [str(x) for x in info.get("fail_trial_ids") or []]}
+
+
+def failed_checks(t: TrialResult) -> list[str]:
+    """Each failed checklist expectation as a reader needs it: the item, the column and what it saw."""
+    out = []
+    for r in (t.validation or {}).get("results") or []:
+        if not isinstance(r, dict) or r.get("success") is not False:
+            continue
+        observed, details = r.get("observed_value"), r.get("details") or {}
+        if isinstance(observed, dict):
+            seen = (observed.get("partial_unexpected_list") or [None])[0]
+        else:
+            seen = observed
+        want = (f"not in {', '.join(map(str, details['value_set']))}" if "value_set" in details else
+                f"< {details['min_value']}" if isinstance(details.get("min_value"), int | float) else "")
+        shown = "" if seen is None else f"= {seen:.4g}" if isinstance(seen, float) else f"= {seen!r}"
+        column = str(r.get("column") or "")
+        if shown or want:
+            what = " ".join(x for x in (column, shown, want) if x)
+        else:  # nothing observed to show: the expectation says what was asked
+            what = f"{r.get('expectation')}({column})" if column else str(r.get("expectation"))
+        out.append(f"{r.get('checklist') or r.get('suite')}: {what}")
+    return sorted(dict.fromkeys(out))

@@ -18,7 +18,7 @@ from servetune import __version__
 from servetune.experiment import REPORT_FILE, ResultFolder
 from servetune.report.campaign import (CampaignView, flag_value, is_simulated, level_label, level_of,
                                        meets_sla, simulated_mark)
-from servetune.report.evidence import ceiling_evidence, goodput_text, validity_cells
+from servetune.report.evidence import ceiling_evidence, failed_checks, goodput_text, validity_cells
 from servetune.report.figures import ReportFigure, all_figures
 from servetune.report.scheduler import hit_rate_text
 from servetune.result import Percentiles, TrialResult
@@ -112,14 +112,7 @@ def _validation_cells(t: TrialResult) -> tuple[str, str, list[str]]:
     v = t.validation
     if not v:
         return "not validated", "muted", []
-    failed = []
-    for r in v.get("results") or []:
-        if isinstance(r, dict) and r.get("success") is False:
-            name = next((r[k] for k in ("expectation", "expectation_type", "name", "check", "type") if r.get(k)),
-                        "unnamed check")
-            column = r.get("column")
-            detail = r.get("reason") or r.get("message") or ""
-            failed.append(" ".join(str(x) for x in (name, f"({column})" if column else "", detail) if x))
+    failed = failed_checks(t)
     if v.get("success"):
         return "passed", "ok", failed
     return f"failed ({len(failed)})" if failed else "failed", "bad", failed

@@ -12,30 +12,12 @@ from typing import Any
 
 from servetune.plan_protocols import HEADLINES, headline_value
 from servetune.report.campaign import CampaignView, flag_value, is_simulated, level_of, meets_sla
+from servetune.report.evidence import failed_checks
 from servetune.result import TrialResult
 
 
 def _num(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def failed_checks(t: TrialResult) -> list[str]:
-    """Each failed checklist expectation as a reader needs it: the item, the column and what it saw."""
-    out = []
-    for r in (t.validation or {}).get("results") or []:
-        if not isinstance(r, dict) or r.get("success") is not False:
-            continue
-        observed, details = r.get("observed_value"), r.get("details") or {}
-        if isinstance(observed, dict):
-            seen = (observed.get("partial_unexpected_list") or [None])[0]
-        else:
-            seen = observed
-        want = (f"not in {', '.join(map(str, details['value_set']))}" if "value_set" in details else
-                f"< {details['min_value']}" if isinstance(details.get("min_value"), int | float) else "")
-        shown = "" if seen is None else f"= {seen:.4g}" if isinstance(seen, float) else f"= {seen!r}"
-        what = " ".join(x for x in (str(r.get("column") or ""), shown, want) if x)
-        out.append(f"{r.get('checklist') or r.get('suite')}: {what or r.get('expectation')}")
-    return sorted(dict.fromkeys(out))
 
 
 def _verdict(t: TrialResult) -> tuple[str, str]:
