@@ -35,7 +35,6 @@ class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self.served = 0  # responses completed on this connection
         self.done: asyncio.Future[int] | None = None
         self._begin([], [], None)
 
@@ -198,7 +197,6 @@ class _Connection(asyncio.Protocol):
     def _finish(self) -> None:
         done, self.done = self.done, None
         self.in_body = False
-        self.served += 1
         if not self.keep_alive:
             self.close()
         if done is not None and not done.done():
@@ -214,6 +212,8 @@ class _Connection(asyncio.Protocol):
 class RawHttpPool:
     """Keep-alive connections to one ``http://`` base URL; ``post()`` streams one request's response to
     ``path`` under it (the base URL's own path, e.g. a gateway's prefix, comes first)."""
+
+    name = "raw"  # a loadgen transport (transport.py)
 
     def __init__(self, base_url: str, path: str, headers: dict[str, str]) -> None:
         parts = urlsplit(base_url)
@@ -236,31 +236,26 @@ class RawHttpPool:
 
     async def _exchange(self, request: bytes, times: list[int], reads: list[bytes],
                         on_head: Callable[[], None] | None) -> int:
-        while self._idle:
-            conn = self._idle.pop()
+        while True:
+            reused = bool(self._idle)
+            conn = self._idle.pop() if reused else await self._connect()
             if conn.closed:
                 self._open.discard(conn)
-                continue
+                if reused:  # the server closed it while it sat idle
+                    continue
+                raise ServerDisconnected("the server closed the connection as soon as it was opened")
             try:
                 status = await conn.exchange(request, times, reads, on_head)
             except ServerDisconnected:
                 self._open.discard(conn)
-                if conn.got_bytes:
-                    raise
-                continue  # closed by the server while idle, nothing came back: try another connection
+                if reused and not conn.got_bytes:
+                    continue  # dropped by the server as the request went out: another connection
+                raise
             except BaseException:
                 self._drop(conn)
                 raise
             self._keep(conn)
             return status
-        conn = await self._connect()
-        try:
-            status = await conn.exchange(request, times, reads, on_head)
-        except BaseException:
-            self._drop(conn)
-            raise
-        self._keep(conn)
-        return status
 
     async def post(self, body: bytes, times: list[int], reads: list[bytes],
                    on_head: Callable[[], None] | None = None) -> int:

@@ -43,13 +43,6 @@ def client_for(target: Target) -> str:
     return "raw" if target.url.startswith("http://") else "aiohttp"
 
 
-class _Raw:
-    name = "raw"
-
-    def __init__(self, pool: RawHttpPool) -> None:
-        self.post = pool.post
-
-
 class _Aiohttp:
     name = "aiohttp"
 
@@ -92,12 +85,13 @@ async def open_transport(target: Target, headers: dict[str, str], streams: int) 
     if client_for(target) == "raw":
         pool = RawHttpPool(target.url, target.request_path, headers)
         try:
-            try:
-                async with asyncio.timeout(timeout_s):
-                    await pool.get("/health")
-            except (OSError, TimeoutError) as exc:
-                raise _unreachable(target, exc) from exc
-            yield _Raw(pool)
+            async with asyncio.timeout(timeout_s):
+                await pool.get("/health")
+        except (OSError, TimeoutError) as exc:
+            pool.close()
+            raise _unreachable(target, exc) from exc
+        try:
+            yield pool
         finally:
             pool.close()
         return
