@@ -1,11 +1,12 @@
 """Client overhead: CPU per 1,000 streamed chunks and timestamp error, servetune vs a peer client.
 
-Every client runs in its own process against tests/sse_server.py (another process, SCHED_FIFO when
-permitted, like the measurement in peer-load-generators.md): TTFT 20 ms, one token per chunk every
-5 ms, 128 tokens, /v1/completions (no role chunk, so every client agrees on what TTFT is).
+Every client runs in its own process against tests/sse_server.py (other processes, SCHED_FIFO when
+permitted): TTFT 20 ms, one token per chunk every 5 ms, 128 tokens, /v1/completions (no role chunk, so
+every client agrees on what TTFT is). One server process keeps that schedule for about 256 streams, so
+by default there is one per 256 streams, up to a quarter of the cores (``--server-procs`` pins it).
 All clients are measured the same way from outside:
 - CPU: the client process tree's user+sys seconds (psutil, i.e. getrusage of that process only)
-  over the load window = the middle 80% of the chunks the server sent (polled from /stats);
+  over the load window = the middle 80% of the chunks the server sent (its shared counter file);
 - timestamp error: the client's arrival time of every chunk minus the server's own send time
   (same CLOCK_MONOTONIC), p50/p99; TTFT p50 and chunk-gap p50 against the truth of the send log;
 - event-loop lag p99: servetune only (a 5 ms ticker inside its loop); peers: n/a.
@@ -30,7 +31,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -184,9 +184,9 @@ def vllm_chunks(result_dir: Path) -> dict[int, tuple[float, np.ndarray]]:
 class Poller(threading.Thread):
     """Samples the server's chunk counter and the client's CPU every 20 ms."""
 
-    def __init__(self, url: str, proc: subprocess.Popen) -> None:
+    def __init__(self, srv: ServerProcess, proc: subprocess.Popen) -> None:
         super().__init__(daemon=True)
-        self.url, self.proc, self.samples, self.stopped = url, psutil.Process(proc.pid), [], False
+        self.srv, self.proc, self.samples, self.stopped = srv, psutil.Process(proc.pid), [], False
 
     def cpu(self) -> tuple[float, float]:
         user = system = 0.0
@@ -200,20 +200,20 @@ class Poller(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped:
-            try:
-                with urllib.request.urlopen(self.url + "/stats", timeout=2) as r:
-                    chunks = json.loads(r.read())["chunks"]
-                self.samples.append((time.perf_counter(), chunks, *self.cpu()))
-            except (OSError, psutil.Error):
-                pass
+            self.samples.append((time.perf_counter(), self.srv.chunks_sent(), *self.cpu()))
             time.sleep(0.02)
 
 
+def server_procs_for(streams: int) -> int:
+    return max(1, min((os.cpu_count() or 1) // 4, -(-streams // 256)))
+
+
 def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, work: Path,
-            workers: int = 1) -> dict | None:
+            workers: int = 1, server_procs: int = 1) -> dict | None:
     n = concurrency * per_stream
     run_dir = Path(tempfile.mkdtemp(prefix=f"{client}-{concurrency}-", dir=work))
-    with ServerProcess(Scenario(ttft_ms=TTFT_MS, gap_ms=GAP_MS), run_dir, rt_priority=5) as srv:
+    scenario = Scenario(ttft_ms=TTFT_MS, gap_ms=GAP_MS)
+    with ServerProcess(scenario, run_dir, rt_priority=5, processes=server_procs) as srv:
         if client in ("servetune", "servetune-aiohttp", "plain-aiohttp"):
             argv = [sys.executable, __file__, "--worker", srv.url, str(concurrency), str(n), str(run_dir / "st.json"),
                     str(workers), client]
@@ -225,7 +225,7 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
             if client_rt:
                 argv = ["chrt", "-f", "4", *argv]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=run_dir)
-        poller = Poller(srv.url, proc)
+        poller = Poller(srv, proc)
         poller.start()
         output, _ = proc.communicate(timeout=900)
         poller.stopped = True
@@ -262,6 +262,7 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
     return {
         "client": client if workers == 1 else f"{client} x{workers} workers",
         "streams": concurrency,
+        "server_procs": server_procs,
         "matched_requests": len(err),
         "chunks_per_s": chunk_rate,
         "cpu_s_per_1k_chunks": cpu_per_1k,
@@ -296,12 +297,14 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--workers", type=int, nargs="+", default=[1],
                     help="servetune: client processes to split the streams over (each count measured)")
+    ap.add_argument("--server-procs", type=int, help="server processes (default: one per 256 streams, up to cores/4)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="client-overhead-"))
     rows = []
     for level in args.levels:
         for client, workers in [(c, w) for c in args.clients for w in (args.workers if c == "servetune" else [1])]:
-            row = measure(client, level, args.requests_per_stream, args.client_rt, work, workers)
+            procs = args.server_procs or server_procs_for(level)
+            row = measure(client, level, args.requests_per_stream, args.client_rt, work, workers, procs)
             if row is None:
                 print(f"# {client} at {level}: not measured (see above / not installed)")
                 continue
@@ -311,13 +314,13 @@ def main() -> None:
         f"\n# {datetime.date.today()} {platform.node()} {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f};"
         f" server TTFT {TTFT_MS} ms, gap {GAP_MS} ms, {TOKENS} tokens, client_rt={args.client_rt}"
     )
-    hdr = "| client | streams | chunks/s | CPU-s/1k chunks (sys %) | loop lag p99 ms | ts err p50/p99 ms | TTFT p50 (true) ms | gap p50 (true) ms |"
+    hdr = "| client | streams | server procs | chunks/s | CPU-s/1k chunks (sys %) | loop lag p99 ms | ts err p50/p99 ms | TTFT p50 (true) ms | gap p50 (true) ms |"
     print(hdr)
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     f = lambda v, d=3: "n/a" if v is None else f"{v:.{d}f}"  # noqa: E731
     for r in rows:
         print(
-            f"| {r['client']} | {r['streams']} | {r['chunks_per_s']:.0f} | {f(r['cpu_s_per_1k_chunks'])} ({100 * r['cpu_sys_share']:.0f}%) |"
+            f"| {r['client']} | {r['streams']} | {r['server_procs']} | {r['chunks_per_s']:.0f} | {f(r['cpu_s_per_1k_chunks'])} ({100 * r['cpu_sys_share']:.0f}%) |"
             f" {f(r['loop_lag_p99_ms'], 2)} | {f(r['ts_err_p50_ms'], 2)} / {f(r['ts_err_p99_ms'], 2)} |"
             f" {f(r['ttft_p50_ms'], 2)} ({f(r['true_ttft_p50_ms'], 2)}) | {f(r['gap_p50_ms'], 2)} ({f(r['true_gap_p50_ms'], 2)}) |"
         )

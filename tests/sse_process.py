@@ -1,7 +1,8 @@
 """``tests/sse_server.py`` in its own process (uvloop), so a client under test never shares its event loop.
 
 Split from sse_server.py (which re-exports ``ServerProcess``): this half only starts the script,
-waits for its ready file and reads the send log it dumps on SIGTERM.
+waits for its ready file and reads the send log it dumps on SIGTERM. ``processes`` > 1 starts that many
+on one port (SO_REUSEPORT), for loads one process cannot keep on schedule; their send logs are merged.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ SCRIPT = Path(__file__).with_name("sse_server.py")
 class ServerProcess:
     """The server in its own process (uvloop), so a client under test never shares its event loop.
 
-    ``log()`` after ``stop()`` returns the send log the process dumped on SIGTERM.
+    ``log()`` after ``stop()`` returns the send log the processes dumped on SIGTERM; ``chunks_sent()``
+    reads their shared counter file at any time (no request to them).
     """
 
     def __init__(
-        self, scenario=None, workdir: Path | None = None, rt_priority: int = 0
+        self, scenario=None, workdir: Path | None = None, rt_priority: int = 0, processes: int = 1
     ) -> None:
         import tempfile
 
@@ -31,45 +33,70 @@ class ServerProcess:
             scenario = Scenario()
         self.scenario = scenario
         self.rt_priority = rt_priority
+        self.processes = processes
         self._dir = Path(workdir or tempfile.mkdtemp(prefix="sse-server-"))
-        self._proc = None
+        self._procs: list = []
+        self._counts = None
         self.url = ""
 
     def start(self, timeout_s: float = 20.0) -> str:
+        """The first process picks a free port; the others join it."""
+        import numpy as np
+
+        counter = self._dir / "chunks.i64"
+        counter.write_bytes(bytes(8 * self.processes))
+        self._counts = np.memmap(counter, dtype=np.int64, mode="r")
+        port = 0
+        for i in range(self.processes):
+            self._spawn(i, port, counter, timeout_s)
+            port = int(self.url.rsplit(":", 1)[1])
+        return self.url
+
+    def _spawn(self, i: int, port: int, counter: Path, timeout_s: float) -> None:
         import subprocess
         import sys
 
-        ready, logf = self._dir / "ready", self._dir / "sendlog.json"
+        ready, logf = self._dir / f"ready-{i}", self._dir / f"sendlog-{i}.json"
         ready.unlink(missing_ok=True)
         sc = self.scenario
         argv = [
             sys.executable, str(SCRIPT), "--ready-file", str(ready), "--log-file", str(logf),
+            "--port", str(port), "--counter-file", str(counter), "--counter-slot", str(i),
             "--ttft-ms", str(sc.ttft_ms), "--gap-ms", str(sc.gap_ms),
             "--tokens-per-chunk", str(sc.tokens_per_chunk), "--shape", sc.shape,
             "--rt-priority", str(self.rt_priority),
-        ]  # fmt: skip
-        self._proc = subprocess.Popen(argv)
+        ] + (["--reuse-port"] if self.processes > 1 else [])  # fmt: skip
+        proc = subprocess.Popen(argv)
+        self._procs.append(proc)
         deadline = time.monotonic() + timeout_s
         while not (ready.exists() and ready.read_text()):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"sse_server did not start (exit code {self._proc.returncode})")
+                raise RuntimeError(f"sse_server did not start (exit code {proc.returncode})")
             time.sleep(0.02)
         self.url = ready.read_text()
-        return self.url
+
+    def chunks_sent(self) -> int:
+        """Content chunks written so far, all processes together."""
+        return int(self._counts.sum()) if self._counts is not None else 0
 
     def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self._procs:
             try:
-                self._proc.wait(15)
+                proc.wait(15)
             except Exception:
-                self._proc.kill()
-                self._proc.wait(5)
+                proc.kill()
+                proc.wait(5)
 
     def log(self) -> dict[int, dict]:
-        rows = orjson.loads((self._dir / "sendlog.json").read_bytes())
-        return {int(k): v for k, v in rows.items()}
+        merged: dict[int, dict] = {}
+        for i in range(len(self._procs)):
+            rows = orjson.loads((self._dir / f"sendlog-{i}.json").read_bytes())
+            merged.update((int(k), v) for k, v in rows.items())
+        return merged
 
     def __enter__(self) -> ServerProcess:
         self.start()

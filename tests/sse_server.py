@@ -15,6 +15,9 @@ goes silent after ``fail_after_chunks`` chunks, ``keepalive`` sends only SSE com
 
 Run standalone (bench/client_overhead.py does): ``python tests/sse_server.py --port 0 --ready-file F
 --log-file L`` prints nothing, writes the bound URL to F, and dumps the send log to L on SIGTERM.
+One process feeds about 90k chunks/s; for more (1,024 streams at 5 ms is 205k), several processes share one
+port (``--reuse-port``: the kernel spreads connections over them) and each counts its chunks into its own
+slot of a shared file (``--counter-file``/``--counter-slot``), which a benchmark sums without asking any.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import asyncio
 import heapq
 import itertools
+import mmap
 import os
 import re
 import signal
@@ -95,6 +99,7 @@ class SseServer:
         self.active = 0  # streams in flight
         self.posts = 0  # generation requests received
         self.chunks_sent = 0
+        self.counter: memoryview | None = None  # one int64 slot of a shared counter file (see use_counter)
         app = web.Application()
         app.router.add_get("/stats", self._stats)
         app.router.add_get("/health", self._health)
@@ -108,12 +113,18 @@ class SseServer:
         self.app = app
 
     # --- lifecycle ---
-    async def start(self, port: int = 0) -> str:
+    def use_counter(self, path: Path, slot: int) -> None:
+        """Also count sent chunks into int64 slot ``slot`` of ``path`` (a file others map and sum)."""
+        with path.open("r+b") as f:
+            self._mmap = mmap.mmap(f.fileno(), 0)
+        self.counter = memoryview(self._mmap).cast("q")[slot : slot + 1]
+
+    async def start(self, port: int = 0, reuse_port: bool = False) -> str:
         self._wake, self._closing = asyncio.Event(), asyncio.Event()
         self._ticker = asyncio.create_task(self._tick())
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, port, backlog=4096)
+        site = web.TCPSite(self._runner, self.host, port, backlog=4096, reuse_port=reuse_port or None)
         await site.start()
         bound = self._runner.addresses[0][1]
         self.url = f"http://{self.host}:{bound}"
@@ -255,6 +266,8 @@ class SseServer:
         s.log.chunk_ns.append(time.perf_counter_ns())
         s.log.chunk_tokens.append(k)
         self.chunks_sent += 1
+        if self.counter is not None:
+            self.counter[0] = self.chunks_sent
         await s.resp.write(frame)
         if last:
             s.log.completion_tokens = s.sent
@@ -342,7 +355,9 @@ async def _serve(args: argparse.Namespace) -> None:
         ttft_ms=args.ttft_ms, gap_ms=args.gap_ms, tokens_per_chunk=args.tokens_per_chunk, shape=args.shape
     )
     server = SseServer(scenario)
-    url = await server.start(args.port)
+    if args.counter_file:
+        server.use_counter(Path(args.counter_file), args.counter_slot)
+    url = await server.start(args.port, reuse_port=args.reuse_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -364,6 +379,9 @@ def main() -> None:
     p.add_argument("--ready-file", required=True, help="the bound URL is written here once listening")
     p.add_argument("--log-file", help="send log (JSON) written here on SIGTERM")
     p.add_argument("--rt-priority", type=int, default=0, help="SCHED_FIFO priority when permitted (0: normal)")
+    p.add_argument("--reuse-port", action="store_true", help="SO_REUSEPORT: other processes may serve this port")
+    p.add_argument("--counter-file", help="count sent chunks into an int64 slot of this (existing) file")
+    p.add_argument("--counter-slot", type=int, default=0)
     args = p.parse_args()
     if args.rt_priority:
         realtime(args.rt_priority)

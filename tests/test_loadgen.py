@@ -76,6 +76,21 @@ async def test_timings_match_the_server_send_log_at_concurrency_64(tmp_path) -> 
     assert 0 < out.window_start_s < out.window_end_s < out.drain_end_s
 
 
+async def test_a_server_of_two_processes_is_one_load(tmp_path) -> None:
+    """bench/client_overhead.py feeds 1,024 streams from several server processes on one port: the kernel
+    spreads the connections, the merged send log holds every request and the shared counter every chunk."""
+    with ServerProcess(Scenario(ttft_ms=5, gap_ms=5), tmp_path, processes=2) as srv:
+        out = await run_load(Target(url=srv.url), _requests(96, out=8), LoadConfig(concurrency=32),
+                             t0_ns=time.perf_counter_ns())
+        counted = srv.chunks_sent()
+    log = srv.log()
+    assert all(r.ok for r in out.records) and len(out.records) == 96
+    assert {r.request_id for r in out.records} <= set(log)
+    assert counted == sum(len(v["chunk_ns"]) for v in log.values()) == 96 * 8
+    per_process = [orjson.loads((tmp_path / f"sendlog-{i}.json").read_bytes()) for i in range(2)]
+    assert all(per_process) and sum(map(len, per_process)) == len(log)  # both served, no request twice
+
+
 @pytest.mark.parametrize("shape,source", [("usage_chunk", "apportioned"), ("usage_every", "usage_per_chunk")])
 async def test_multi_token_chunks_weight_itl_per_token(tmp_path, shape: str, source: str) -> None:
     """A chunk of k tokens gives k gaps of gap/k (docs/metrics.md), whichever source counted the tokens."""
