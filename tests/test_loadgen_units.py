@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from servetune.loadgen import LoadConfig, Target
 from servetune.loadgen.endpoints import apportion, decode_stream, request_body
-from servetune.loadgen.sse import split_events
+from servetune.loadgen.sse import json_array, split_events
 from servetune.loadgen.strategies import arrival_offsets_s
 from servetune.records import RequestRecord
 from servetune.workload.request import WorkloadRequest
@@ -99,14 +99,12 @@ def test_generate_body_is_sglang_native() -> None:
 
 def test_generate_incremental_text_is_also_understood() -> None:
     """Servers started with --incremental-streaming-output send deltas, not cumulative text."""
-    from servetune.loadgen.sse import SseEvent
-
-    ev = [
-        SseEvent(2_000_000, None, b'{"text": "ab", "meta_info": {"completion_tokens": 1}}'),
-        SseEvent(3_000_000, None, b'{"text": "cd", "meta_info": {"completion_tokens": 2}}'),
+    reads = [
+        b'data: {"text": "ab", "meta_info": {"completion_tokens": 1}}\n\n',
+        b'data: {"text": "cd", "meta_info": {"completion_tokens": 2}}\n\n',
     ]
     rec = RequestRecord(request_id=0)
-    decode_stream("generate", ev, rec, 0)
+    decode_stream("generate", reads, [2_000_000, 3_000_000], rec, 0)
     assert rec.chunk_tokens == [1, 1] and rec.chunk_offsets_ms == [2.0, 3.0] and rec.ok
 
 
@@ -139,14 +137,51 @@ def test_split_events_fast_path_stamps_the_completing_read() -> None:
 
 
 def test_bad_json_keeps_the_chunks_before_it() -> None:
-    from servetune.loadgen.sse import SseEvent
-
-    ev = [
-        SseEvent(1_000_000, None, b'{"choices": [{"text": "a"}]}'),
-        SseEvent(2_000_000, None, b'{"choices": [{"text": "b"}]}'),
-        SseEvent(3_000_000, None, b'{"choices": [{"te'),
-    ]
+    reads = [b'data: {"choices": [{"text": "a"}]}\n\n', b'data: {"choices": [{"text": "b"}]}\n\n',
+             b'data: {"choices": [{"te\n\n']  # one data line per read: the one-call parse fails, then per event
+    assert json_array(reads) is not None
     rec = RequestRecord(request_id=0)
-    decode_stream("completions", ev, rec, 0)
+    decode_stream("completions", reads, [1_000_000, 2_000_000, 3_000_000], rec, 0)
     assert rec.chunk_offsets_ms == [1.0, 2.0] and rec.error_class == "malformed_sse"
     assert "event 2: not JSON" in rec.error_message
+
+
+def _chunk(text: str, usage: bool = False) -> bytes:
+    obj = {"choices": [{"index": 0, "text": text}]}
+    if usage:
+        obj["usage"] = {"prompt_tokens": 3, "completion_tokens": 2}
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def test_one_event_per_read_becomes_one_json_array() -> None:
+    """The usual stream skips the split into events; [DONE] ends it and is not data."""
+    reads = [_chunk("a"), _chunk("b"), _chunk("", usage=True), b"data: [DONE]\n\n"]
+    assert orjson.loads(json_array(reads)) == [orjson.loads(r[6:]) for r in reads[:3]]
+    assert json_array(reads[:2]) == b"[" + reads[0][6:-2] + b"," + reads[1][6:-2] + b"]"
+
+
+@pytest.mark.parametrize("reads,offsets_ms,error", [
+    ([_chunk("a")[:10], _chunk("a")[10:]], [2.0], None),  # an event split over two reads: the second's time
+    ([_chunk("a") + _chunk("b"), b": keep-alive\n\n"], [1.0, 1.0], None),  # two events in one read, a comment
+    ([b"event: error\ndata: {}\n\n"], [], "malformed_sse"),  # a named event (two lines)
+    ([_chunk("a").replace(b"\n\n", b"\r\n\r\n")], [1.0], None),  # CRLF framing
+    ([b"data: [DONE]\n\n", _chunk("late")], [], "empty_response"),  # [DONE] first: nothing after it counts
+    ([_chunk("a")[:-1]], [1.0], None),  # no blank line after the last event
+])
+def test_any_other_stream_takes_the_general_path(reads, offsets_ms, error) -> None:
+    assert json_array(reads) is None
+    rec = RequestRecord(request_id=0)
+    decode_stream("completions", reads, [(i + 1) * 1_000_000 for i in range(len(reads))], rec, 0)
+    assert rec.chunk_offsets_ms == offsets_ms and rec.error_class == error
+
+
+def test_both_paths_decode_a_real_stream_alike() -> None:
+    """The same bytes, one event per read or all in one read: the same record but for the read times."""
+    events = [_chunk("ab"), _chunk("c"), _chunk("", usage=True), b"data: [DONE]\n\n"]
+    one_per_read, one_read = RequestRecord(request_id=0), RequestRecord(request_id=1)
+    decode_stream("completions", events, [1_000_000, 2_000_000, 3_000_000, 4_000_000], one_per_read, 0)
+    assert json_array([b"".join(events)]) is None
+    decode_stream("completions", [b"".join(events)], [5_000_000], one_read, 0)
+    assert one_per_read.chunk_offsets_ms == [1.0, 2.0] and one_read.chunk_offsets_ms == [5.0, 5.0]
+    assert one_per_read.chunk_tokens == one_read.chunk_tokens and one_per_read.completion_tokens == 2
+    assert one_per_read.ok and one_read.ok

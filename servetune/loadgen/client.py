@@ -29,7 +29,6 @@ from .endpoints import decode_stream, request_body, token_counter
 from .idle import IDLE_TIMEOUT, IdleWatch
 from .lag import LoopLag
 from .sessions import is_session, load_units
-from .sse import split_events
 from .strategies import arrival_offsets_s, closed_loop, open_loop, waves
 from .transport import CONNECTION_ERRORS, ERROR_BODY_BYTES, TargetUnreachable, open_transport
 
@@ -204,11 +203,7 @@ async def run_load(
         text = ""
         try:
             if reads or rec.error_class is None:
-                events, tail = split_events(reads, times)
-                text = decode_stream(endpoint, events, rec, t_send, count)
-                if tail and rec.error_class == ErrorClass.EMPTY.value:
-                    rec.error_class = ErrorClass.MALFORMED.value
-                    rec.error_message = f"not an SSE stream: {tail[:120]!r}"
+                text = decode_stream(endpoint, reads, times, rec, t_send, count)
         except Exception as exc:  # noqa: BLE001
             rec.error_class = rec.error_class or ErrorClass.CLIENT.value
             rec.error_message = rec.error_message or f"decoding failed: {type(exc).__name__}: {exc}"

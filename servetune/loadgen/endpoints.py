@@ -1,14 +1,14 @@
 """Per endpoint: the request body we send and how its stream is read back into a RequestRecord.
 
 Bodies are rendered before the run (nothing is serialised on the hot path); streams are
-decoded after each request ends, from the timestamped SSE events (sse.py). Per-chunk token
+decoded after each request ends, from the timestamped socket reads (sse.py). Per-chunk token
 counts follow docs/metrics.md, best source first, and the record says which.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -16,7 +16,7 @@ from servetune.records import ErrorClass, RequestRecord, TokenCountSource
 from servetune.workload.request import WorkloadRequest
 
 from .config import Target
-from .sse import SseEvent
+from .sse import json_array, split_events
 
 class TokenCounter(Protocol):
     def count(self, text: str) -> int: ...
@@ -102,42 +102,64 @@ def _error_text(obj: Any) -> str:
     return str(err)[:300]
 
 
-def _parse_all(events: list[SseEvent], s: _Stream) -> list[Any]:
-    """JSON of every event up to ``[DONE]`` in one orjson call; on bad JSON, the good prefix + the error."""
+class _Events(NamedTuple):
+    """A stream's events up to ``[DONE]`` (or up to the first that is not JSON), as columns."""
+
+    objs: list[Any]  # each event's JSON
+    times: list[int]  # each one's arrival (the read that completed it)
+    names: list[bytes | None] | None  # each one's ``event:`` field; None when no event had one
+    error: tuple[ErrorClass, str] | None  # the event that is not JSON
+    count: int  # events in the stream
+    tail: bytes  # bytes after the last event that never formed one
+
+
+def _events(reads: list[bytes], times: list[int]) -> _Events:
+    """Every event's JSON in one orjson call; the usual stream without splitting it into events first."""
+    array = json_array(reads)
+    if array is not None:
+        try:
+            objs = orjson.loads(array)
+            return _Events(objs, times[: len(objs)], None, None, len(reads), b"")
+        except orjson.JSONDecodeError:
+            pass  # the general path finds which event
+    events, tail = split_events(reads, times)
     datas = [ev.data for ev in events]
     try:
         datas = datas[: datas.index(b"[DONE]")]
     except ValueError:
         pass
+    error = None
     try:
-        return orjson.loads(b"[" + b",".join(datas) + b"]") if datas else []
+        objs = orjson.loads(b"[" + b",".join(datas) + b"]") if datas else []
     except orjson.JSONDecodeError:
         objs = []
-        for i, data in enumerate(datas):  # find the first bad one
+        for i, data in enumerate(datas):  # the good prefix, then the first bad one
             try:
                 objs.append(orjson.loads(data))
             except orjson.JSONDecodeError:
-                s.error = (ErrorClass.MALFORMED, f"event {i}: not JSON: {data[:120]!r}")
+                error = (ErrorClass.MALFORMED, f"event {i}: not JSON: {data[:120]!r}")
                 break
-        return objs
+    kept = events[: len(objs)]
+    names = [ev.event for ev in kept]
+    return _Events(objs, [ev.t_ns for ev in kept], names if any(names) else None, error, len(events), tail)
 
 
-def _bad_event(i: int, ev: SseEvent, obj: Any) -> tuple[ErrorClass, str] | None:
+def _bad_event(i: int, name: bytes | None, obj: Any) -> tuple[ErrorClass, str] | None:
     if type(obj) is not dict:
-        return ErrorClass.MALFORMED, f"event {i}: not a JSON object: {ev.data[:120]!r}"
-    if ev.event == b"error" or obj.get("error") is not None:
+        return ErrorClass.MALFORMED, f"event {i}: not a JSON object: {orjson.dumps(obj)[:120]!r}"
+    if name == b"error" or obj.get("error") is not None:
         return ErrorClass.MALFORMED, f"error event {i}: {_error_text(obj)}"
     return None
 
 
-def _read_openai(events: list[SseEvent], chat: bool) -> _Stream:
+def _read_openai(ev: _Events, chat: bool) -> _Stream:
     s = _Stream()
-    objs = _parse_all(events, s)
-    times, texts, usage_tokens = s.times, s.texts, s.usage_tokens
-    for i, obj in enumerate(objs):
-        ev = events[i]
-        if type(obj) is not dict or ev.event is not None or "error" in obj:
-            bad = _bad_event(i, ev, obj)
+    s.error = ev.error
+    times, texts, usage_tokens, names = s.times, s.texts, s.usage_tokens, ev.names
+    for i, obj in enumerate(ev.objs):
+        name = names[i] if names else None
+        if type(obj) is not dict or name is not None or "error" in obj:
+            bad = _bad_event(i, name, obj)
             if bad is not None:
                 s.error = bad
                 break
@@ -148,22 +170,23 @@ def _read_openai(events: list[SseEvent], chat: bool) -> _Stream:
         if choices:
             text = _chunk_text(choices[0], chat)
             if text:
-                times.append(ev.t_ns)
+                times.append(ev.times[i])
                 texts.append(text)
                 usage_tokens.append(usage.get("completion_tokens") if usage else None)
     return s
 
 
-def _read_generate(events: list[SseEvent]) -> _Stream:
+def _read_generate(ev: _Events) -> _Stream:
     """SGLang native /generate: ``text`` is cumulative; ``meta_info`` counts tokens."""
     s = _Stream()
     s.meta = True
+    s.error = ev.error
     prev = ""
-    objs = _parse_all(events, s)
-    for i, obj in enumerate(objs):
-        ev = events[i]
-        if type(obj) is not dict or ev.event is not None or "error" in obj:
-            bad = _bad_event(i, ev, obj)
+    names = ev.names
+    for i, obj in enumerate(ev.objs):
+        name = names[i] if names else None
+        if type(obj) is not dict or name is not None or "error" in obj:
+            bad = _bad_event(i, name, obj)
             if bad is not None:
                 s.error = bad
                 break
@@ -177,7 +200,7 @@ def _read_generate(events: list[SseEvent]) -> _Stream:
         else:
             delta, prev = text, prev + text
         if delta:
-            s.times.append(ev.t_ns)
+            s.times.append(ev.times[i])
             s.texts.append(delta)
             s.usage_tokens.append(meta.get("completion_tokens"))
     return s
@@ -206,14 +229,17 @@ def apportion(total: int, n: int) -> list[int]:
 
 def decode_stream(
     endpoint: str,
-    events: list[SseEvent],
+    reads: list[bytes],
+    times: list[int],
     rec: RequestRecord,
     t_send_ns: int,
     count: Callable[[str], int] | None = None,
 ) -> str:
-    """Fill timings, token counts, usage and (if the stream was bad) the error of ``rec``; return the
-    generated text (a session's next turn carries it in its history)."""
-    s = _read_generate(events) if endpoint == "generate" else _read_openai(events, endpoint == "chat")
+    """Fill timings, token counts, usage and (if the stream was bad) the error of ``rec`` from the
+    stream's socket reads and their arrival times; return the generated text (a session's next turn
+    carries it in its history)."""
+    ev = _events(reads, times)
+    s = _read_generate(ev) if endpoint == "generate" else _read_openai(ev, endpoint == "chat")
     usage = s.usage or {}
     completion = usage.get("completion_tokens")
     rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
@@ -244,7 +270,10 @@ def decode_stream(
     if rec.error_class is None:
         if s.error is not None:
             rec.error_class, rec.error_message = s.error[0].value, s.error[1]
+        elif not n and ev.tail:
+            rec.error_class = ErrorClass.MALFORMED.value
+            rec.error_message = f"not an SSE stream: {ev.tail[:120]!r}"
         elif not n:
             rec.error_class = ErrorClass.EMPTY.value
-            rec.error_message = f"stream ended without generated text ({len(events)} events)"
+            rec.error_message = f"stream ended without generated text ({ev.count} events)"
     return "".join(s.texts)

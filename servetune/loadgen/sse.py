@@ -3,18 +3,45 @@
 The hot path (client.py) only appends ``(perf_counter_ns(), bytes)`` per read; this module
 turns those reads into events once the stream is over. Each event is stamped with the time
 of the read that *completed* it: that is when the client could first have seen it.
+The usual stream, one ``data:`` line per read as servers flush each token, skips the split:
+``json_array`` rewrites the whole stream into one JSON array's text, and event i is read i.
 """
 
 from __future__ import annotations
 
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import NamedTuple
+
+_NEXT = b"\n\ndata: "
+_DONE = b"data: [DONE]\n\n"
 
 
 class SseEvent(NamedTuple):
     t_ns: int  # arrival of the read that completed the event
     event: bytes | None  # the ``event:`` field (b"error" for error events), None when absent
     data: bytes  # the ``data:`` lines joined by b"\n"
+
+
+def json_array(reads: list[bytes]) -> bytes | None:
+    """``[d1,...,dk]`` of the data of every event before a final ``[DONE]`` when each read is exactly one
+    one-line ``data:`` event (so event i arrived with read i); None for any other stream. No raw newline
+    can sit inside JSON, so counting them proves every newline is framing."""
+    n = len(reads)
+    if not n:
+        return None
+    blob = b"".join(reads) if n > 1 else reads[0]
+    if (
+        blob.count(b"\n") != 2 * n
+        or blob.count(_NEXT) != n - 1
+        or not blob.startswith(b"data: ")
+        or b"\r" in blob
+        or not all(map(bytes.endswith, reads, repeat(b"\n\n")))
+    ):
+        return None
+    body = blob[6:-16] if blob.endswith(b"\n\n" + _DONE) else blob[6:-2]
+    if b"[DONE]" in body:  # [DONE] alone or before the end (or inside a text): the general path
+        return None
+    return b"[" + body.replace(_NEXT, b",") + b"]"
 
 
 def split_events(reads: list[bytes], times: list[int]) -> tuple[list[SseEvent], bytes]:
