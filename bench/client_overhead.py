@@ -9,7 +9,11 @@ All clients are measured the same way from outside:
   over the load window = the middle 80% of the chunks the server sent (its shared counter file);
 - timestamp error: the client's arrival time of every chunk minus the server's own send time
   (same CLOCK_MONOTONIC), p50/p99; TTFT p50 and chunk-gap p50 against the truth of the send log;
-- event-loop lag p99: servetune only (a 5 ms ticker inside its loop); peers: n/a.
+- event-loop lag p99: servetune only (a 5 ms ticker inside its loop); peers: n/a;
+- reads per chunk: distinct arrival stamps over content chunks. 1.0 is a client that reads each chunk as it
+  comes; a client that falls behind reads several per wake-up, which costs it less kernel time per chunk.
+``--repeats N`` measures every client N times, interleaved, and prints the median of each figure with the
+range of the CPU figure (these vary by 10-20% from run to run even on a quiet host).
 
 Usage:
   .venv/bin/python bench/client_overhead.py                  # 64, 256, 1024 streams; vLLM if installed
@@ -247,7 +251,7 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
     chunk_rate = (s[hi, 1] - s[lo, 1]) / (s[hi, 0] - s[lo, 0])
     sys_share = (s[hi, 3] - s[lo, 3]) / max(1e-9, s[hi, 2] - s[lo, 2])
 
-    err, ttft_c, ttft_t, gap_c, gap_t = [], [], [], [], []
+    err, ttft_c, ttft_t, gap_c, gap_t, stamps, n_chunks = [], [], [], [], [], 0, 0
     for rid, (start, recv) in chunks.items():
         sent = log.get(rid)
         if sent is None or len(sent["chunk_ns"]) != len(recv):
@@ -258,6 +262,8 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
         ttft_t.append((sent_ns[0] - start) / 1e6)  # the truth for that same send time
         gap_c.append(np.diff(recv) / 1e6)
         gap_t.append(np.diff(sent_ns) / 1e6)
+        stamps += len(np.unique(recv))
+        n_chunks += len(recv)
     e = np.concatenate(err) if err else np.array([np.nan])
     return {
         "client": client if workers == 1 else f"{client} x{workers} workers",
@@ -267,6 +273,7 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
         "chunks_per_s": chunk_rate,
         "cpu_s_per_1k_chunks": cpu_per_1k,
         "cpu_sys_share": sys_share,
+        "reads_per_chunk": stamps / max(1, n_chunks),
         "loop_lag_p99_ms": float(np.percentile(lag, 99)) if lag else None,
         "ts_err_p50_ms": float(np.percentile(e, 50)),
         "ts_err_p99_ms": float(np.percentile(e, 99)),
@@ -298,34 +305,56 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1],
                     help="servetune: client processes to split the streams over (each count measured)")
     ap.add_argument("--server-procs", type=int, help="server processes (default: one per 256 streams, up to cores/4)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each client at each level, interleaved")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="client-overhead-"))
     rows = []
+    plan = [(c, w) for c in args.clients for w in (args.workers if c == "servetune" else [1])]
     for level in args.levels:
-        for client, workers in [(c, w) for c in args.clients for w in (args.workers if c == "servetune" else [1])]:
-            procs = args.server_procs or server_procs_for(level)
-            row = measure(client, level, args.requests_per_stream, args.client_rt, work, workers, procs)
-            if row is None:
-                print(f"# {client} at {level}: not measured (see above / not installed)")
-                continue
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        for _ in range(args.repeats):  # interleaved, so a slow spell of the host hits every client alike
+            for client, workers in plan:
+                procs = args.server_procs or server_procs_for(level)
+                row = measure(client, level, args.requests_per_stream, args.client_rt, work, workers, procs)
+                if row is None:
+                    print(f"# {client} at {level}: not measured (see above / not installed)")
+                    continue
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     print(
         f"\n# {datetime.date.today()} {platform.node()} {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f};"
-        f" server TTFT {TTFT_MS} ms, gap {GAP_MS} ms, {TOKENS} tokens, client_rt={args.client_rt}"
+        f" server TTFT {TTFT_MS} ms, gap {GAP_MS} ms, {TOKENS} tokens, client_rt={args.client_rt}, "
+        f"repeats={args.repeats} (medians; CPU: median [min-max])"
     )
-    hdr = "| client | streams | server procs | chunks/s | CPU-s/1k chunks (sys %) | loop lag p99 ms | ts err p50/p99 ms | TTFT p50 (true) ms | gap p50 (true) ms |"
-    print(hdr)
-    print("|---|---|---|---|---|---|---|---|---|")
-    f = lambda v, d=3: "n/a" if v is None else f"{v:.{d}f}"  # noqa: E731
-    for r in rows:
-        print(
-            f"| {r['client']} | {r['streams']} | {r['server_procs']} | {r['chunks_per_s']:.0f} | {f(r['cpu_s_per_1k_chunks'])} ({100 * r['cpu_sys_share']:.0f}%) |"
-            f" {f(r['loop_lag_p99_ms'], 2)} | {f(r['ts_err_p50_ms'], 2)} / {f(r['ts_err_p99_ms'], 2)} |"
-            f" {f(r['ttft_p50_ms'], 2)} ({f(r['true_ttft_p50_ms'], 2)}) | {f(r['gap_p50_ms'], 2)} ({f(r['true_gap_p50_ms'], 2)}) |"
-        )
+    print(table(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+
+
+def table(rows: list[dict]) -> str:
+    """One line per (client, streams): the median of its runs (CPU with its range when repeated)."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["client"], r["streams"]), []).append(r)
+    med = lambda rs, k: (None if any(r[k] is None for r in rs)  # noqa: E731
+                         else float(np.median([r[k] for r in rs])))
+    f = lambda v, d=3: "n/a" if v is None else f"{v:.{d}f}"  # noqa: E731
+    lines = [
+        "| client | streams | server procs | chunks/s | CPU-s/1k chunks | sys % | reads/chunk | loop lag p99 ms"
+        " | ts err p50/p99 ms | TTFT p50 (true) ms | gap p50 (true) ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (client, streams), rs in sorted(groups.items(), key=lambda kv: kv[0][1]):
+        cpu = [r["cpu_s_per_1k_chunks"] for r in rs]
+        spread = f" [{min(cpu):.3f}-{max(cpu):.3f}]" if len(rs) > 1 else ""
+        lines.append(
+            f"| {client} | {streams} | {rs[0]['server_procs']} | {med(rs, 'chunks_per_s'):.0f} |"
+            f" {f(med(rs, 'cpu_s_per_1k_chunks'))}{spread} | {100 * med(rs, 'cpu_sys_share'):.0f} |"
+            f" {f(med(rs, 'reads_per_chunk'), 2)} | {f(med(rs, 'loop_lag_p99_ms'), 2)} |"
+            f" {f(med(rs, 'ts_err_p50_ms'), 2)} / {f(med(rs, 'ts_err_p99_ms'), 2)} |"
+            f" {f(med(rs, 'ttft_p50_ms'), 2)} ({f(med(rs, 'true_ttft_p50_ms'), 2)}) |"
+            f" {f(med(rs, 'gap_p50_ms'), 2)} ({f(med(rs, 'true_gap_p50_ms'), 2)}) |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

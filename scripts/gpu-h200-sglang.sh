@@ -7,7 +7,7 @@
 # (`servetune bench --rate` at five Poisson rates against one server; SERVE_SET adds --set flags to the
 # server, ARRIVAL_ARGS bench arguments, OPENLOOP_DIR names the results folder), benchserving (servetune bench
 # and sglang.bench_serving side by side on one server, bench/bench_serving_side_by_side.py), clientbench
-# (bench/client_overhead.py on the machine's 16 cores: no GPU, no model; LEVELS, WORKERS). Each call
+# (bench/client_overhead.py on the machine's 16 cores: no GPU, no model; LEVELS, WORKERS, CLIENTS, REPEATS). Each call
 # runs the steps not done yet and stops before DEADLINE seconds (default 560): a campaign pauses between trials
 # (--stop-after) and the next call resumes it (--resume). Work lives in /tmp/st on the machine; the
 # whole of it comes back as one archive in $OUT; on a cold machine .sgl/st.tar.gz (carried) restores it,
@@ -107,7 +107,8 @@ LOG="$OUT/call-$(date +%H%M%S).log"
             --pair 64 "$B/servetune-c64.json" "$B/bench-serving-c64.jsonl" | tee "$B/side-by-side.md" ;;
       clientbench)   # the load generator's CPU per chunk and timestamp error, with worker processes
         bounded "$PY" bench/client_overhead.py --levels ${LEVELS:-64 256 1024} --requests-per-stream 3 \
-            --clients servetune servetune-aiohttp plain-aiohttp --workers ${WORKERS:-1 4 8} \
+            --clients ${CLIENTS:-servetune servetune-aiohttp plain-aiohttp} --workers ${WORKERS:-1 4 8} \
+            --repeats "${REPEATS:-1}" \
             --json "$ST/clientbench.json" 2>&1 | tee "$ST/clientbench.md" | tail -20
         rc=${PIPESTATUS[0]} ;;
       *) echo "unknown step $step"; rc=2 ;;
