@@ -1,7 +1,7 @@
 """Records + telemetry -> TrialSummary: every figure a result must state, one definition each.
 
-The definitions are pinned in docs/metrics.md because peer load generators disagree on them
-(peer-load-generators.md): ITL is per token (a chunk of k tokens gives k gaps), TPOT is
+The definitions are pinned in docs/metrics.md because peer load generators (vLLM's, SGLang's, guidellm,
+aiperf) disagree on them: ITL is per token (a chunk of k tokens gives k gaps), TPOT is
 (E2E - TTFT) / (out - 1) from server usage, throughput is counted over a stated window, and an
 unknown figure is ``None``, never 0.
 """
