@@ -17,11 +17,15 @@ def _rows(path: Path, streams: int) -> list[dict]:
     return [r for r in json.loads(path.read_text()) if r["streams"] == streams]
 
 
+def _with(streams: int) -> list[Path]:
+    return [p for p in RUNS if _rows(p, streams)]
+
+
 def test_the_runs_are_kept() -> None:
-    assert len(RUNS) >= 4
+    assert len(_with(1024)) >= 5 and len(_with(256)) >= 5
 
 
-@pytest.mark.parametrize("path", RUNS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", _with(1024), ids=lambda p: p.stem)
 def test_workers_keep_1024_streams_timestamps_within_5ms_where_one_loop_cannot(path: Path) -> None:
     rows = _rows(path, 1024)
     split = [r for r in rows if r["client"].startswith("servetune x")]
@@ -36,8 +40,28 @@ def test_workers_keep_1024_streams_timestamps_within_5ms_where_one_loop_cannot(p
     assert all(abs(r["true_gap_p50_ms"] - 5.0) < 0.1 for r in split)
 
 
-@pytest.mark.parametrize("path", RUNS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", _with(256), ids=lambda p: p.stem)
 def test_at_256_streams_one_process_is_on_the_truth(path: Path) -> None:
-    (r,) = [r for r in _rows(path, 256) if r["client"] == "servetune"][:1]
-    assert abs(r["ttft_p50_ms"] - r["true_ttft_p50_ms"]) < 1.0 and abs(r["gap_p50_ms"] - r["true_gap_p50_ms"]) < 0.1
-    assert r["ts_err_p99_ms"] < 1.0
+    rows = [r for r in _rows(path, 256) if r["client"] == "servetune"]
+    assert rows
+    for r in rows:
+        assert abs(r["ttft_p50_ms"] - r["true_ttft_p50_ms"]) < 1.0 and abs(r["gap_p50_ms"] - r["true_gap_p50_ms"]) < 0.1
+        assert r["ts_err_p99_ms"] < 1.0
+
+
+def test_at_256_streams_cpu_per_chunk_against_the_plain_loop_is_what_the_document_says() -> None:
+    """The target (<= 0.6 of the plain aiohttp loop's CPU per chunk, paired runs) is not met: docs/benchmarks.md
+    gives the paired ratios 0.62-0.88 (median 0.75) and explains the kernel floor; this keeps the two in step."""
+    ratios, user = [], []
+    for path in _with(256):
+        rows = _rows(path, 256)
+        ours = [r for r in rows if r["client"] == "servetune"]
+        plain = [r for r in rows if r["client"] == "plain-aiohttp"]
+        for a, b in zip(ours, plain, strict=True):
+            ratios.append(a["cpu_s_per_1k_chunks"] / b["cpu_s_per_1k_chunks"])
+            user.append(a["cpu_s_per_1k_chunks"] * (1 - a["cpu_sys_share"])
+                        / (b["cpu_s_per_1k_chunks"] * (1 - b["cpu_sys_share"])))
+    ratios.sort()
+    assert len(ratios) == 9 and round(ratios[0], 2) == 0.62 and round(ratios[-1], 2) == 0.88
+    assert round(ratios[4], 2) == 0.75
+    assert max(user) < 0.75 and sorted(user)[4] < 0.6  # user space alone: about half the plain loop's (median 0.54)
