@@ -156,8 +156,20 @@ def _chunk(text: str, usage: bool = False) -> bytes:
 def test_one_event_per_read_becomes_one_json_array() -> None:
     """The usual stream skips the split into events; [DONE] ends it and is not data."""
     reads = [_chunk("a"), _chunk("b"), _chunk("", usage=True), b"data: [DONE]\n\n"]
-    assert orjson.loads(json_array(reads)) == [orjson.loads(r[6:]) for r in reads[:3]]
-    assert json_array(reads[:2]) == b"[" + reads[0][6:-2] + b"," + reads[1][6:-2] + b"]"
+    array, count = json_array(reads)
+    assert orjson.loads(array) == [orjson.loads(r[6:]) for r in reads[:3]] and count == 3
+    assert json_array(reads[:2]) == (b"[" + reads[0][6:-2] + b"," + reads[1][6:-2] + b"]", 2)
+
+
+@pytest.mark.parametrize("reads", [
+    [b'data: {"choices": [{"text": "a"}]},{"choices": [{"text": "b"}]}\n\n'],  # one read
+    [b'data: {"choices": [{"text": "a"}]},{"choices": [{"text": "b"}]}\n\n', b"data: [DONE]\n\n"],
+])
+def test_an_event_holding_two_json_values_is_malformed_not_two_chunks(reads: list[bytes]) -> None:
+    rec = RequestRecord(request_id=0)
+    decode_stream("completions", reads, [1_000_000 * (i + 1) for i in range(len(reads))], rec, 0)
+    assert rec.error_class == "malformed_sse" and "event 0: not JSON" in rec.error_message
+    assert not rec.chunk_offsets_ms
 
 
 @pytest.mark.parametrize("reads,offsets_ms,error", [

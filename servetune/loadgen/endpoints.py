@@ -115,13 +115,14 @@ class _Events(NamedTuple):
 
 def _events(reads: list[bytes], times: list[int]) -> _Events:
     """Every event's JSON in one orjson call; the usual stream without splitting it into events first."""
-    array = json_array(reads)
-    if array is not None:
+    usual = json_array(reads)
+    if usual is not None:
         try:
-            objs = orjson.loads(array)
-            return _Events(objs, times[: len(objs)], None, None, len(reads), b"")
+            objs = orjson.loads(usual[0])
         except orjson.JSONDecodeError:
-            pass  # the general path finds which event
+            objs = None  # the general path finds which event
+        if objs is not None and len(objs) == usual[1]:  # else an event held two values ({},{}): general path
+            return _Events(objs, times[: len(objs)], None, None, len(reads), b"")
     events, tail = split_events(reads, times)
     datas = [ev.data for ev in events]
     try:
@@ -131,7 +132,9 @@ def _events(reads: list[bytes], times: list[int]) -> _Events:
     error = None
     try:
         objs = orjson.loads(b"[" + b",".join(datas) + b"]") if datas else []
-    except orjson.JSONDecodeError:
+        if len(objs) != len(datas):
+            raise ValueError("an event held more than one JSON value")
+    except ValueError:  # orjson.JSONDecodeError is one
         objs = []
         for i, data in enumerate(datas):  # the good prefix, then the first bad one
             try:

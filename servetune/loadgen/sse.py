@@ -22,10 +22,10 @@ class SseEvent(NamedTuple):
     data: bytes  # the ``data:`` lines joined by b"\n"
 
 
-def json_array(reads: list[bytes]) -> bytes | None:
-    """``[d1,...,dk]`` of the data of every event before a final ``[DONE]`` when each read is exactly one
-    one-line ``data:`` event (so event i arrived with read i); None for any other stream. No raw newline
-    can sit inside JSON, so counting them proves every newline is framing."""
+def json_array(reads: list[bytes]) -> tuple[bytes, int] | None:
+    """``[d1,...,dk]`` of the data of every event before a final ``[DONE]``, and k, when each read is
+    exactly one one-line ``data:`` event (so event i arrived with read i); None for any other stream.
+    No raw newline can sit inside JSON, so counting them proves every newline is framing."""
     n = len(reads)
     if not n:
         return None
@@ -38,10 +38,11 @@ def json_array(reads: list[bytes]) -> bytes | None:
         or not all(map(bytes.endswith, reads, repeat(b"\n\n")))
     ):
         return None
-    body = blob[6:-16] if blob.endswith(b"\n\n" + _DONE) else blob[6:-2]
+    done = blob.endswith(b"\n\n" + _DONE)
+    body = blob[6:-16] if done else blob[6:-2]
     if b"[DONE]" in body:  # [DONE] alone or before the end (or inside a text): the general path
         return None
-    return b"[" + body.replace(_NEXT, b",") + b"]"
+    return b"[" + body.replace(_NEXT, b",") + b"]", n - done
 
 
 def split_events(reads: list[bytes], times: list[int]) -> tuple[list[SseEvent], bytes]:
