@@ -218,7 +218,10 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
     run_dir = Path(tempfile.mkdtemp(prefix=f"{client}-{concurrency}-", dir=work))
     scenario = Scenario(ttft_ms=TTFT_MS, gap_ms=GAP_MS)
     with ServerProcess(scenario, run_dir, rt_priority=5, processes=server_procs) as srv:
-        if client in ("servetune", "servetune-aiohttp", "plain-aiohttp"):
+        if client == "kernel-stamps":  # an experiment: batched wake-ups, the kernel's receive stamps
+            argv = [sys.executable, str(ROOT / "bench/kernel_stamps_probe.py"), srv.url, str(concurrency), str(n),
+                    str(run_dir / "st.json")]
+        elif client in ("servetune", "servetune-aiohttp", "plain-aiohttp"):
             argv = [sys.executable, __file__, "--worker", srv.url, str(concurrency), str(n), str(run_dir / "st.json"),
                     str(workers), client]
             argv += ["--client-rt"] if client_rt else []
@@ -298,8 +301,9 @@ def main() -> None:
     ap.add_argument("--levels", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--requests-per-stream", type=int, default=3, help="measured requests = streams x this")
     ap.add_argument("--clients", nargs="+", default=["servetune", "plain-aiohttp", "vllm"],
-                    choices=["servetune", "servetune-aiohttp", "plain-aiohttp", "vllm"],
-                    help="servetune-aiohttp: servetune through aiohttp (Target.http_client) instead of its raw client")
+                    choices=["servetune", "servetune-aiohttp", "plain-aiohttp", "vllm", "kernel-stamps"],
+                    help="servetune-aiohttp: servetune through aiohttp (Target.http_client) instead of its raw client;"
+                         " kernel-stamps: the experiment in bench/kernel_stamps_probe.py")
     ap.add_argument("--client-rt", action="store_true", help="clients SCHED_FIFO too (shared machines)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--workers", type=int, nargs="+", default=[1],
