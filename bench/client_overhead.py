@@ -11,7 +11,7 @@ All clients are measured the same way from outside:
   (same CLOCK_MONOTONIC), p50/p99; TTFT p50 and chunk-gap p50 against the truth of the send log;
 - event-loop lag p99: servetune only (a 5 ms ticker inside its loop); peers: n/a;
 - reads per chunk: distinct arrival stamps over content chunks. 1.0 is a client that reads each chunk as it
-  comes; a client that falls behind reads several per wake-up, which costs it less kernel time per chunk.
+  comes; a client that falls behind reads several at once, which stamps the earlier ones late.
 ``--repeats N`` measures every client N times, interleaved, and prints the median of each figure with the
 range of the CPU figure (these vary by 10-20% from run to run even on a quiet host).
 
@@ -315,9 +315,9 @@ def main() -> None:
     rows = []
     plan = [(c, w) for c in args.clients for w in (args.workers if c == "servetune" else [1])]
     for level in args.levels:
+        procs = args.server_procs or server_procs_for(level)
         for _ in range(args.repeats):  # interleaved, so a slow spell of the host hits every client alike
             for client, workers in plan:
-                procs = args.server_procs or server_procs_for(level)
                 row = measure(client, level, args.requests_per_stream, args.client_rt, work, workers, procs)
                 if row is None:
                     print(f"# {client} at {level}: not measured (see above / not installed)")

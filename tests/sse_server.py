@@ -96,12 +96,9 @@ class SseServer:
         self._wake: asyncio.Event | None = None
         self._ticker: asyncio.Task | None = None
         self._closing: asyncio.Event | None = None
-        self.active = 0  # streams in flight
         self.posts = 0  # generation requests received
-        self.chunks_sent = 0
-        self.counter: memoryview | None = None  # one int64 slot of a shared counter file (see use_counter)
+        self.counter: memoryview | None = None  # sent chunks: one int64 slot of a shared file (use_counter)
         app = web.Application()
-        app.router.add_get("/stats", self._stats)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         for path, endpoint in (
@@ -149,10 +146,6 @@ class SseServer:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
-    async def _stats(self, request: web.Request) -> web.Response:
-        """Counters a benchmark polls to find the load window of a client it cannot instrument."""
-        return web.json_response({"active": self.active, "requests": len(self.log), "chunks": self.chunks_sent})
-
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "sse-test", "object": "model"}]})
 
@@ -185,7 +178,6 @@ class SseServer:
                 await self._closing.wait()  # type: ignore[union-attr]
                 return resp
             stream = _Stream(resp, endpoint, log, total, fail, asyncio.get_running_loop().create_future())
-            self.active += 1
             due = t_recv + int(self.scenario.ttft_ms * 1e6)
             heapq.heappush(self._heap, (due, next(self._seq), stream))
             self._wake.set()  # type: ignore[union-attr]
@@ -193,8 +185,6 @@ class SseServer:
                 ending = await stream.done
             except ConnectionError:
                 return resp
-            finally:
-                self.active -= 1
             if ending == "reset":
                 request.transport.abort()  # type: ignore[union-attr]
                 return resp
@@ -265,9 +255,8 @@ class SseServer:
         frame = self._content_frame(s, text, last)
         s.log.chunk_ns.append(time.perf_counter_ns())
         s.log.chunk_tokens.append(k)
-        self.chunks_sent += 1
         if self.counter is not None:
-            self.counter[0] = self.chunks_sent
+            self.counter[0] += 1
         await s.resp.write(frame)
         if last:
             s.log.completion_tokens = s.sent

@@ -103,12 +103,11 @@ def _error_text(obj: Any) -> str:
 
 
 class _Events(NamedTuple):
-    """A stream's events up to ``[DONE]`` (or up to the first that is not JSON), as columns."""
+    """A stream's good events up to ``[DONE]`` (up to the first bad one, if any), as columns."""
 
-    objs: list[Any]  # each event's JSON
+    objs: list[Any]  # each event's JSON object
     times: list[int]  # each one's arrival (the read that completed it)
-    names: list[bytes | None] | None  # each one's ``event:`` field; None when no event had one
-    error: tuple[ErrorClass, str] | None  # the event that is not JSON
+    error: tuple[ErrorClass, str] | None  # the first bad event: not JSON, not an object, or an error
     count: int  # events in the stream
     tail: bytes  # bytes after the last event that never formed one
 
@@ -122,7 +121,7 @@ def _events(reads: list[bytes], times: list[int]) -> _Events:
         except orjson.JSONDecodeError:
             objs = None  # the general path finds which event
         if objs is not None and len(objs) == usual[1]:  # else an event held two values ({},{}): general path
-            return _Events(objs, times[: len(objs)], None, None, len(reads), b"")
+            return _good(objs, times, None, None, len(reads), b"")
     events, tail = split_events(reads, times)
     datas = [ev.data for ev in events]
     try:
@@ -144,7 +143,20 @@ def _events(reads: list[bytes], times: list[int]) -> _Events:
                 break
     kept = events[: len(objs)]
     names = [ev.event for ev in kept]
-    return _Events(objs, [ev.t_ns for ev in kept], names if any(names) else None, error, len(events), tail)
+    return _good(objs, [ev.t_ns for ev in kept], names if any(names) else None, error, len(events), tail)
+
+
+def _good(objs: list[Any], times: list[int], names: list[bytes | None] | None,
+          error: tuple[ErrorClass, str] | None, count: int, tail: bytes) -> _Events:
+    """The events up to the first that is not a JSON object or reports an error (``names``: each event's
+    ``event:`` field, None when none had one); that one's error wins over a later one's."""
+    for i, obj in enumerate(objs):
+        name = names[i] if names else None
+        if type(obj) is not dict or name is not None or "error" in obj:
+            bad = _bad_event(i, name, obj)
+            if bad is not None:
+                return _Events(objs[:i], times[:i], bad, count, tail)
+    return _Events(objs, times[: len(objs)], error, count, tail)
 
 
 def _bad_event(i: int, name: bytes | None, obj: Any) -> tuple[ErrorClass, str] | None:
@@ -158,14 +170,8 @@ def _bad_event(i: int, name: bytes | None, obj: Any) -> tuple[ErrorClass, str] |
 def _read_openai(ev: _Events, chat: bool) -> _Stream:
     s = _Stream()
     s.error = ev.error
-    times, texts, usage_tokens, names = s.times, s.texts, s.usage_tokens, ev.names
-    for i, obj in enumerate(ev.objs):
-        name = names[i] if names else None
-        if type(obj) is not dict or name is not None or "error" in obj:
-            bad = _bad_event(i, name, obj)
-            if bad is not None:
-                s.error = bad
-                break
+    times, texts, usage_tokens = s.times, s.texts, s.usage_tokens
+    for obj, t in zip(ev.objs, ev.times, strict=True):
         usage = obj.get("usage")
         if usage:
             s.usage = usage
@@ -173,7 +179,7 @@ def _read_openai(ev: _Events, chat: bool) -> _Stream:
         if choices:
             text = _chunk_text(choices[0], chat)
             if text:
-                times.append(ev.times[i])
+                times.append(t)
                 texts.append(text)
                 usage_tokens.append(usage.get("completion_tokens") if usage else None)
     return s
@@ -185,14 +191,7 @@ def _read_generate(ev: _Events) -> _Stream:
     s.meta = True
     s.error = ev.error
     prev = ""
-    names = ev.names
-    for i, obj in enumerate(ev.objs):
-        name = names[i] if names else None
-        if type(obj) is not dict or name is not None or "error" in obj:
-            bad = _bad_event(i, name, obj)
-            if bad is not None:
-                s.error = bad
-                break
+    for obj, t in zip(ev.objs, ev.times, strict=True):
         meta = obj.get("meta_info") or {}
         if meta:
             s.usage = meta
@@ -203,7 +202,7 @@ def _read_generate(ev: _Events) -> _Stream:
         else:
             delta, prev = text, prev + text
         if delta:
-            s.times.append(ev.times[i])
+            s.times.append(t)
             s.texts.append(delta)
             s.usage_tokens.append(meta.get("completion_tokens"))
     return s
