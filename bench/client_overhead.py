@@ -53,7 +53,7 @@ VLLM_HOME = Path(os.environ.get("SERVETUNE_VLLM_HOME", Path.home() / ".cache/ser
 
 # --- the servetune client, run as its own process -------------------------------------------
 def servetune_worker(url: str, concurrency: int, n_requests: int, out: Path, rt: bool, workers: int = 1,
-                     http_client: str = "auto") -> None:
+                     http_client: str = "auto", read_batch_ms: float = 1.0) -> None:
     from servetune.loadgen import LoadConfig, Target, run_load
     from servetune.loadgen.workers import run_load_workers
     from servetune.workload.request import WorkloadRequest
@@ -77,7 +77,8 @@ def servetune_worker(url: str, concurrency: int, n_requests: int, out: Path, rt:
 
         tick = asyncio.create_task(ticker())
         t0 = time.perf_counter_ns()
-        target = Target(url=url, endpoint="completions", timeout_s=120, http_client=http_client)
+        target = Target(url=url, endpoint="completions", timeout_s=120, http_client=http_client,
+                        read_batch_ms=read_batch_ms)
         load = LoadConfig(concurrency=concurrency, warmup_requests=concurrency)
         if workers > 1:  # each worker process has its own loop: their worst lag is in the outcome
             res = await run_load_workers(target, reqs, load, t0_ns=t0, workers=workers)
@@ -86,7 +87,8 @@ def servetune_worker(url: str, concurrency: int, n_requests: int, out: Path, rt:
         stop.set()
         await tick
         lag = lags if workers == 1 else [res.client_lag_p99_ms or 0.0]
-        return {"t0_ns": t0, "records": [r.to_dict() for r in res.records if not r.warmup], "lag_ms": lag}
+        return {"t0_ns": t0, "records": [r.to_dict() for r in res.records if not r.warmup], "lag_ms": lag,
+                "stamps": res.arrival_stamps}
 
     import uvloop
 
@@ -221,7 +223,7 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
         if client == "kernel-stamps":  # an experiment: batched wake-ups, the kernel's receive stamps
             argv = [sys.executable, str(ROOT / "bench/kernel_stamps_probe.py"), srv.url, str(concurrency), str(n),
                     str(run_dir / "st.json")]
-        elif client in ("servetune", "servetune-aiohttp", "plain-aiohttp"):
+        elif client in ("servetune", "servetune-unbatched", "servetune-aiohttp", "plain-aiohttp"):
             argv = [sys.executable, __file__, "--worker", srv.url, str(concurrency), str(n), str(run_dir / "st.json"),
                     str(workers), client]
             argv += ["--client-rt"] if client_rt else []
@@ -272,6 +274,7 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
         "client": client if workers == 1 else f"{client} x{workers} workers",
         "streams": concurrency,
         "server_procs": server_procs,
+        "arrival_stamps": result.get("stamps", "client") if result is not None else "client",
         "matched_requests": len(err),
         "chunks_per_s": chunk_rate,
         "cpu_s_per_1k_chunks": cpu_per_1k,
@@ -295,13 +298,15 @@ def main() -> None:
             plain_worker(url, conc, n, out, rt)
         else:
             http = "aiohttp" if sys.argv[7] == "servetune-aiohttp" else "auto"
-            servetune_worker(url, conc, n, out, rt=rt, workers=workers, http_client=http)
+            batch = 0.0 if sys.argv[7] == "servetune-unbatched" else 1.0
+            servetune_worker(url, conc, n, out, rt=rt, workers=workers, http_client=http, read_batch_ms=batch)
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--levels", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--requests-per-stream", type=int, default=3, help="measured requests = streams x this")
     ap.add_argument("--clients", nargs="+", default=["servetune", "plain-aiohttp", "vllm"],
-                    choices=["servetune", "servetune-aiohttp", "plain-aiohttp", "vllm", "kernel-stamps"],
+                    choices=["servetune", "servetune-unbatched", "servetune-aiohttp", "plain-aiohttp", "vllm",
+                             "kernel-stamps"],
                     help="servetune-aiohttp: servetune through aiohttp (Target.http_client) instead of its raw client;"
                          " kernel-stamps: the experiment in bench/kernel_stamps_probe.py")
     ap.add_argument("--client-rt", action="store_true", help="clients SCHED_FIFO too (shared machines)")

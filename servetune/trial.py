@@ -257,6 +257,7 @@ async def _run_trial(
             "client_lag_max_ms": outcome.client_lag_max_ms,
             "client_workers": workers,
             "http_client": outcome.http_client,
+            "arrival_stamps": outcome.arrival_stamps,
         }
     result.summary = summarize(
         result.records,

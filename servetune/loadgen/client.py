@@ -1,8 +1,9 @@
 """run_load: stream every request through one pool of keep-alive connections and record what came back.
 
-The per-chunk hot path is one call in the socket's protocol (transport.py): take ``perf_counter_ns()``,
-append the payload. Everything else (SSE splitting, JSON, token counting) happens once the request's
-stream has ended, so a busy client stamps chunks late as little as possible.
+The per-chunk hot path is one call per read (transport.py): the read's arrival stamp (the kernel's, where it
+gives one), the payload appended. Everything else (SSE splitting, JSON, token counting) waits until the load
+is over, or until the streams waiting for it hold DECODE_BACKLOG_BYTES, so the load's CPU goes to reading;
+a session's turn is decoded when its stream ends (the next turn carries it).
 The load's units are requests, or users' sessions (sessions.py): a session's next turn goes out once
 the previous answer has been decoded, carrying it.
 Failures are recorded on the request (docs/metrics.md, Errors: never an aborted run); a stream
@@ -34,6 +35,8 @@ from .transport import CONNECTION_ERRORS, ERROR_BODY_BYTES, TargetUnreachable, o
 
 __all__ = ["LoadOutcome", "Share", "TargetUnreachable", "run_load", "run_load_sync"]
 
+DECODE_BACKLOG_BYTES = 128 << 20  # streams waiting to be decoded: past this, they are decoded during the load
+
 Progress = Callable[[int, int, int], None]  # (requests done, errors, output tokens)
 
 
@@ -58,6 +61,7 @@ class LoadOutcome:
     client_lag_p99_ms: float | None = None  # the client's event loop, late to wake, over the window (lag.py)
     client_lag_max_ms: float | None = None
     http_client: str = "raw"  # the client the requests went through (transport.py)
+    arrival_stamps: str = "client"  # who stamped the chunks: "kernel" (each read's receive time) or "client"
 
 
 def _classify_status(status: int) -> ErrorClass:
@@ -157,11 +161,19 @@ async def run_load(
                 idle.forget(i)
             rec.t_send_s = (t_send - t0_ns) / 1e9
             rec.e2e_ms = (t_end - t_send) / 1e6
-        if inline:
-            return decode(i, reads, times, t_send)
-        finished.append((i, reads, times, t_send))
-        wake.set()
-        return None
+        text = decode(i, reads, times, t_send) if inline else None
+        counters[0] += 1
+        counters[1] += rec.error_class is not None
+        counters[2] += len(times)  # an estimate until the stream is decoded: its chunks
+        if progress is not None:
+            progress(counters[0], counters[1], counters[2])
+        if not inline:
+            size = sum(map(len, reads))
+            finished.append((i, reads, times, t_send, size))
+            backlog[0] += size
+            if backlog[0] > DECODE_BACKLOG_BYTES:
+                wake.set()
+        return text
 
     async def send_unit(u: int, queue_ns: int) -> None:
         """A request, or a session: each turn after the previous answer (and the user's think time),
@@ -181,22 +193,21 @@ async def run_load(
                 return
             answers.append(text or "")
 
-    # Streams that end together (closed loop, equal lengths) would otherwise all be decoded in one
-    # event-loop pass, and no socket is read (so no chunk stamped) until that pass is over: one
-    # task decodes them, one stream per pass.
-    finished: collections.deque[tuple[int, list[bytes], list[int], int] | None] = collections.deque()
+    # Ended streams wait, undecoded, for the load to end. Past the backlog's bound one task decodes the
+    # oldest, one stream per event-loop pass (so the sockets are still read between them), down to half.
+    finished: collections.deque[tuple[int, list[bytes], list[int], int, int]] = collections.deque()
+    backlog = [0]
     wake = asyncio.Event()
 
     async def decoder() -> None:
         while True:
-            while finished:
-                item = finished.popleft()
-                if item is None:
-                    return
+            await wake.wait()
+            wake.clear()
+            while finished and backlog[0] > DECODE_BACKLOG_BYTES // 2:
+                *item, size = finished.popleft()
+                backlog[0] -= size
                 decode(*item)
                 await asyncio.sleep(0)
-            wake.clear()
-            await wake.wait()
 
     def decode(i: int, reads: list[bytes], times: list[int], t_send: int) -> str:
         rec = records[i]
@@ -209,11 +220,6 @@ async def run_load(
             rec.error_message = rec.error_message or f"decoding failed: {type(exc).__name__}: {exc}"
         if rec.error_message:
             rec.error_message = _redact(rec.error_message, key)
-        counters[0] += 1
-        counters[1] += rec.error_class is not None
-        counters[2] += rec.output_tokens or 0
-        if progress is not None:
-            progress(counters[0], counters[1], counters[2])
         return text
 
     async with open_transport(target, headers, load.concurrency) as transport:
@@ -243,21 +249,24 @@ async def run_load(
                 dispatch = closed_loop(everything, load.concurrency, send_unit)
             stopped = await _until_stopped(dispatch, stop)
             drain_end = clock()
-            finished.append(None)
-            wake.set()
-            await decoding
         finally:
             decoding.cancel()
             ticking.cancel()
             if watching is not None:
                 watching.cancel()
             gc.unfreeze()
+    while finished:  # the load is over: nothing to read any more
+        *item, _ = finished.popleft()
+        decode(*item)
     kept = [r for i, r in enumerate(records) if sent[i]]
+    if progress is not None:  # exact now that every stream is decoded
+        progress(len(kept), sum(r.error_class is not None for r in kept), sum(r.output_tokens or 0 for r in kept))
     measured = [r for r in kept if not r.warmup]
     first = min((r.t_send_s for r in measured), default=0.0)
     last = max((r.t_send_s for r in measured), default=0.0)
     lag_p99, lag_max = lag.over(first, last, t0_ns)
-    return LoadOutcome(kept, first, last, (drain_end - t0_ns) / 1e9, stopped, lag_p99, lag_max, transport.name)
+    return LoadOutcome(kept, first, last, (drain_end - t0_ns) / 1e9, stopped, lag_p99, lag_max, transport.name,
+                       transport.arrival_stamps)
 
 
 async def _until_stopped(dispatch: Coroutine[Any, Any, None], stop: asyncio.Event | None) -> bool:

@@ -53,6 +53,13 @@ class Target(BaseModel):
         default="auto", description="auto: the raw HTTP/1.1 client (loadgen/rawhttp.py, the least CPU per chunk)"
                                     " for http:// targets, aiohttp for https://")
 
+    read_batch_ms: float = Field(
+        default=1.0, ge=0, le=2.0,
+        description="the raw client reads its sockets at most once per this many ms (the kernel stamps each read's"
+                    " arrival, so the stamps stay exact; a request a stream's end lets out goes up to this late);"
+                    " 0: read each chunk as it comes. Kept below real engines' inter-token gaps (2 ms at most)."
+                    " Without kernel stamps (not Linux) reads are never batched")
+
     @field_validator("http_client")
     @classmethod
     def _raw_is_plain_http(cls, v: str, info: ValidationInfo) -> str:

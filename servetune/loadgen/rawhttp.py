@@ -1,10 +1,12 @@
-"""The streaming hot path's HTTP/1.1 client: one asyncio Protocol per keep-alive connection.
+"""The streaming hot path's HTTP/1.1 client: one non-blocking socket per keep-alive connection.
 
 Through aiohttp a body chunk costs several Python calls (its protocol's ``data_received``, the parser's
 callbacks, the stream reader; capture.py trims these to one override, and they remain the client's main
-CPU cost at hundreds of streams). Here a chunk costs one call: stamp it, strip the chunked framing, append
-the payload. A load POSTs prebuilt bodies with fixed headers to one host, which is all this client does;
-plain ``http://`` only (an https target goes through aiohttp, transport.py). A reused connection that the
+CPU cost at hundreds of streams). Here a chunk costs one call: read it with the kernel's receive stamp
+(stamps.py), strip the chunked framing, append the payload. The socket is the loop's reader directly
+(``add_reader``), not a transport, because a transport drops the ancillary data the stamp comes in.
+A load POSTs prebuilt bodies with fixed headers to one host, which is all this client does; plain
+``http://`` only (an https target goes through aiohttp, transport.py). A reused connection that the
 server closed while it sat idle fails before any byte comes back: that request is retried once on a
 fresh connection, as urllib3 does; any other failure ends the request.
 """
@@ -12,9 +14,12 @@ fresh connection, as urllib3 does; any other failure ends the request.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
+
+from . import stamps
 
 _clock = time.perf_counter_ns
 MAX_HEAD_BYTES = 1 << 16
@@ -28,15 +33,18 @@ class BadResponse(ConnectionError):
     """What came back is not an HTTP/1.x response this client can read."""
 
 
-class _Connection(asyncio.Protocol):
-    """One connection's protocol: ``exchange()`` writes a request and resolves with the status once the
-    response is complete; the body's payload lands in the caller's ``reads``, stamped in ``times``."""
+class _Connection:
+    """One connection: ``exchange()`` writes a request and resolves with the status once the response is
+    complete; the body's payload lands in the caller's ``reads``, stamped in ``times``."""
 
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop, reader: stamps.Reader) -> None:
+        self.sock, self.loop, self.reader = sock, loop, reader
+        self.fd = sock.fileno()
+        self.recvmsg = sock.recvmsg
         self.closed = False
         self.done: asyncio.Future[int] | None = None
         self._begin([], [], None)
+        reader.add(self.fd, self)
 
     def _begin(self, times: list[int], reads: list[bytes], on_head: Callable[[], None] | None) -> None:
         self.times, self.reads, self.on_head = times, reads, on_head
@@ -53,17 +61,26 @@ class _Connection(asyncio.Protocol):
 
     async def exchange(self, request: bytes, times: list[int], reads: list[bytes],
                        on_head: Callable[[], None] | None) -> int:
-        assert self.transport is not None and self.done is None
+        assert not self.closed and self.done is None
         self._begin(times, reads, on_head)
-        self.done = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
-        return await self.done
+        done = self.done = self.loop.create_future()
+        try:
+            sent = self.sock.send(request)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self.lost(exc)
+            return await done
+        if sent < len(request):
+            try:
+                await self.loop.sock_sendall(self.sock, memoryview(request)[sent:])
+            except OSError as exc:
+                self.lost(exc)
+        return await done
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+    def lost(self, exc: Exception | None) -> None:
+        """The connection ended (the server closed it, or it broke): fail or finish its exchange."""
+        self.close()
         if self.done is None or self.done.done():
             return
         if self.in_body and not self.chunked and self.left < 0:  # a body delimited by the close
@@ -73,14 +90,15 @@ class _Connection(asyncio.Protocol):
         self._fail(ServerDisconnected(f"the server closed the connection {where}" + (f": {exc}" if exc else "")))
 
     def close(self) -> None:
+        if self.closed:
+            return
         self.closed = True
-        if self.transport is not None:
-            self.transport.close()
+        self.reader.forget(self.fd)
+        self.sock.close()
 
     # --- the hot path -------------------------------------------------------------------------
-    def data_received(self, data: bytes) -> None:
+    def received(self, data: bytes, t: int) -> None:
         if self.in_body:
-            t = _clock()
             if self.chunked:
                 self._chunks(data, t)
             else:
@@ -97,7 +115,6 @@ class _Connection(asyncio.Protocol):
             if len(head) > MAX_HEAD_BYTES:
                 self._fail(BadResponse(f"no end of headers in the first {len(head)} bytes"))
             return
-        t = _clock()
         try:
             self._read_head(head[:end])
         except ValueError as exc:
@@ -215,7 +232,7 @@ class RawHttpPool:
 
     name = "raw"  # a loadgen transport (transport.py)
 
-    def __init__(self, base_url: str, path: str, headers: dict[str, str]) -> None:
+    def __init__(self, base_url: str, path: str, headers: dict[str, str], batch_s: float = 0.0) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"the raw HTTP client speaks plain http:// only, not {base_url!r}")
@@ -227,12 +244,41 @@ class RawHttpPool:
         self._netloc = parts.netloc
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
+        self._addresses: list[tuple] = []
+        self.reader = stamps.Reader(batch_s)
+        self.kernel_stamps: bool | None = None  # True: the kernel stamps every connection's reads
+
+    @property
+    def arrival_stamps(self) -> str:
+        """Who stamped the chunks' arrivals: ``kernel`` (each read's receive time) or ``client``."""
+        return "kernel" if self.kernel_stamps else "client"
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(_Connection, self.host, self.port)
-        self._open.add(conn)
-        return conn
+        if not self._addresses:
+            self._addresses = list(await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM))
+        error: OSError | None = None
+        for family, kind, proto, _, address in self._addresses:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                kernel = stamps.enable(sock)
+                await loop.sock_connect(sock, address)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            self.kernel_stamps = kernel and self.kernel_stamps is not False
+            if not self.kernel_stamps:
+                self.reader.batch_ns = 0  # the reader stamps the reads: batching them would stamp them late
+            conn = _Connection(sock, loop, self.reader)
+            self._open.add(conn)
+            return conn
+        raise error or OSError(f"no address for {self.host}:{self.port}")
 
     async def _exchange(self, request: bytes, times: list[int], reads: list[bytes],
                         on_head: Callable[[], None] | None) -> int:
@@ -282,3 +328,4 @@ class RawHttpPool:
             conn.close()
         self._open.clear()
         self._idle.clear()
+        self.reader.close()

@@ -1,7 +1,8 @@
-"""How a load's requests reach the server: the raw HTTP/1.1 client (rawhttp.py) for ``http://`` targets,
-aiohttp for ``https://`` ones or when asked (``Target.http_client``). Both give one call, ``post(body, times,
-reads, on_head)``: it returns the status once the response is complete, with the body's reads and their
-arrival stamps in the caller's lists (an error status's body too, for its message).
+"""How a load's requests reach the server: the raw HTTP/1.1 client (rawhttp.py; its reads stamped by the
+kernel and read in batches, stamps.py) for ``http://`` targets, aiohttp for ``https://`` ones or when asked
+(``Target.http_client``). Both give one call, ``post(body, times, reads, on_head)``: it returns the status
+once the response is complete, with the body's reads and their arrival stamps in the caller's lists (an
+error status's body too, for its message); ``arrival_stamps`` says who stamped them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class TargetUnreachable(ConnectionError):
 
 class Transport(Protocol):
     name: str
+    arrival_stamps: str  # who stamped the chunks: "kernel" (each read's receive time) or "client"
 
     async def post(self, body: bytes, times: list[int], reads: list[bytes],
                    on_head: Callable[[], None] | None) -> int: ...
@@ -45,6 +47,7 @@ def client_for(target: Target) -> str:
 
 class _Aiohttp:
     name = "aiohttp"
+    arrival_stamps = "client"
 
     def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
         self.session, self.url = session, url
@@ -83,7 +86,7 @@ async def open_transport(target: Target, headers: dict[str, str], streams: int) 
     only transport failures raise ``TargetUnreachable``)."""
     timeout_s = min(PREFLIGHT_TIMEOUT_S, target.timeout_s)
     if client_for(target) == "raw":
-        pool = RawHttpPool(target.url, target.request_path, headers)
+        pool = RawHttpPool(target.url, target.request_path, headers, batch_s=target.read_batch_ms / 1e3)
         try:
             async with asyncio.timeout(timeout_s):
                 await pool.get("/health")

@@ -189,4 +189,5 @@ def _merge(n: int, shares: list[dict[str, Any]], outcomes: list[LoadOutcome]) ->
         max(lags) if lags else None,
         max(worst) if worst else None,
         outcomes[0].http_client,
+        "kernel" if all(o.arrival_stamps == "kernel" for o in outcomes) else "client",
     )

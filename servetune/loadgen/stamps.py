@@ -1,0 +1,143 @@
+"""Reading a pool's sockets in batched passes, each read stamped by the kernel.
+
+A chunk stamped when the event loop gets to it is late by however busy the loop was. With
+``SO_TIMESTAMPNS`` (Linux) each read carries the time the kernel received its last segment, so a chunk's
+stamp no longer depends on when the client read it, and the client can read in batches: one wake-up
+reads every socket that has data, instead of one wake-up (and often a context switch) per chunk.
+The kernel stamps in CLOCK_REALTIME; the reader maps that onto ``perf_counter_ns`` (CLOCK_MONOTONIC, the
+load's clock) with an offset it re-measures on every pass, so an NTP slew cannot drift it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import socket
+import struct
+import sys
+import time
+from typing import Any, Protocol
+
+#: SO_TIMESTAMPNS on Linux's common ABIs (Python's socket module does not export it); elsewhere: none
+SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
+ANCILLARY_BYTES = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
+READ_BYTES = 1 << 16
+REFRESH_NS = 10_000_000  # the clocks' offset is re-measured every 10 ms at most (a 500 ppm slew: 5 us)
+_timespec = struct.Struct("@qq").unpack
+_perf = time.perf_counter_ns
+
+
+def enable(sock: socket.socket) -> bool:
+    """Ask the kernel to stamp ``sock``'s reads; False where it cannot (then the reader stamps them)."""
+    if SO_TIMESTAMPNS is None or not ANCILLARY_BYTES:
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+def realtime_offset_ns() -> int:
+    """CLOCK_REALTIME minus perf_counter_ns, from the tighter of two brackets (within a microsecond)."""
+    a, r, b = _perf(), time.time_ns(), _perf()
+    c, r2, d = _perf(), time.time_ns(), _perf()
+    return r - (a + b) // 2 if b - a <= d - c else r2 - (c + d) // 2
+
+
+class Readable(Protocol):
+    closed: bool
+
+    def recvmsg(self, bufsize: int, ancbufsize: int, /) -> tuple[bytes, list[tuple[int, int, bytes]], int, Any]: ...
+    def received(self, data: bytes, t: int) -> None: ...
+    def lost(self, exc: Exception | None) -> None: ...
+
+
+class Reader:
+    """The event loop's one reader for a pool's connections: they sit in one epoll set, and a pass reads
+    every socket that has data. A pass that would come less than ``batch_s`` after the previous one first
+    sleeps out the rest, so under load one wake-up reads many chunks; when few arrive nothing waits.
+    The tasks a pass's reads wake run right after it: a request that a stream's end lets out goes at most
+    ``batch_s`` late (the stamps are not late). ``batch_s`` 0: a pass reads whatever is ready at once.
+    Without epoll (not Linux) each socket is its own reader."""
+
+    def __init__(self, batch_s: float = 0.0) -> None:
+        self.batch_ns = int(batch_s * 1e9)
+        self.passes = 0
+        self.offset_ns = realtime_offset_ns()
+        self._last = 0
+        self._conns: dict[int, Readable] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._refreshed = _perf()
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+
+    def add(self, fd: int, conn: Readable) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            if self._epoll is not None:
+                self._loop.add_reader(self._epoll.fileno(), self._pass)
+        self._conns[fd] = conn
+        if self._epoll is not None:
+            self._epoll.register(fd, select.EPOLLIN)
+        else:
+            self._loop.add_reader(fd, self._read_now, conn)
+
+    def forget(self, fd: int) -> None:
+        if self._conns.pop(fd, None) is None:
+            return
+        if self._epoll is not None:
+            self._epoll.unregister(fd)
+        elif self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(fd)
+
+    def close(self) -> None:
+        for fd in list(self._conns):
+            self.forget(fd)
+        if self._epoll is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._epoll.fileno())
+            self._epoll.close()
+
+    def _pass(self) -> None:
+        wait = self._last + self.batch_ns - _perf()
+        if wait > 0:
+            time.sleep(wait / 1e9)
+        self._last = _perf()
+        self.passes += 1
+        self._refresh(self._last)
+        conns, read = self._conns, self._read
+        for fd, _ in self._epoll.poll(0, len(conns) + 1):  # type: ignore[union-attr]
+            conn = conns.get(fd)
+            if conn is not None:
+                read(conn)
+
+    def _read_now(self, conn: Readable) -> None:
+        self._refresh(_perf())
+        self._read(conn)
+
+    def _refresh(self, now: int) -> None:
+        if now - self._refreshed > REFRESH_NS:
+            self.offset_ns, self._refreshed = realtime_offset_ns(), now
+
+    def _read(self, conn: Readable) -> None:
+        """Read ``conn`` until a read comes back short (a large body fills several reads)."""
+        offset, kind_ns, level_socket = self.offset_ns, SO_TIMESTAMPNS, socket.SOL_SOCKET
+        while True:
+            try:
+                data, ancillary, _, _ = conn.recvmsg(READ_BYTES, ANCILLARY_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                conn.lost(exc)
+                return
+            if not data:
+                conn.lost(None)
+                return
+            now = t = _perf()
+            for level, kind, raw in ancillary:
+                if kind == kind_ns and level == level_socket and len(raw) >= 16:
+                    sec, nsec = _timespec(raw[:16])
+                    t = min(now, sec * 1_000_000_000 + nsec - offset)  # never after the read itself
+            conn.received(data, t)
+            if len(data) < READ_BYTES or conn.closed:
+                return
