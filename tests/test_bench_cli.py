@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from pathlib import Path
 
 import orjson
@@ -62,6 +63,8 @@ async def test_bench_writes_a_complete_result(server, tmp_path):
         "tpot_ms=1000",
         "--gpu-interval-ms",
         "20",
+        "--read-batch-ms",
+        "0.5",
     )
     assert r.exit_code == 0, r.output
     assert "TTFT" in r.output and "output tokens/s" in r.output and "result written to" in r.output
@@ -76,6 +79,8 @@ async def test_bench_writes_a_complete_result(server, tmp_path):
     assert d["workload"]["spec"]["name"] == "tiny" and d["workload"]["fingerprint"]
     assert d["load"]["concurrency"] == 4 and d["load"]["mode"] == "concurrency"
     assert d["load"]["http_client"] == "raw"  # http://: the raw client
+    assert d["target"]["read_batch_ms"] == 0.5
+    assert d["load"]["arrival_stamps"] == ("kernel" if sys.platform == "linux" else "client")
     assert "samples" in d["gpu"] and d["environment"]
     assert len(seen.generations) == 14
 
@@ -158,6 +163,7 @@ async def test_bad_workload_files_name_the_cause_and_send_nothing(server, tmp_pa
         (["--rate", "-1"], "--rate"),
         (["--endpoint", "embeddings"], "--endpoint"),
         (["--http-client", "curl"], "--http-client"),
+        (["--read-batch-ms", "5"], "--read-batch-ms"),
         (["--sla", "ttft=5"], "ttft"),
         (["--sla", "ttft_ms=fast"], "--sla"),
         (["--sla", "ttft_ms=-5"], "ttft_ms"),

@@ -240,6 +240,9 @@ def bench(
                     " but one)")] = None,
     http_client: Annotated[str, typer.Option(
         help="auto (the raw HTTP/1.1 client for http://, aiohttp for https://), raw or aiohttp")] = "auto",
+    read_batch_ms: Annotated[float, typer.Option(
+        help="raw client: read the sockets at most once per this many ms (kernel-stamped, so the stamps stay"
+             " exact; a request a stream's end lets out waits up to this long; 0: read at once)")] = 1.0,
 ) -> None:
     """Benchmark a running endpoint: one trial, its summary, and a JSON result with every record."""
     from servetune.commands.trace import bench_trace
@@ -271,6 +274,7 @@ def bench(
                         "timeout_s": timeout_s,
                         "idle_timeout_s": idle_timeout or None,
                         "http_client": http_client,
+                        "read_batch_ms": read_batch_ms,
                     },
                     "load": {
                         "mode": "rate" if rate is not None or arrival == "trace" else
@@ -343,6 +347,7 @@ _CLI_NAMES = {
     "target.endpoint": "--endpoint",
     "target.timeout_s": "--timeout-s",
     "target.http_client": "--http-client",
+    "target.read_batch_ms": "--read-batch-ms",
     "target.idle_timeout_s": "--idle-timeout",
     "num_requests": "--requests",
     "gpu_interval_ms": "--gpu-interval-ms",

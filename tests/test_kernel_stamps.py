@@ -1,0 +1,172 @@
+"""Kernel receive stamps and batched reads (servetune/loadgen/stamps.py, the raw client's reader) on real
+loopback TCP sockets, and what the load generator builds on them: a stamp that does not move when the event
+loop is late, passes bounded by the batch interval, and streams decoded after the load unless they pile up."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from servetune.loadgen import LoadConfig, Target, run_load
+from servetune.loadgen import client as client_module
+from servetune.loadgen import stamps
+from servetune.workload.request import WorkloadRequest
+
+from sse_server import Scenario, SseServer
+
+linux = pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPNS is Linux's")
+
+
+class Socket:
+    """A client socket as the reader sees a connection: what it read, each with its stamp."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.closed = sock, False
+        self.recvmsg = sock.recvmsg
+        self.got: list[tuple[bytes, int]] = []
+        self.ended = asyncio.Event()
+
+    def received(self, data: bytes, t: int) -> None:
+        self.got.append((data, t))
+
+    def lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.ended.set()
+
+
+def _pairs(n: int, kernel: bool = True) -> Iterator[tuple[socket.socket, socket.socket]]:
+    """n connected loopback TCP pairs (client non-blocking, stamped by the kernel if ``kernel``)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        for _ in range(n):
+            c = socket.create_connection(listener.getsockname())
+            s, _ = listener.accept()
+            for x in (c, s):
+                x.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            c.setblocking(False)
+            assert stamps.enable(c) if kernel else True
+            yield c, s
+
+
+def _wrap(pairs: list[tuple[socket.socket, socket.socket]], reader: stamps.Reader) -> list[Socket]:
+    conns = [Socket(c) for c, _ in pairs]
+    for conn in conns:
+        reader.add(conn.sock.fileno(), conn)
+    return conns
+
+
+def _close(pairs: list[tuple[socket.socket, socket.socket]], reader: stamps.Reader) -> None:
+    reader.close()
+    for c, s in pairs:
+        c.close()
+        s.close()
+
+
+@linux
+async def test_a_kernel_stamp_stays_on_the_arrival_while_the_loop_is_blocked() -> None:
+    reader = stamps.Reader()
+    pairs = list(_pairs(1)) + list(_pairs(1, kernel=False))
+    stamped, unstamped = _wrap(pairs, reader)
+    try:
+        for _, server in pairs:
+            server.send(b"data: 1\n\n")
+        sent = time.perf_counter_ns()
+        time.sleep(0.05)  # the event loop is busy elsewhere for 50 ms
+        while not (stamped.got and unstamped.got):
+            await asyncio.sleep(0.001)
+    finally:
+        _close(pairs, reader)
+    (data, t), (_, t_late) = stamped.got[0], unstamped.got[0]
+    assert data == b"data: 1\n\n"
+    assert abs(t - sent) < 1_000_000, (t - sent) / 1e6  # on the send, within 1 ms (typically ~0.02)
+    assert t_late - sent >= 50_000_000  # without the kernel's stamp: when the loop got to it
+
+
+@linux
+async def test_batched_passes_are_bounded_and_every_stamp_is_a_segments_arrival() -> None:
+    """Eight streams, a segment on each every 2 ms; the reader passes at most once per 5 ms, so a read holds
+    several segments, and its stamp is when the last of them arrived: between that send's before and after."""
+    reader = stamps.Reader(batch_s=0.005)
+    pairs = list(_pairs(8))
+    conns = _wrap(pairs, reader)
+    sends: list[list[tuple[int, int]]] = [[] for _ in pairs]
+
+    def write() -> None:
+        for k in range(40):
+            for j, (_, server) in enumerate(pairs):
+                before = time.perf_counter_ns()
+                server.send(b"%d;" % k)
+                sends[j].append((before, time.perf_counter_ns()))
+            time.sleep(0.002)
+
+    try:
+        start = time.perf_counter_ns()
+        await asyncio.to_thread(write)
+        while sum(c.got[-1][0].endswith(b"39;") for c in conns if c.got) < len(conns):
+            await asyncio.sleep(0.001)
+        elapsed_ms = (time.perf_counter_ns() - start) / 1e6
+    finally:
+        _close(pairs, reader)
+    assert reader.passes <= elapsed_ms / 5 + 3, (reader.passes, elapsed_ms)
+    reads = 0
+    for conn, sent in zip(conns, sends):
+        assert b"".join(d for d, _ in conn.got) == b"".join(b"%d;" % k for k in range(40))  # nothing lost
+        assert [t for _, t in conn.got] == sorted(t for _, t in conn.got)
+        count = 0
+        for data, t in conn.got:
+            count += data.count(b";")
+            before, after = sent[count - 1]  # the read ends with segment count-1: its stamp is that one's
+            assert before - 50_000 <= t <= after + 50_000, (before - t, t - after)
+        reads += len(conn.got)
+    assert reads < 40 * len(conns) * 0.6  # batched: most reads carry more than one segment
+
+
+@pytest.mark.parametrize("batch_ms", [0.0, 1.0])
+async def test_a_load_states_who_stamped_its_chunks_with_and_without_batched_reads(batch_ms: float) -> None:
+    async with SseServer(Scenario(ttft_ms=10, gap_ms=3)) as srv:
+        t0 = time.perf_counter_ns()
+        out = await run_load(Target(url=srv.url, read_batch_ms=batch_ms), _requests(12, out=6),
+                             LoadConfig(concurrency=4), t0_ns=t0)
+    assert out.arrival_stamps == ("kernel" if sys.platform == "linux" else "client")
+    for rec in out.records:
+        assert rec.ok and len(rec.chunk_offsets_ms) == 6 and rec.completion_tokens == 6
+        true_ttft = (srv.log[rec.request_id].chunk_ns[0] - (t0 + rec.t_send_s * 1e9)) / 1e6
+        assert rec.ttft_ms >= true_ttft - 0.05  # a kernel stamp is never before the send (clock offset: us)
+    with pytest.raises(ValueError, match="read_batch_ms"):
+        Target(url=srv.url, read_batch_ms=5)
+
+
+def _requests(n: int, out: int) -> list[WorkloadRequest]:
+    return [WorkloadRequest(index=i, system=None, user=f"stamp #{i}", input_tokens=4, output_tokens=out)
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("bound", [client_module.DECODE_BACKLOG_BYTES, 1])
+async def test_streams_are_decoded_after_the_load_unless_their_backlog_passes_its_bound(monkeypatch, bound: int) -> None:
+    """Decoding waits for the load's end (its CPU stays out of the measured window); past the bound on the
+    undecoded bytes (1 byte here) the decoder works during the load. Either way the records are whole, and
+    the last progress report has the exact token count."""
+    monkeypatch.setattr(client_module, "DECODE_BACKLOG_BYTES", bound)
+    decoded_at: list[int] = []
+    real = client_module.decode_stream
+
+    def timed(*args, **kw):  # noqa: ANN002, ANN003, ANN202 - the real decode, its time noted
+        decoded_at.append(time.perf_counter_ns())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(client_module, "decode_stream", timed)
+    reports: list[tuple[int, int, int]] = []
+    async with SseServer(Scenario(ttft_ms=2, gap_ms=2, tokens_per_chunk=2, shape="usage_chunk")) as srv:
+        t0 = time.perf_counter_ns()
+        out = await run_load(Target(url=srv.url), _requests(24, out=8), LoadConfig(concurrency=4), t0_ns=t0,
+                             progress=lambda *a: reports.append(a))
+    last_send = t0 + max(r.t_send_s for r in out.records) * 1e9
+    during = sum(t < last_send for t in decoded_at)
+    assert len(decoded_at) == 24 and (during == 0 if bound > 1 else during >= 12), during
+    assert all(r.ok and r.completion_tokens == 8 and r.chunk_tokens == [2, 2, 2, 2] for r in out.records)
+    assert reports[-1] == (24, 0, 24 * 8)  # exact, once every stream is decoded
+    assert [r[0] for r in reports[:-1]] == list(range(1, 25))  # one per stream end, counted as it ended
