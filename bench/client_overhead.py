@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
+import core_plan  # noqa: E402  (bench/, beside this script)
 from sse_server import Scenario, ServerProcess, realtime  # noqa: E402
 
 TTFT_MS, GAP_MS, TOKENS = 20.0, 5.0, 128
@@ -196,7 +197,13 @@ class Poller(threading.Thread):
 
     def cpu(self) -> tuple[float, float]:
         user = system = 0.0
-        for p in [self.proc, *self.proc.children(recursive=True)]:
+        for _ in range(5):  # a child that exits while they are listed fails the listing: list them again
+            try:
+                children = self.proc.children(recursive=True)
+                break
+            except psutil.Error:
+                children = []
+        for p in [self.proc, *children]:
             try:
                 t = p.cpu_times()
                 user, system = user + t.user, system + t.system
@@ -215,11 +222,13 @@ def server_procs_for(streams: int) -> int:
 
 
 def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, work: Path,
-            workers: int = 1, server_procs: int = 1) -> dict | None:
+            workers: int = 1, server_procs: int = 1, cores: core_plan.CorePlan | None = None) -> dict | None:
     n = concurrency * per_stream
     run_dir = Path(tempfile.mkdtemp(prefix=f"{client}-{concurrency}-", dir=work))
     scenario = Scenario(ttft_ms=TTFT_MS, gap_ms=GAP_MS)
     with ServerProcess(scenario, run_dir, rt_priority=5, processes=server_procs) as srv:
+        for pid, cpu in zip(srv.pids, cores.servers if cores else []):
+            core_plan.pin(pid, {cpu})
         if client == "kernel-stamps":  # an experiment: batched wake-ups, the kernel's receive stamps
             argv = [sys.executable, str(ROOT / "bench/kernel_stamps_probe.py"), srv.url, str(concurrency), str(n),
                     str(run_dir / "st.json")]
@@ -234,11 +243,17 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
             if client_rt:
                 argv = ["chrt", "-f", "4", *argv]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=run_dir)
+        if cores:  # before its interpreter is up, so its workers inherit the mask
+            core_plan.pin(proc.pid, cores.client)
         poller = Poller(srv, proc)
         poller.start()
         output, _ = proc.communicate(timeout=900)
+        sampled = poller.is_alive()  # else its CPU window would end where the sampler died
         poller.stopped = True
         poller.join()
+        if not sampled:
+            print(f"{client} at {concurrency}: the CPU sampler stopped before the client did", file=sys.stderr)
+            return None
         if proc.returncode != 0:
             print(f"{client} at {concurrency} failed:\n{output.decode()[-3000:]}", file=sys.stderr)
             return None
@@ -274,6 +289,7 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
         "client": client if workers == 1 else f"{client} x{workers} workers",
         "streams": concurrency,
         "server_procs": server_procs,
+        "pinned": cores.describe() if cores else None,
         "arrival_stamps": result.get("stamps", "client") if result is not None else "client",
         "matched_requests": len(err),
         "chunks_per_s": chunk_rate,
@@ -315,15 +331,24 @@ def main() -> None:
                     help="servetune: client processes to split the streams over (each count measured)")
     ap.add_argument("--server-procs", type=int, help="server processes (default: one per 256 streams, up to cores/4)")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each client at each level, interleaved")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="leave CPU placement to the scheduler (default: server and client on their own physical"
+                         " cores where there are enough, bench/core_plan.py)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="client-overhead-"))
     rows = []
     plan = [(c, w) for c in args.clients for w in (args.workers if c == "servetune" else [1])]
+    allowed = core_plan.allowed_cpus()
     for level in args.levels:
         procs = args.server_procs or server_procs_for(level)
+        # every client at a level gets as many cores as the most workers asked for
+        cores = None if args.no_pin else core_plan.plan(procs, max(w for _, w in plan), allowed)
+        if cores:
+            core_plan.pin(0, cores.rest)
+        print(f"# {level} streams: " + (cores.describe() if cores else "not pinned"), flush=True)
         for _ in range(args.repeats):  # interleaved, so a slow spell of the host hits every client alike
             for client, workers in plan:
-                row = measure(client, level, args.requests_per_stream, args.client_rt, work, workers, procs)
+                row = measure(client, level, args.requests_per_stream, args.client_rt, work, workers, procs, cores)
                 if row is None:
                     print(f"# {client} at {level}: not measured (see above / not installed)")
                     continue

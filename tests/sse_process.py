@@ -76,6 +76,10 @@ class ServerProcess:
             time.sleep(0.02)
         self.url = ready.read_text()
 
+    @property
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self._procs]
+
     def chunks_sent(self) -> int:
         """Content chunks written so far, all processes together."""
         return int(self._counts.sum()) if self._counts is not None else 0

@@ -1,7 +1,7 @@
 """bench/client_overhead.py's runs on the lent H200 host's 16 idle cores, kept as data: the figures
 docs/benchmarks.md quotes for the load generator at 256 and 1,024 streams are these files, and these tests
 hold them to what the document says of them. The 2026-12-02 runs read each chunk when the event loop got to
-it; the 2026-12-03 run is the client with kernel receive stamps and batched reads (Target.read_batch_ms)."""
+it; the 2026-12-03 runs are the client with kernel receive stamps and batched reads (Target.read_batch_ms)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 DATA = Path(__file__).parent / "data" / "client-overhead"
 RUNS = sorted(DATA.glob("h200-host-2026-12-02-*.json"))
-KERNEL = DATA / "h200-host-2026-12-03-kernel-stamps.json"
+KERNEL_RUNS = sorted(DATA.glob("h200-host-2026-12-03-kernel-stamps-*.json"))
 
 
 def _rows(path: Path, streams: int) -> list[dict]:
@@ -80,28 +80,37 @@ def _on_the_truth(r: dict) -> bool:
     return abs(r["ttft_p50_ms"] - r["true_ttft_p50_ms"]) < 1.0 and abs(r["gap_p50_ms"] - r["true_gap_p50_ms"]) < 0.1
 
 
-def test_with_kernel_stamps_256_streams_meet_the_cpu_target_in_every_paired_run() -> None:
-    rows = json.loads(KERNEL.read_text())
-    pairs = _pairs(rows, 256, "servetune")
-    ratios = sorted(a["cpu_s_per_1k_chunks"] / b["cpu_s_per_1k_chunks"] for a, b in pairs)
-    assert len(ratios) == 5 and ratios[-1] <= 0.6
-    assert (round(ratios[0], 2), round(ratios[-1], 2)) == (0.52, 0.56)  # as docs/benchmarks.md quotes them
-    for ours, plain in pairs:
+# the paired ratios (servetune / plain loop, CPU per 1k chunks) at 256 streams in each kernel-stamps run,
+# (min, median, max) as docs/benchmarks.md gives them
+KERNEL_RATIOS = {"1": (0.52, 0.53, 0.56), "2": (0.45, 0.66, 0.72)}
+
+
+def _ratios(rows: list[dict], client: str) -> list[float]:
+    return sorted(a["cpu_s_per_1k_chunks"] / b["cpu_s_per_1k_chunks"] for a, b in _pairs(rows, 256, client))
+
+
+@pytest.mark.parametrize("path", KERNEL_RUNS, ids=lambda p: p.stem)
+def test_with_kernel_stamps_256_streams_are_on_the_truth_at_the_cpu_the_document_gives(path: Path) -> None:
+    rows = json.loads(path.read_text())
+    ratios = _ratios(rows, "servetune")
+    assert len(ratios) == 5
+    assert (round(ratios[0], 2), round(ratios[2], 2), round(ratios[-1], 2)) == KERNEL_RATIOS[path.stem[-1]]
+    for ours, plain in _pairs(rows, 256, "servetune"):
         assert ours["arrival_stamps"] == "kernel" and plain["arrival_stamps"] == "client"
         assert _on_the_truth(ours) and ours["ts_err_p99_ms"] < 0.1, ours
         assert plain["ts_err_p99_ms"] > 5.0  # the same load, stamped when a loop gets to it
-    # the same kernel stamps with a pass per wake-up (read_batch_ms 0): the batching is what saves the CPU
-    unbatched = [a["cpu_s_per_1k_chunks"] / b["cpu_s_per_1k_chunks"] for a, b in _pairs(rows, 256, "servetune-unbatched")]
-    assert len(unbatched) == 5 and min(unbatched) > 0.7
+    # the same kernel stamps with a pass per wake-up (read_batch_ms 0) cost more: the batching saves CPU
+    assert sorted(_ratios(rows, "servetune-unbatched"))[2] > ratios[2] + 0.15
 
 
-def test_with_kernel_stamps_workers_keep_1024_streams_on_the_truth() -> None:
-    rows = [r for r in json.loads(KERNEL.read_text()) if r["streams"] == 1024]
+@pytest.mark.parametrize("path", KERNEL_RUNS, ids=lambda p: p.stem)
+def test_with_kernel_stamps_workers_keep_1024_streams_on_the_truth(path: Path) -> None:
+    rows = [r for r in json.loads(path.read_text()) if r["streams"] == 1024]
     split = [r for r in rows if r["client"] == "servetune x4 workers"]
     one = [r for r in rows if r["client"] == "servetune"]
     assert len(split) == len(one) == 5
     for r in split:
         assert r["ts_err_p99_ms"] < 0.1 and _on_the_truth(r) and r["matched_requests"] == 3072, r
         assert abs(r["true_gap_p50_ms"] - 5.0) < 0.1  # the servers kept their schedule
-    # one process: the loop is late by up to 30 ms, so chunks pile up and share a read's stamp
+    # one process: the loop is late by up to 60 ms, so chunks pile up and share a read's stamp
     assert all(r["ts_err_p99_ms"] > 5.0 and r["reads_per_chunk"] < 0.95 for r in one)

@@ -1,0 +1,69 @@
+"""Which CPUs bench/client_overhead.py gives its server processes and the client under test.
+
+A client's CPU-seconds per chunk depend on where the scheduler puts it: beside a busy server process on
+the other hyperthread of one physical core, every instruction is slower and the same work costs more CPU
+time. So, where the machine has enough physical cores, each server process gets a core of its own, the
+client (all its workers) the next ones, and the bench itself what is left (SMT siblings included); every
+client at a level gets the same number of cores.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+SYS_CPU = Path("/sys/devices/system/cpu")
+
+
+@dataclass(frozen=True)
+class CorePlan:
+    servers: list[int]  # one logical CPU per server process, each on its own physical core
+    client: set[int]  # one logical CPU per physical core given to the client
+    rest: set[int]  # the bench's own sampling: everything else
+
+    def describe(self) -> str:
+        return f"server CPUs {self.servers}, client CPUs {sorted(self.client)}"
+
+
+def _cpu_list(text: str) -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]"""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def physical_cores(cpus: set[int]) -> list[list[int]]:
+    """The allowed logical CPUs grouped by physical core (SMT siblings together), in CPU order."""
+    cores: dict[tuple[int, ...], list[int]] = {}
+    for cpu in sorted(cpus):
+        try:
+            siblings = tuple(_cpu_list((SYS_CPU / f"cpu{cpu}/topology/thread_siblings_list").read_text()))
+        except (OSError, ValueError):
+            siblings = (cpu,)
+        cores.setdefault(siblings, []).append(cpu)
+    return list(cores.values())
+
+
+def allowed_cpus() -> set[int] | None:
+    """The CPUs this process may use (take it before pinning anything); None where that cannot be known."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+
+
+def plan(server_procs: int, client_cores: int, allowed: set[int] | None) -> CorePlan | None:
+    """None where the cores are too few to keep server and client apart (then nothing is pinned)."""
+    if not allowed:
+        return None
+    cores = physical_cores(allowed)
+    if len(cores) < server_procs + client_cores:
+        return None
+    servers = [core[0] for core in cores[:server_procs]]
+    client = {core[0] for core in cores[server_procs:server_procs + client_cores]}
+    rest = allowed - set(servers) - client
+    return CorePlan(servers, client, rest) if rest else None  # the bench's own sampling needs a CPU too
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    os.sched_setaffinity(pid, cpus)
