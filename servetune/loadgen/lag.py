@@ -1,9 +1,11 @@
 """The client's own event-loop lag: how late a 5 ms ticker wakes, over the load.
 
-Every timestamp the client takes (a chunk's arrival, a TTFT) is taken when the event loop gets to it; a loop
-busy elsewhere stamps late by as much as it is late to wake. So the trial states its client's lag over the
-steady window (p99 and max), and a validity rule (servetune.validity, ``max_client_lag_ms``) refuses a trial
-whose client was too busy to referee its TTFT and ITL.
+A timestamp the client takes itself (a chunk's arrival through aiohttp, a send) is taken when the event loop
+gets to it, so a loop busy elsewhere stamps late by as much as it is late to wake. Kernel receive stamps
+(loadgen/stamps.py) keep the arrivals exact, but a late loop still reads the chunks that came meanwhile in one
+go (they share the last one's stamp) and sends the next requests late. So the trial states its client's lag
+over the steady window (p99 and max), and a validity rule (servetune.validity, ``max_client_lag_ms``) refuses a
+trial whose client was too busy to referee its TTFT and ITL.
 """
 
 from __future__ import annotations
