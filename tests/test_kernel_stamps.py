@@ -72,9 +72,10 @@ async def test_a_kernel_stamp_stays_on_the_arrival_while_the_loop_is_blocked() -
     pairs = list(_pairs(1)) + list(_pairs(1, kernel=False))
     stamped, unstamped = _wrap(pairs, reader)
     try:
+        before = time.perf_counter_ns()
         for _, server in pairs:
             server.send(b"data: 1\n\n")
-        sent = time.perf_counter_ns()
+        after = time.perf_counter_ns()
         time.sleep(0.05)  # the event loop is busy elsewhere for 50 ms
         while not (stamped.got and unstamped.got):
             await asyncio.sleep(0.001)
@@ -82,15 +83,15 @@ async def test_a_kernel_stamp_stays_on_the_arrival_while_the_loop_is_blocked() -
         _close(pairs, reader)
     (data, t), (_, t_late) = stamped.got[0], unstamped.got[0]
     assert data == b"data: 1\n\n"
-    assert abs(t - sent) < 1_000_000, (t - sent) / 1e6  # on the send, within 1 ms (typically ~0.02)
-    assert t_late - sent >= 50_000_000  # without the kernel's stamp: when the loop got to it
+    assert before - 50_000 <= t <= after + 50_000, (t - before, after - t)  # on the send (clock offset: us)
+    assert t_late - after >= 50_000_000  # without the kernel's stamp: when the loop got to it
 
 
 @linux
 async def test_batched_passes_are_bounded_and_every_stamp_is_a_segments_arrival() -> None:
-    """Eight streams, a segment on each every 2 ms; the reader passes at most once per 5 ms, so a read holds
+    """Eight streams, a segment on each every 1 ms; the reader passes at most once per 10 ms, so a read holds
     several segments, and its stamp is when the last of them arrived: between that send's before and after."""
-    reader = stamps.Reader(batch_s=0.005)
+    reader = stamps.Reader(batch_s=0.010)
     pairs = list(_pairs(8))
     conns = _wrap(pairs, reader)
     sends: list[list[tuple[int, int]]] = [[] for _ in pairs]
@@ -101,7 +102,7 @@ async def test_batched_passes_are_bounded_and_every_stamp_is_a_segments_arrival(
                 before = time.perf_counter_ns()
                 server.send(b"%d;" % k)
                 sends[j].append((before, time.perf_counter_ns()))
-            time.sleep(0.002)
+            time.sleep(0.001)
 
     try:
         start = time.perf_counter_ns()
@@ -111,7 +112,7 @@ async def test_batched_passes_are_bounded_and_every_stamp_is_a_segments_arrival(
         elapsed_ms = (time.perf_counter_ns() - start) / 1e6
     finally:
         _close(pairs, reader)
-    assert reader.passes <= elapsed_ms / 5 + 3, (reader.passes, elapsed_ms)
+    assert reader.passes <= elapsed_ms / 10 + 3, (reader.passes, elapsed_ms)
     reads = 0
     for conn, sent in zip(conns, sends):
         assert b"".join(d for d, _ in conn.got) == b"".join(b"%d;" % k for k in range(40))  # nothing lost
@@ -122,7 +123,7 @@ async def test_batched_passes_are_bounded_and_every_stamp_is_a_segments_arrival(
             before, after = sent[count - 1]  # the read ends with segment count-1: its stamp is that one's
             assert before - 50_000 <= t <= after + 50_000, (before - t, t - after)
         reads += len(conn.got)
-    assert reads < 40 * len(conns) * 0.6  # batched: most reads carry more than one segment
+    assert reads < 40 * len(conns) * 0.5  # batched: most reads carry several segments
 
 
 @pytest.mark.parametrize("batch_ms", [0.0, 1.0])
