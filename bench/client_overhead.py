@@ -12,6 +12,8 @@ All clients are measured the same way from outside:
 - event-loop lag p99: servetune only (a 5 ms ticker inside its loop); peers: n/a;
 - reads per chunk: distinct arrival stamps over content chunks. 1.0 is a client that reads each chunk as it
   comes; a client that falls behind reads several at once, which stamps the earlier ones late.
+- placement: each server process and the client on cores of their own where there are enough
+  (bench/core_plan.py; ``--no-pin`` leaves it to the scheduler); each row says which (``pinned``).
 ``--repeats N`` measures every client N times, interleaved, and prints the median of each figure with the
 range of the CPU figure (these vary by 10-20% from run to run even on a quiet host).
 

@@ -1,10 +1,11 @@
 """Which CPUs bench/client_overhead.py gives its server processes and the client under test.
 
-A client's CPU-seconds per chunk depend on where the scheduler puts it: beside a busy server process on
-the other hyperthread of one physical core, every instruction is slower and the same work costs more CPU
-time. So, where the machine has enough physical cores, each server process gets a core of its own, the
-client (all its workers) the next ones, and the bench itself what is left (SMT siblings included); every
-client at a level gets the same number of cores.
+Left to the scheduler, the client may run on a core a busy server process also uses (or on its SMT
+sibling), and what it then costs in CPU-seconds per chunk depends on the placement, not on the client.
+So, where the machine has enough physical cores, each server process gets a core of its own, the client
+(all its workers) the next ones, and the bench itself what is left (SMT siblings included); every client
+at a level gets the same cores. On the lent 16-core host (no SMT) this did not narrow the CPU figure's
+run-to-run spread (docs/benchmarks.md); it keeps one known cause of it out.
 """
 
 from __future__ import annotations

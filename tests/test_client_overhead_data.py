@@ -82,7 +82,7 @@ def _on_the_truth(r: dict) -> bool:
 
 # the paired ratios (servetune / plain loop, CPU per 1k chunks) at 256 streams in each kernel-stamps run,
 # (min, median, max) as docs/benchmarks.md gives them
-KERNEL_RATIOS = {"1": (0.52, 0.53, 0.56), "2": (0.45, 0.66, 0.72)}
+KERNEL_RATIOS = {"1": (0.52, 0.53, 0.56), "2": (0.45, 0.66, 0.72), "3": (0.44, 0.51, 0.60)}
 
 
 def _ratios(rows: list[dict], client: str) -> list[float]:
@@ -93,14 +93,16 @@ def _ratios(rows: list[dict], client: str) -> list[float]:
 def test_with_kernel_stamps_256_streams_are_on_the_truth_at_the_cpu_the_document_gives(path: Path) -> None:
     rows = json.loads(path.read_text())
     ratios = _ratios(rows, "servetune")
-    assert len(ratios) == 5
-    assert (round(ratios[0], 2), round(ratios[2], 2), round(ratios[-1], 2)) == KERNEL_RATIOS[path.stem[-1]]
+    median = ratios[len(ratios) // 2]
+    assert len(ratios) in (3, 5)
+    assert (round(ratios[0], 2), round(median, 2), round(ratios[-1], 2)) == KERNEL_RATIOS[path.stem[-1]]
     for ours, plain in _pairs(rows, 256, "servetune"):
         assert ours["arrival_stamps"] == "kernel" and plain["arrival_stamps"] == "client"
         assert _on_the_truth(ours) and ours["ts_err_p99_ms"] < 0.1, ours
         assert plain["ts_err_p99_ms"] > 5.0  # the same load, stamped when a loop gets to it
     # the same kernel stamps with a pass per wake-up (read_batch_ms 0) cost more: the batching saves CPU
-    assert sorted(_ratios(rows, "servetune-unbatched"))[2] > ratios[2] + 0.15
+    unbatched = _ratios(rows, "servetune-unbatched")
+    assert unbatched[len(unbatched) // 2] > median + 0.15
 
 
 @pytest.mark.parametrize("path", KERNEL_RUNS, ids=lambda p: p.stem)
@@ -108,9 +110,17 @@ def test_with_kernel_stamps_workers_keep_1024_streams_on_the_truth(path: Path) -
     rows = [r for r in json.loads(path.read_text()) if r["streams"] == 1024]
     split = [r for r in rows if r["client"] == "servetune x4 workers"]
     one = [r for r in rows if r["client"] == "servetune"]
-    assert len(split) == len(one) == 5
+    assert len(split) == len(one) >= 3
     for r in split:
         assert r["ts_err_p99_ms"] < 0.1 and _on_the_truth(r) and r["matched_requests"] == 3072, r
         assert abs(r["true_gap_p50_ms"] - 5.0) < 0.1  # the servers kept their schedule
-    # one process: the loop is late by up to 60 ms, so chunks pile up and share a read's stamp
+    # one process: the loop is late by up to 100 ms, so chunks pile up and share a read's stamp
     assert all(r["ts_err_p99_ms"] > 5.0 and r["reads_per_chunk"] < 0.95 for r in one)
+
+
+def test_over_the_three_kernel_stamps_runs_most_pairs_meet_the_cpu_target() -> None:
+    """docs/benchmarks.md: 10 of the 13 pairs <= 0.6, pooled median 0.54; run 3 pinned server and client apart."""
+    pooled = sorted(r for path in KERNEL_RUNS for r in _ratios(json.loads(path.read_text()), "servetune"))
+    assert len(pooled) == 13 and sum(r <= 0.6 for r in pooled) == 10 and round(pooled[6], 2) == 0.54
+    pinned = [r["pinned"] for r in json.loads(KERNEL_RUNS[-1].read_text())]
+    assert all(p and p.startswith("server CPUs [0") for p in pinned)
