@@ -196,22 +196,24 @@ class Poller(threading.Thread):
     def __init__(self, srv: ServerProcess, proc: subprocess.Popen) -> None:
         super().__init__(daemon=True)
         self.srv, self.proc, self.samples, self.stopped = srv, psutil.Process(proc.pid), [], False
+        self.procs = {proc.pid: self.proc}
+        self.last: dict[int, tuple[float, float]] = {}  # each process's last (user+sys, sys) seen
 
     def cpu(self) -> tuple[float, float]:
-        user = system = 0.0
-        for _ in range(5):  # a child that exits while they are listed fails the listing: list them again
-            try:
-                children = self.proc.children(recursive=True)
-                break
-            except psutil.Error:
-                children = []
-        for p in [self.proc, *children]:
+        """The tree's CPU seconds so far: never less than at the last sample (a child that exits, or one
+        that the listing missed, keeps the figures it last had)."""
+        try:
+            for child in self.proc.children(recursive=True):
+                self.procs.setdefault(child.pid, child)
+        except psutil.Error:  # a child exited while they were listed: the ones known so far
+            pass
+        for pid, p in self.procs.items():
             try:
                 t = p.cpu_times()
-                user, system = user + t.user, system + t.system
+                self.last[pid] = (t.user + t.system, t.system)
             except psutil.Error:
                 pass
-        return user + system, system
+        return sum(v[0] for v in self.last.values()), sum(v[1] for v in self.last.values())
 
     def run(self) -> None:
         while not self.stopped:
@@ -346,7 +348,7 @@ def main() -> None:
         # every client at a level gets as many cores as the most workers asked for
         cores = None if args.no_pin else core_plan.plan(procs, max(w for _, w in plan), allowed)
         if cores:
-            core_plan.pin(0, cores.rest)
+            core_plan.pin(os.getpid(), cores.rest)
         print(f"# {level} streams: " + (cores.describe() if cores else "not pinned"), flush=True)
         for _ in range(args.repeats):  # interleaved, so a slow spell of the host hits every client alike
             for client, workers in plan:

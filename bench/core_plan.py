@@ -3,7 +3,7 @@
 Left to the scheduler, the client may run on a core a busy server process also uses (or on its SMT
 sibling), and what it then costs in CPU-seconds per chunk depends on the placement, not on the client.
 So, where the machine has enough physical cores, each server process gets a core of its own, the client
-(all its workers) the next ones, and the bench itself what is left (SMT siblings included); every client
+(all its workers) the next ones, and the bench itself the cores left (none of their siblings); every client
 at a level gets the same cores. On the lent 16-core host (no SMT) this did not narrow the CPU figure's
 run-to-run spread (docs/benchmarks.md); it keeps one known cause of it out.
 """
@@ -62,9 +62,18 @@ def plan(server_procs: int, client_cores: int, allowed: set[int] | None) -> Core
         return None
     servers = [core[0] for core in cores[:server_procs]]
     client = {core[0] for core in cores[server_procs:server_procs + client_cores]}
-    rest = allowed - set(servers) - client
-    return CorePlan(servers, client, rest) if rest else None  # the bench's own sampling needs a CPU too
+    rest = {cpu for core in cores[server_procs + client_cores:] for cpu in core}  # no sibling of theirs
+    return CorePlan(servers, client, rest) if rest else None  # the bench's own sampling needs a core too
 
 
 def pin(pid: int, cpus: set[int]) -> None:
-    os.sched_setaffinity(pid, cpus)
+    """Every thread of ``pid`` (a running process's threads keep their own masks) and what it starts later."""
+    try:
+        threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        threads = [pid]
+    for tid in threads:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:  # a thread that has ended meanwhile
+            pass

@@ -119,8 +119,13 @@ def test_with_kernel_stamps_workers_keep_1024_streams_on_the_truth(path: Path) -
 
 
 def test_over_the_three_kernel_stamps_runs_most_pairs_meet_the_cpu_target() -> None:
-    """docs/benchmarks.md: 10 of the 13 pairs <= 0.6, pooled median 0.54; run 3 pinned server and client apart."""
+    """docs/benchmarks.md: 10 of the 13 pairs <= 0.6, pooled median 0.54 (9 of 12, median 0.53, without the pair
+    whose CPU sampler stopped early); run 3 pinned server and client apart."""
     pooled = sorted(r for path in KERNEL_RUNS for r in _ratios(json.loads(path.read_text()), "servetune"))
     assert len(pooled) == 13 and sum(r <= 0.6 for r in pooled) == 10 and round(pooled[6], 2) == 0.54
+    clean = sorted(a["cpu_s_per_1k_chunks"] / b["cpu_s_per_1k_chunks"] for path in KERNEL_RUNS
+                   for a, b in _pairs(json.loads(path.read_text()), 256, "servetune")
+                   if not (a.get("sampler_stopped_early") or b.get("sampler_stopped_early")))
+    assert len(clean) == 12 and sum(r <= 0.6 for r in clean) == 9 and round((clean[5] + clean[6]) / 2, 2) == 0.53
     pinned = [r["pinned"] for r in json.loads(KERNEL_RUNS[-1].read_text())]
     assert all(p and p.startswith("server CPUs [0") for p in pinned)

@@ -162,3 +162,60 @@ def test_the_client_is_chosen_by_scheme_and_can_be_pinned() -> None:
     assert client_for(Target(url="http://127.0.0.1:1", http_client="aiohttp")) == "aiohttp"
     with pytest.raises(ValidationError, match="plain http:// only"):
         Target(url="https://gpu.example.com", http_client="raw")
+
+
+@contextlib.asynccontextmanager
+async def answering_at_once(response: bytes) -> AsyncIterator[tuple[list[int], RawHttpPool]]:
+    """A server that answers as soon as it has a request's headers and never reads its body (a proxy
+    refusing a huge upload); each connection's peer port is noted."""
+    ports: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ports.append(writer.get_extra_info("peername")[1])
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(response)
+            await writer.drain()
+            await asyncio.sleep(30)  # holds the connection open, unread
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    pool = RawHttpPool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", "/v1/completions", {})
+    try:
+        yield ports, pool
+    finally:
+        pool.close()
+        server.close()
+
+
+async def test_a_response_before_the_request_was_all_sent_ends_the_exchange_and_its_connection() -> None:
+    """32 MiB the socket cannot take at once: the server's 413 ends the request at once, not when the
+    unread rest times out, and the connection (its write half-done) is not reused."""
+    refusal = b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 5\r\n\r\nlarge"
+    async with answering_at_once(refusal) as (ports, pool):
+        async with asyncio.timeout(5):
+            for _ in range(2):
+                status, payload, _ = await _post(pool, b"x" * (32 << 20))
+                assert (status, payload) == (413, b"large")
+    assert len(ports) == 2 and ports[0] != ports[1]
+
+
+async def test_an_error_while_reading_fails_that_request_only_and_a_closed_pool_fails_its_waiting_ones() -> None:
+    async with scripted(([HEAD + CHUNKED], False), ([HEAD + CHUNKED], False)) as (_, pool):
+        def broken() -> None:
+            raise RuntimeError("a bug in the head callback")
+
+        async with asyncio.timeout(5):
+            with pytest.raises(RuntimeError, match="head callback"):
+                await pool.post(b"{}", [], [], broken)
+            assert (await _post(pool))[:2] == (200, PAYLOAD)  # the next request, on a new connection
+    async with answering_at_once(b"") as (_, pool):  # never answers
+        waiting = asyncio.create_task(pool.post(b"{}", [], []))
+        await asyncio.sleep(0.05)
+        pool.close()
+        async with asyncio.timeout(5):
+            with pytest.raises(ConnectionAbortedError, match="pool was closed"):
+                await waiting

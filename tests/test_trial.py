@@ -144,15 +144,17 @@ async def test_a_trial_measures_every_request_and_states_its_inputs(server, tmp_
     # 8 tokens in chunks of 2: three chunk gaps, each split over 2 tokens -> 6 per-token gaps
     assert s.itl_ms.count == n * 6
     assert s.output_len.min == s.output_len.max == 8
-    # causality: each of the 3 chunk gaps is at least the server's 4 ms pause, so a stream's first-to-last chunk
-    # span is >= 12 ms. Judged on the median of the 12 streams: one gap can come out short on a loaded 2-core
-    # machine (a send the kernel queued late, or a chunk read together with the next one, whose stamp it then
-    # shares), as it did once in CI (a TPOT of 1.55 ms against the bound 12 / 7 = 1.71)
+    assert s.tpot_ms.count == n
+    # the chunk gaps are the server's own: each stream's first-to-last span as the client stamped it is the
+    # span the server wrote (its send log), to the stamps' accuracy. The server's schedule gives 4 ms between
+    # due times, so a write it makes late is followed by a shorter gap (3 gaps: at least 12 ms in all only
+    # when the first write was on time); a chunk read together with the next (a loop >= 4 ms late) would
+    # shorten one stream's span by a gap, so the medians are compared, and no stream is longer than any sent.
     measured = [r for r in result.records if not r.warmup]
-    spans = sorted(r.chunk_offsets_ms[-1] - r.chunk_offsets_ms[0] for r in measured)
-    assert spans[len(spans) // 2] >= 3 * 4.0
-    assert s.tpot_ms.count == n and all(r.tpot_ms() * 7 >= r.chunk_offsets_ms[-1] - r.chunk_offsets_ms[0] - 1e-9
-                                        for r in measured)
+    got = sorted(r.chunk_offsets_ms[-1] - r.chunk_offsets_ms[0] for r in measured)
+    sent = sorted((lg.chunk_ns[-1] - lg.chunk_ns[0]) / 1e6 for lg in srv.log.values())
+    assert len(sent) == 14 and abs(got[len(got) // 2] - sent[len(sent) // 2]) < 1.0, (got, sent)
+    assert got[-1] <= sent[-1] + 0.5
     assert s.token_count_sources == {"apportioned": 12}
     assert s.output_tokens_per_s > 0 and s.decode_tokens_per_s < s.output_tokens_per_s
     assert s.window_s > 0 and s.window_source == "steady" and s.in_flight_mean == pytest.approx(3, rel=0.1)

@@ -61,7 +61,7 @@ class LoadOutcome:
     client_lag_p99_ms: float | None = None  # the client's event loop, late to wake, over the window (lag.py)
     client_lag_max_ms: float | None = None
     http_client: str = "raw"  # the client the requests went through (transport.py)
-    arrival_stamps: str = "client"  # who stamped the chunks: "kernel" (each read's receive time) or "client"
+    arrival_stamps: str = "client"  # who stamped the chunks: "kernel" (each read's receive time), "client", "mixed"
 
 
 def _classify_status(status: int) -> ErrorClass:

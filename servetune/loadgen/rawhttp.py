@@ -43,6 +43,7 @@ class _Connection:
         self.recvmsg = sock.recvmsg
         self.closed = False
         self.done: asyncio.Future[int] | None = None
+        self.unsent: memoryview | None = None  # the rest of a request the socket did not take at once
         self._begin([], [], None)
         reader.add(self.fd, self)
 
@@ -71,12 +72,28 @@ class _Connection:
         except OSError as exc:
             self.lost(exc)
             return await done
-        if sent < len(request):
-            try:
-                await self.loop.sock_sendall(self.sock, memoryview(request)[sent:])
-            except OSError as exc:
-                self.lost(exc)
+        if sent < len(request):  # the rest as the socket drains; our own writer, so close() can drop it
+            self.unsent = memoryview(request)[sent:]
+            self.loop.add_writer(self.fd, self._send_rest)
         return await done
+
+    def _send_rest(self) -> None:
+        try:
+            sent = self.sock.send(self.unsent)  # type: ignore[arg-type]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self.lost(exc)
+            return
+        self.unsent = self.unsent[sent:]  # type: ignore[index]
+        if not self.unsent:
+            self._stop_sending()
+
+    def _stop_sending(self) -> None:
+        if self.unsent is not None:
+            self.unsent = None
+            if not self.loop.is_closed():
+                self.loop.remove_writer(self.fd)
 
     def lost(self, exc: Exception | None) -> None:
         """The connection ended (the server closed it, or it broke): fail or finish its exchange."""
@@ -89,10 +106,15 @@ class _Connection:
         where = "in the response's body" if self.in_body else "before the response's headers"
         self._fail(ServerDisconnected(f"the server closed the connection {where}" + (f": {exc}" if exc else "")))
 
+    def failed(self, exc: Exception) -> None:
+        """Reading the response raised (a bug, or a callback's error): the request fails with it."""
+        self._fail(exc)
+
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
+        self._stop_sending()  # before the fd is closed and its number given to another socket
         self.reader.forget(self.fd)
         self.sock.close()
 
@@ -214,7 +236,7 @@ class _Connection:
     def _finish(self) -> None:
         done, self.done = self.done, None
         self.in_body = False
-        if not self.keep_alive:
+        if not self.keep_alive or self.unsent is not None:  # answered before the request was all sent
             self.close()
         if done is not None and not done.done():
             done.set_result(self.status)
@@ -247,11 +269,15 @@ class RawHttpPool:
         self._addresses: list[tuple] = []
         self.reader = stamps.Reader(batch_s)
         self.kernel_stamps: bool | None = None  # True: the kernel stamps every connection's reads
+        self._unstamped_before_load = 0  # the preflight's reads may come before Linux turns stamps on
 
     @property
     def arrival_stamps(self) -> str:
-        """Who stamped the chunks' arrivals: ``kernel`` (each read's receive time) or ``client``."""
-        return "kernel" if self.kernel_stamps else "client"
+        """Who stamped the chunks' arrivals since the preflight: ``kernel`` (each read's receive time),
+        ``client`` (when the loop read it), or ``mixed`` (the kernel, but some reads came without its stamp)."""
+        if not self.kernel_stamps:
+            return "client"
+        return "mixed" if self.reader.unstamped > self._unstamped_before_load else "kernel"
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -311,7 +337,10 @@ class RawHttpPool:
     async def get(self, path: str) -> int:
         """GET ``path`` under the base URL (the preflight): the status."""
         request = f"GET {self._base_path}{path} HTTP/1.1\r\nHost: {self._netloc}\r\n\r\n".encode("latin-1")
-        return await self._exchange(request, [], [], None)
+        try:
+            return await self._exchange(request, [], [], None)
+        finally:
+            self._unstamped_before_load = self.reader.unstamped
 
     def _keep(self, conn: _Connection) -> None:
         if conn.closed:
@@ -324,8 +353,8 @@ class RawHttpPool:
         self._open.discard(conn)
 
     def close(self) -> None:
-        for conn in self._open:
-            conn.close()
+        for conn in self._open:  # a request still waiting on one fails, rather than wait on a dead socket
+            conn._fail(ConnectionAbortedError("the client's connection pool was closed"))
         self._open.clear()
         self._idle.clear()
         self.reader.close()

@@ -5,7 +5,9 @@ A chunk stamped when the event loop gets to it is late by however busy the loop 
 stamp no longer depends on when the client read it, and the client can read in batches: one wake-up
 reads every socket that has data, instead of one wake-up (and often a context switch) per chunk.
 The kernel stamps in CLOCK_REALTIME; the reader maps that onto ``perf_counter_ns`` (CLOCK_MONOTONIC, the
-load's clock) with an offset it re-measures on every pass, so an NTP slew cannot drift it.
+load's clock) with an offset it re-measures as it goes (every 10 ms at most), so an NTP slew cannot drift it.
+A read the kernel did not stamp (Linux turns receive stamps on a moment after the first socket asks) is
+stamped when it is read, and counted (``Reader.unstamped``), so a result can say its stamps were mixed.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Readable(Protocol):
     def recvmsg(self, bufsize: int, ancbufsize: int, /) -> tuple[bytes, list[tuple[int, int, bytes]], int, Any]: ...
     def received(self, data: bytes, t: int) -> None: ...
     def lost(self, exc: Exception | None) -> None: ...
+    def failed(self, exc: Exception) -> None: ...
 
 
 class Reader:
@@ -64,6 +67,7 @@ class Reader:
     def __init__(self, batch_s: float = 0.0) -> None:
         self.batch_ns = int(batch_s * 1e9)
         self.passes = 0
+        self.unstamped = 0  # reads that came without the kernel's stamp
         self.offset_ns = realtime_offset_ns()
         self._last = 0
         self._conns: dict[int, Readable] = {}
@@ -93,7 +97,7 @@ class Reader:
     def close(self) -> None:
         for fd in list(self._conns):
             self.forget(fd)
-        if self._epoll is not None:
+        if self._epoll is not None and not self._epoll.closed:  # closing twice is harmless
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.remove_reader(self._epoll.fileno())
             self._epoll.close()
@@ -138,6 +142,13 @@ class Reader:
                 if kind == kind_ns and level == level_socket and len(raw) >= 16:
                     sec, nsec = _timespec(raw[:16])
                     t = min(now, sec * 1_000_000_000 + nsec - offset)  # never after the read itself
-            conn.received(data, t)
+                    break
+            else:
+                self.unstamped += 1
+            try:
+                conn.received(data, t)
+            except Exception as exc:  # noqa: BLE001 - a bug in one response fails that request, not the pass
+                conn.failed(exc)
+                return
             if len(data) < READ_BYTES or conn.closed:
                 return

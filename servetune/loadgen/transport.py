@@ -32,7 +32,7 @@ class TargetUnreachable(ConnectionError):
 
 class Transport(Protocol):
     name: str
-    arrival_stamps: str  # who stamped the chunks: "kernel" (each read's receive time) or "client"
+    arrival_stamps: str  # who stamped the chunks: "kernel" (each read's receive time), "client" or "mixed"
 
     async def post(self, body: bytes, times: list[int], reads: list[bytes],
                    on_head: Callable[[], None] | None) -> int: ...

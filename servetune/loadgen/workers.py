@@ -167,6 +167,11 @@ async def _forward_stop(stop: asyncio.Event, conns: list[Any]) -> None:
             pass
 
 
+def _merged_stamps(kinds: set[str]) -> str:
+    """One label for the workers' stamps: the same everywhere, else ``mixed``."""
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
 def _merge(n: int, shares: list[dict[str, Any]], outcomes: list[LoadOutcome]) -> LoadOutcome:
     """One outcome: the records in request order, the window over every worker's measured dispatches,
     the worst worker's client lag (each stamps its own chunks)."""
@@ -189,5 +194,5 @@ def _merge(n: int, shares: list[dict[str, Any]], outcomes: list[LoadOutcome]) ->
         max(lags) if lags else None,
         max(worst) if worst else None,
         outcomes[0].http_client,
-        "kernel" if all(o.arrival_stamps == "kernel" for o in outcomes) else "client",
+        _merged_stamps({o.arrival_stamps for o in outcomes}),
     )
