@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 SYS_CPU = Path("/sys/devices/system/cpu")
 
 
@@ -68,12 +70,8 @@ def plan(server_procs: int, client_cores: int, allowed: set[int] | None) -> Core
 
 def pin(pid: int, cpus: set[int]) -> None:
     """Every thread of ``pid`` (a running process's threads keep their own masks) and what it starts later."""
-    try:
-        threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        threads = [pid]
-    for tid in threads:
+    for thread in psutil.Process(pid).threads():
         try:
-            os.sched_setaffinity(tid, cpus)
+            os.sched_setaffinity(thread.id, cpus)
         except ProcessLookupError:  # a thread that has ended meanwhile
             pass

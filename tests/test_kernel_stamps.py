@@ -16,9 +16,9 @@ import pytest
 from servetune.loadgen import LoadConfig, Target, run_load
 from servetune.loadgen import client as client_module
 from servetune.loadgen import stamps
-from servetune.workload.request import WorkloadRequest
 
 from sse_server import Scenario, ServerProcess, SseServer
+from test_loadgen import _requests
 
 linux = pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPNS is Linux's")
 
@@ -168,11 +168,6 @@ async def test_a_load_stamps_its_chunks_on_the_servers_send_times_though_its_loo
         assert np.percentile(err, 90) < 0.3, np.percentile(err, [50, 90, 99])
     with pytest.raises(ValueError, match="read_batch_ms"):
         Target(url=srv.url, read_batch_ms=5)
-
-
-def _requests(n: int, out: int) -> list[WorkloadRequest]:
-    return [WorkloadRequest(index=i, system=None, user=f"stamp #{i}", input_tokens=4, output_tokens=out)
-            for i in range(n)]
 
 
 @pytest.mark.parametrize("bound", [client_module.DECODE_BACKLOG_BYTES, 1])

@@ -104,11 +104,7 @@ class _Connection:
             self._finish()
             return
         where = "in the response's body" if self.in_body else "before the response's headers"
-        self._fail(ServerDisconnected(f"the server closed the connection {where}" + (f": {exc}" if exc else "")))
-
-    def failed(self, exc: Exception) -> None:
-        """Reading the response raised (a bug, or a callback's error): the request fails with it."""
-        self._fail(exc)
+        self.fail(ServerDisconnected(f"the server closed the connection {where}" + (f": {exc}" if exc else "")))
 
     def close(self) -> None:
         if self.closed:
@@ -135,12 +131,12 @@ class _Connection:
         if end < 0:
             self.head = head
             if len(head) > MAX_HEAD_BYTES:
-                self._fail(BadResponse(f"no end of headers in the first {len(head)} bytes"))
+                self.fail(BadResponse(f"no end of headers in the first {len(head)} bytes"))
             return
         try:
             self._read_head(head[:end])
         except ValueError as exc:
-            self._fail(BadResponse(f"not an HTTP/1.x response ({exc})"))
+            self.fail(BadResponse(f"not an HTTP/1.x response ({exc})"))
             return
         self.in_body, self.head = True, b""
         if self.on_head is not None:
@@ -201,7 +197,7 @@ class _Connection:
             try:
                 size = int(data[pos:eol].split(b";", 1)[0], 16)
             except ValueError:
-                self._fail(BadResponse(f"bad chunk size line {data[pos:eol][:40]!r}"))
+                self.fail(BadResponse(f"bad chunk size line {data[pos:eol][:40]!r}"))
                 return
             pos = eol + 2
             if size == 0:
@@ -241,7 +237,8 @@ class _Connection:
         if done is not None and not done.done():
             done.set_result(self.status)
 
-    def _fail(self, exc: Exception) -> None:
+    def fail(self, exc: Exception) -> None:
+        """The exchange fails with ``exc`` (a broken response, an error while reading it, a closed pool)."""
         done, self.done = self.done, None
         self.close()
         if done is not None and not done.done():
@@ -354,7 +351,7 @@ class RawHttpPool:
 
     def close(self) -> None:
         for conn in self._open:  # a request still waiting on one fails, rather than wait on a dead socket
-            conn._fail(ConnectionAbortedError("the client's connection pool was closed"))
+            conn.fail(ConnectionAbortedError("the client's connection pool was closed"))
         self._open.clear()
         self._idle.clear()
         self.reader.close()

@@ -25,7 +25,7 @@ SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platfor
 ANCILLARY_BYTES = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
 READ_BYTES = 1 << 16
 REFRESH_NS = 10_000_000  # the clocks' offset is re-measured every 10 ms at most (a 500 ppm slew: 5 us)
-_timespec = struct.Struct("@qq").unpack
+_timespec = struct.Struct("@qq").unpack_from  # the ancillary data's first 16 bytes, no copy
 _perf = time.perf_counter_ns
 
 
@@ -53,7 +53,7 @@ class Readable(Protocol):
     def recvmsg(self, bufsize: int, ancbufsize: int, /) -> tuple[bytes, list[tuple[int, int, bytes]], int, Any]: ...
     def received(self, data: bytes, t: int) -> None: ...
     def lost(self, exc: Exception | None) -> None: ...
-    def failed(self, exc: Exception) -> None: ...
+    def fail(self, exc: Exception) -> None: ...
 
 
 class Reader:
@@ -140,7 +140,7 @@ class Reader:
             now = t = _perf()
             for level, kind, raw in ancillary:
                 if kind == kind_ns and level == level_socket and len(raw) >= 16:
-                    sec, nsec = _timespec(raw[:16])
+                    sec, nsec = _timespec(raw)
                     t = min(now, sec * 1_000_000_000 + nsec - offset)  # never after the read itself
                     break
             else:
@@ -148,7 +148,7 @@ class Reader:
             try:
                 conn.received(data, t)
             except Exception as exc:  # noqa: BLE001 - a bug in one response fails that request, not the pass
-                conn.failed(exc)
+                conn.fail(exc)
                 return
             if len(data) < READ_BYTES or conn.closed:
                 return
