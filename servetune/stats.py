@@ -88,11 +88,14 @@ class Comparison(BaseModel):
     relative: float | None  # difference / mean(b)
     threshold: float  # the smallest difference that counts: max(noise, min_change x mean(b))
     noise: float | None  # the Welch 95% half-width (None: too few repeats to know)
+    n: int = 0  # paired comparisons: the seeds both sides were measured on
+    undecided: bool = False  # paired: the interval straddles the threshold; another seed could change the answer
 
     def text(self, unit: str = "req/s") -> str:
         rel = f" ({self.relative:+.1%})" if self.relative is not None else ""
         noise = f"95% CI of the difference ±{self.noise:.2f}" if self.noise is not None else "noise unknown (n=1)"
-        return f"{self.difference:+.2f} {unit}{rel}; needs > {self.threshold:.2f} {unit} ({noise})"
+        seeds = f", paired over {self.n} seed(s)" if self.n else ""
+        return f"{self.difference:+.2f} {unit}{rel}; needs > {self.threshold:.2f} {unit} ({noise}{seeds})"
 
 
 def compare(a: Spread, b: Spread, *, min_change: float) -> Comparison:
@@ -111,3 +114,35 @@ def compare(a: Spread, b: Spread, *, min_change: float) -> Comparison:
     else:
         outcome = "tie"
     return Comparison(outcome=outcome, difference=diff, relative=rel, threshold=threshold, noise=noise)
+
+
+def paired_compare(a: dict[int, float], b: dict[int, float], *, min_change: float,
+                   prior: tuple[float, int] | None = None) -> Comparison:
+    """a against b on the seeds both were measured on (common random numbers: the seed's draw cancels).
+
+    The noise is the Student-t 95% half-width of the mean paired difference, its variance pooled with
+    ``prior`` (relative standard deviation of paired differences and its degrees of freedom, measured on
+    the campaign's other paired repeats); with one seed and no prior it is unknown. ``undecided``: the
+    interval reaches across the threshold (``min_change`` x b), or, with the noise unknown, the difference
+    lies within one threshold of it, so another seed could turn "better" into "tie" or back."""
+    seeds = sorted(set(a) & set(b))
+    n = len(seeds)
+    base = float(np.mean([b[k] for k in seeds])) if n else 0.0
+    diffs = np.asarray([a[k] - b[k] for k in seeds], dtype=np.float64)
+    diff = float(diffs.mean()) if n else 0.0
+    threshold = min_change * abs(base)
+    ss, df = (float(((diffs - diff) ** 2).sum()) / base**2, n - 1) if n >= 2 and base else (0.0, 0)
+    if prior is not None:
+        ss, df = ss + prior[0] ** 2 * prior[1], df + prior[1]
+    noise = None
+    if df > 0 and n:
+        noise = float(_st.t.ppf(0.5 + CONFIDENCE / 2, df) * math.sqrt(ss / df) * abs(base) / math.sqrt(n))
+    bound = max(noise or 0.0, threshold)
+    if base == 0 and diff > 0:
+        outcome = "better"
+    else:
+        outcome = "better" if diff > bound else "worse" if diff < -bound else "tie"
+    band = noise if noise is not None else threshold
+    undecided = n > 0 and band > 0 and any(diff - band < edge < diff + band for edge in (threshold, -threshold))
+    return Comparison(outcome=outcome, difference=diff, relative=diff / base if base else None, threshold=threshold,
+                      noise=noise, n=n, undecided=undecided)

@@ -31,6 +31,7 @@ from servetune.redact import MASK, redact
 from servetune.tuning.decisions import next_trials
 from servetune.tuning.runner import RunReport, TrialRunner, failed_result
 from servetune.tuning.state import CampaignState, Decision, Stage, TrialOutcome, TrialSpec
+from servetune.validation.campaign import apply_checklist
 
 log = logging.getLogger(__name__)
 TRIGGERS = ("manual", "weekly", "on_change", "bench")
@@ -115,13 +116,14 @@ class Campaign:
         self, plan: TuningPlan, runner: TrialRunner, out_dir: str | Path, *, trigger: str = "manual",
         dag_run_id: str | None = None, previous: dict[str, Any] | None = None,
         experiment_id: str | None = None, progress: Callable[[Progress], None] | None = None,
+        checklist: bool = True,
     ) -> None:
         if trigger not in TRIGGERS:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
         plan = plan.with_repeats(getattr(runner, "default_repeats", 1))
         self.plan, self.runner, self.out = plan, runner, Path(out_dir)
         self.folder = ResultFolder(self.out)
-        self.previous, self.progress = previous, progress
+        self.previous, self.progress, self.checklist = previous, progress, checklist
         self.state = CampaignState()
         self._ran_here = False
         model_fp, template_fp = plan_fingerprints(plan)
@@ -284,6 +286,8 @@ class Campaign:
         result.stage, result.experiment_id, result.server_config = spec.stage, self.experiment_id, dict(spec.flags)
         if protocol is not None:
             result.load = {**result.load, "protocol": protocol}
+        if self.checklist:
+            check_trial(self.plan, result)
         self.folder.write_trial(result)
         return report
 
@@ -340,6 +344,19 @@ class Campaign:
         self.folder.write_experiment(self.experiment)
 
 
+def check_trial(plan: TuningPlan, result: TrialResult) -> TrialResult:
+    """The report checklist on a trial the moment it finishes, before any decision reads it: a rejected trial
+    (status ``rejected``, its failed items as the reason) is kept and shown but is never evidence; the
+    ``validate`` task and the warehouse give it the same verdict (the same function, suites and parameters).
+    A checklist that cannot run rejects the trial, saying why, rather than letting it decide unchecked."""
+    try:
+        return apply_checklist(result, min_measured=plan.validation.min_measured, waive=plan.validation.waive)
+    except Exception as exc:  # noqa: BLE001 - a broken check must not pass a trial
+        log.exception("checklist on trial %s", result.trial_id)
+        result.status, result.failure_reason = "rejected", f"checklist could not run: {type(exc).__name__}: {exc}"
+        return result
+
+
 def _stop_if(stop: Callable[[], bool] | None) -> None:
     """``KeyboardInterrupt`` when the caller's flag says a signal came (see ``Campaign.advance``)."""
     if stop is not None and stop():
@@ -361,9 +378,10 @@ def run_campaign(plan: TuningPlan, runner: TrialRunner, out_dir: str | Path, **k
     return Campaign(plan, runner, out_dir, **kwargs).run()
 
 
-def dry_run(plan: TuningPlan, runner: TrialRunner, *, max_trials: int = 500) -> tuple[Decision, list[TrialOutcome],
-                                                                                      list[TrialSpec]]:
-    """The whole campaign against a (simulated) runner, in memory: what it would run, and the answer."""
+def dry_run(plan: TuningPlan, runner: TrialRunner, *, max_trials: int = 500, checklist: bool = True,
+            ) -> tuple[Decision, list[TrialOutcome], list[TrialSpec]]:
+    """The whole campaign against a (simulated) runner, in memory: what it would run, and the answer; each
+    trial through the checklist first, as in a real campaign (``checklist=False``: the validity rules only)."""
     plan = plan.with_repeats(getattr(runner, "default_repeats", 1))
     state = CampaignState()
     specs: list[TrialSpec] = []
@@ -374,6 +392,8 @@ def dry_run(plan: TuningPlan, runner: TrialRunner, *, max_trials: int = 500) -> 
                 return decision, state.outcomes, specs
             for spec in decision.trials:
                 report = runner.run(spec, experiment_id="dry-run")
+                if checklist:
+                    check_trial(plan, report.result)
                 specs.append(spec)
                 state = state.add(TrialOutcome.from_result(spec, report.result, gpu_seconds=report.gpu_seconds,
                                                            restarted=report.restarted))

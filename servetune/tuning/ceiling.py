@@ -13,15 +13,18 @@ to within ``RATE_STEP`` of the failing rate (an overloaded open loop fails as ``
 from __future__ import annotations
 
 from servetune.plan import Level, TuningPlan
-from servetune.stats import compare
-from servetune.tuning.evidence import Evidence, gather
+from servetune.stats import compare, paired_compare
+from servetune.tuning.evidence import Evidence, current, gather, settle
 from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialOutcome, TrialSpec
 from servetune.tuning.verdict import judge  # re-exported: the one trial verdict (servetune.tuning.verdict)
 
-__all__ = ["find_ceiling", "judge", "ramp_levels", "throughput", "gains"]
+__all__ = ["bisect_between", "climb", "find_ceiling", "judge", "ramp_levels", "throughput", "gains", "walk_seeds"]
 
 RATE_STEP = 0.05  # rate mode: bisect until the gap is this fraction of the failing rate
 RATE_HALVINGS = 4  # rate mode, nothing passing: halve the lowest rate this many times before giving up
+
+
+PLATEAU_STEPS = 2  # a plateau ends the ramp only when this many levels in a row gain nothing beyond the noise
 
 
 def throughput(outcome: TrialOutcome) -> float:
@@ -30,7 +33,10 @@ def throughput(outcome: TrialOutcome) -> float:
 
 
 def gains(now: Evidence, before: Evidence, min_gain: float) -> bool:
-    """Does ``now`` gain goodput over ``before`` by more than ``min_gain`` and beyond the noise?"""
+    """Does ``now`` gain goodput over ``before`` by more than ``min_gain`` and beyond the noise (seed by seed
+    where they share seeds)?"""
+    if set(now.by_seed) & set(before.by_seed):
+        return paired_compare(now.by_seed, before.by_seed, min_change=min_gain).outcome == "better"
     return compare(now.goodput, before.goodput, min_change=min_gain).outcome == "better"
 
 
@@ -38,53 +44,100 @@ def ramp_levels(plan: TuningPlan) -> list[Level]:
     return [plan.baseline_level, *plan.stages.ramp.levels]
 
 
+def walk_seeds(plan: TuningPlan) -> int:
+    """Seeds every level of the walk gets: an open loop's capacity must pass on all k of them (bursts differ
+    by seed), a closed loop's level gets its repeats where it decides something."""
+    return plan.repeat_count if plan.rate_mode else 1
+
+
 def _gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, stage: str, reason: str,
             repeats: int = 1) -> TrialSpec | Evidence:
-    return gather(plan, state, flags, level, stage=stage, reason=reason, repeats=repeats)
+    return gather(plan, state, flags, level, stage=stage, reason=reason, repeats=max(repeats, walk_seeds(plan)))
 
 
-def find_ceiling(plan: TuningPlan, state: CampaignState, flags: Flags) -> TrialSpec | Ceiling:
-    """Walk baseline + ramp levels (then bisect) for ``flags``: the next trial to run, or the ceiling."""
+def climb(plan: TuningPlan, state: CampaignState, flags: Flags, levels: list[Level], stage: str, what: str,
+          best: Evidence | None = None) -> TrialSpec | tuple[Evidence | None, Evidence | None, Evidence | None, bool]:
+    """Walk ``levels`` upwards for ``flags``: the next trial, or (best, last pass, stop, plateau). A level
+    that fails stops the walk; one that gains no goodput over the best so far (paired over seeds, a seed
+    added while inside the noise) counts towards a plateau, which holds after ``PLATEAU_STEPS`` such levels
+    in a row; the best is the passing level with the most goodput, not the last one."""
     ramp = plan.stages.ramp
-    last_pass: Evidence | None = None
-    stop: Evidence | None = None
-    plateau = False
-    for i, level in enumerate(ramp_levels(plan)):
-        stage = "baseline" if i == 0 else "ramp"
-        why = ("baseline at a low rate" if plan.rate_mode else "baseline at low concurrency") if i == 0 \
-            else f"ramp: level {level:g}"
-        ev = _gather(plan, state, flags, level, stage, why)
+    last_pass, flat = best, 0
+    for level in levels:
+        ev = _gather(plan, state, flags, level, stage, f"{what}: level {level:g}")
         if isinstance(ev, TrialSpec):
             return ev
         if not ev.passed:
-            stop = ev
-            break
-        if last_pass is not None and not gains(ev, last_pass, ramp.min_gain):
-            stop, plateau = ev, True
-            break
-        last_pass = ev
+            return best, last_pass, ev, False
+        if best is not None:
+            settled = settle(plan, state, (flags, level, stage, f"{what}: level {level:g}"),
+                             (best.flags, best.level, best.outcomes[-1].stage, f"{what}: level {best.level:g}"),
+                             min_change=ramp.min_gain, seeds=max(walk_seeds(plan), min(ev.n, best.n)))
+            if isinstance(settled, TrialSpec):
+                return settled
+            ev, best, cmp = settled
+            if not ev.passed:
+                return best, last_pass, ev, False
+            if cmp.outcome != "better":
+                last_pass, flat = ev, flat + 1
+                if flat >= PLATEAU_STEPS:
+                    return best, last_pass, ev, True
+                continue
+        best, last_pass, flat = ev, ev, 0
+    return best, last_pass, None, False
+
+
+def find_ceiling(plan: TuningPlan, state: CampaignState, flags: Flags) -> TrialSpec | Ceiling:
+    """Walk baseline + ramp levels (then bisect) for ``flags``: the next trial to run, or the ceiling (its
+    level: the best accepted level; ``highest_pass``: the highest one that passed)."""
+    ramp = plan.stages.ramp
+    levels = ramp_levels(plan)
+    walked = climb(plan, state, flags, levels[:1], "baseline",
+                   "baseline at a low rate" if plan.rate_mode else "baseline at low concurrency")
+    if isinstance(walked, TrialSpec):
+        return walked
+    best, last_pass, stop, plateau = walked
     if stop is None:
-        assert last_pass is not None
-        need = _decisive(plan, state, flags, [last_pass])
+        walked = climb(plan, state, flags, levels[1:], "ramp", "ramp", best)
+        if isinstance(walked, TrialSpec):
+            return walked
+        best, last_pass, stop, plateau = walked
+    if stop is None:
+        assert best is not None and last_pass is not None
+        need = _decisive(plan, state, flags, [best, last_pass])
         if need is not None:
             return need
-        return Ceiling(level=last_pass.level, kind="exhausted", pass_trial_id=_rep(last_pass),
-                       pass_trial_ids=last_pass.trial_ids, marginal=_marginal([last_pass]),
-                       reasons=[f"every ramp level up to {last_pass.level} passed; the ceiling may be higher"])
+        return _ceiling(plan, state, flags, best, last_pass, None, "exhausted",
+                        [f"every ramp level up to {last_pass.level} passed; the ceiling may be higher"])
     if plateau:
-        assert last_pass is not None
-        need = _decisive(plan, state, flags, [last_pass, stop])
+        assert best is not None and last_pass is not None
+        need = _decisive(plan, state, flags, [best, last_pass, stop])
         if need is not None:
             return need
-        cmp = compare(stop.goodput, last_pass.goodput, min_change=ramp.min_gain)
-        return Ceiling(level=last_pass.level, kind="plateau", first_fail=stop.level,
-                       pass_trial_id=_rep(last_pass), fail_trial_id=_rep(stop),
-                       pass_trial_ids=last_pass.trial_ids, fail_trial_ids=stop.trial_ids,
-                       marginal=_marginal([last_pass, stop]),
-                       reasons=[f"level {stop.level} goodput {stop.goodput.text()} against {last_pass.goodput.text()}"
-                                f" at {last_pass.level}: {cmp.text()}, not a gain of more than {ramp.min_gain:.0%}"
-                                " beyond the noise"])
-    return _bisect(plan, state, flags, last_pass, stop)
+        best = current(plan, state, flags, best.level)
+        cmp = compare(stop.goodput, best.goodput, min_change=ramp.min_gain)
+        return _ceiling(plan, state, flags, best, last_pass, stop, "plateau",
+                        [f"levels up to {stop.level} gain no goodput over {best.goodput.text()} at {best.level}"
+                         f" ({PLATEAU_STEPS} levels in a row; at {stop.level}: {cmp.text()}), not more than"
+                         f" {ramp.min_gain:.0%} beyond the noise"])
+    return _bisect(plan, state, flags, best, last_pass, stop)
+
+
+def _ceiling(plan: TuningPlan, state: CampaignState, flags: Flags, best: Evidence | None, last_pass: Evidence | None,
+             stop: Evidence | None, kind: str, reasons: list[str]) -> Ceiling:
+    if best is not None and last_pass is not None and best.level != last_pass.level:
+        reasons = [*reasons, f"the best accepted level is {best.level} (goodput {best.goodput.text()}), below the"
+                             f" highest passing one, {last_pass.level} ({last_pass.goodput.text()})"]
+    marginal = _marginal([best, last_pass, stop])
+    if marginal:
+        reasons.append(f"marginal: the SLA verdict flipped between seeds at level(s) {marginal}")
+    return Ceiling(
+        level=best.level if best else None, kind=kind,  # type: ignore[arg-type]
+        highest_pass=last_pass.level if last_pass else None,
+        first_fail=stop.level if stop else None, reasons=reasons, marginal=marginal,
+        pass_trial_id=_rep(best) if best else None, fail_trial_id=_rep(stop) if stop else None,
+        pass_trial_ids=best.trial_ids if best else [], fail_trial_ids=stop.trial_ids if stop else [],
+    )
 
 
 def _rep(ev: Evidence) -> str | None:
@@ -108,41 +161,52 @@ def _decisive(plan: TuningPlan, state: CampaignState, flags: Flags, evs: list[Ev
     return None
 
 
-def _bisect(plan: TuningPlan, state: CampaignState, flags: Flags, last_pass: Evidence | None,
+def bisect_between(plan: TuningPlan, state: CampaignState, flags: Flags, lo_ev: Evidence | None, hi_ev: Evidence,
+                   stage: str) -> TrialSpec | tuple[Evidence | None, Evidence]:
+    """Halve the gap between a passing and a failing level of ``flags`` until it is ``bisect_min_step`` wide
+    (``RATE_STEP`` of the failing rate); from nothing passing, down to 1 stream (a few halvings of a rate)."""
+    lo, hi = (lo_ev.level if lo_ev else 0), hi_ev.level
+    step: float = plan.stages.ramp.bisect_min_step if lo_ev is not None else 1
+    floor = hi_ev.level / 2 ** RATE_HALVINGS
+    while hi - lo > (RATE_STEP * hi if plan.rate_mode else step):
+        if plan.rate_mode:
+            if not lo and hi <= floor:
+                break
+            mid: Level = round((lo + hi) / 2 if lo else hi / 2, 3)
+        else:
+            mid = (lo + hi) // 2
+        ev = _gather(plan, state, flags, mid, stage, f"bisect between {lo or 'nothing'} (pass) and {hi:g} (fail)")
+        if isinstance(ev, TrialSpec):
+            return ev
+        if ev.passed:
+            lo, lo_ev = mid, ev
+        else:
+            hi, hi_ev = mid, ev
+    return lo_ev, hi_ev
+
+
+def _bisect(plan: TuningPlan, state: CampaignState, flags: Flags, best: Evidence | None, last_pass: Evidence | None,
             first_fail: Evidence) -> TrialSpec | Ceiling:
     """Narrow the gap between the last pass and the first fail; with nothing passing, search down to 1
     stream (a few halvings of the rate in rate mode)."""
-    ramp = plan.stages.ramp
-    lo, hi = (last_pass.level if last_pass else 0), first_fail.level
-    lo_ev, hi_ev = last_pass, first_fail
-    step: float = ramp.bisect_min_step if last_pass is not None else 1
-    floor = first_fail.level / 2 ** RATE_HALVINGS
-    if ramp.bisect or last_pass is None:
-        while hi - lo > (RATE_STEP * hi if plan.rate_mode else step):
-            if plan.rate_mode:
-                if not lo and hi <= floor:
-                    break
-                mid: Level = round((lo + hi) / 2 if lo else hi / 2, 3)
-            else:
-                mid = (lo + hi) // 2
-            ev = _gather(plan, state, flags, mid, "bisect", f"bisect between {lo or 'nothing'} (pass) and {hi:g} (fail)")
-            if isinstance(ev, TrialSpec):
-                return ev
-            if ev.passed:
-                lo, lo_ev = mid, ev
-            else:
-                hi, hi_ev = mid, ev
-    need = _decisive(plan, state, flags, [lo_ev, hi_ev])
+    if plan.stages.ramp.bisect or last_pass is None:
+        found = bisect_between(plan, state, flags, last_pass, first_fail, "bisect")
+        if isinstance(found, TrialSpec):
+            return found
+        lo_ev, hi_ev = found
+    else:
+        lo_ev, hi_ev = last_pass, first_fail
+    need = _decisive(plan, state, flags, [best, lo_ev, hi_ev])
     if need is not None:
         return need
+    if lo_ev is not None:
+        lo_ev = current(plan, state, flags, lo_ev.level)
+    hi_ev = current(plan, state, flags, hi_ev.level)
+    if lo_ev is not None and lo_ev.passed and (best is None or (lo_ev.level > best.level and gains(
+            lo_ev, current(plan, state, flags, best.level), plan.stages.ramp.min_gain))):
+        best = lo_ev  # a bisected level above the best that still gains
+    elif best is not None:
+        best = current(plan, state, flags, best.level)
     v = hi_ev.verdict
-    marginal = _marginal([lo_ev, hi_ev])
-    reasons = [f"level {hi}: " + "; ".join(v.reasons)]
-    if marginal:
-        reasons.append(f"marginal: the SLA verdict flipped between repeats at level(s) {marginal}")
-    return Ceiling(
-        level=lo_ev.level if lo_ev else None, kind=v.kind if v.kind != "pass" else "sla",  # type: ignore[arg-type]
-        first_fail=hi, reasons=reasons, marginal=marginal,
-        pass_trial_id=_rep(lo_ev) if lo_ev else None, fail_trial_id=_rep(hi_ev),
-        pass_trial_ids=lo_ev.trial_ids if lo_ev else [], fail_trial_ids=hi_ev.trial_ids,
-    )
+    return _ceiling(plan, state, flags, best, lo_ev, hi_ev, v.kind if v.kind != "pass" else "sla",
+                    [f"level {hi_ev.level:g}: " + "; ".join(v.reasons)])

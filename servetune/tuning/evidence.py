@@ -1,34 +1,40 @@
-"""What the campaign knows about one config at one level: its valid repeats, their verdict and noise.
+"""What the campaign knows about one config at one level: its accepted seeds, their verdict and noise.
 
-Decisions never read a single trial. ``Evidence`` pools every VALID trial of a (config, level):
-the SLA verdict by majority (a tie fails), "marginal" when the repeats disagree, and the spread
-(mean, CV, 95% interval) of goodput, throughput and each p99. ``gather`` is the one place that
-asks for more trials: the first one (sized to be valid), a re-sized re-run of an INVALID one,
-the repeats a decisive comparison needs, and more repeats for a marginal level, up to the cap.
+Decisions never read a single trial. ``Evidence`` pools the accepted trials (VALID and passed by the
+checklist) of a (config, level), one per workload seed: the SLA verdict (closed loop: by majority, a tie
+fails, "marginal" when the seeds disagree; open loop: a rate passes only when every seed passes), and the
+spread of goodput, throughput and each p99. Every config and level is measured on the same seeds (repeat k
+is seed offset k: common random numbers) and at the level's one trial size, so two pieces of evidence
+compare seed by seed (``settle``). ``gather`` is the one place that asks for more trials: seed k sized to
+the level, an INVALID or rejected seed re-run on the same seed (bigger when its window was short), a
+crashed one re-run as it was, the seeds a decision needs.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune.plan import Level, TuningPlan
-from servetune.stats import Spread, spread
+from servetune.stats import Comparison, Spread, paired_compare, spread
+from servetune.tuning.sizing import RESIZE, size_trial
+from servetune.tuning.state import CampaignState, Flags, TrialOutcome, TrialSpec, Verdict, config_key
 from servetune.tuning.verdict import judge
-from servetune.tuning.sizing import size_trial
-from servetune.tuning.state import CampaignState, Flags, TrialOutcome, TrialSpec, Verdict
+
+#: checklist items about the window's length: a trial they reject is re-run bigger, others at its size
+WINDOW_ITEMS = ("steady_window", "window_completions", "one_window", "min_measured", "measured")
 
 
 class Evidence(BaseModel):
-    """The pooled valid trials of one config at one level."""
+    """The pooled accepted trials of one config at one level, one per seed."""
 
     model_config = ConfigDict(extra="forbid")
 
     flags: Flags
     level: Level
-    outcomes: list[TrialOutcome] = Field(default_factory=list, description="the valid ones")
-    invalid_ids: list[str] = Field(default_factory=list)
+    outcomes: list[TrialOutcome] = Field(default_factory=list, description="the accepted ones, one per seed")
+    invalid_ids: list[str] = Field(default_factory=list, description="INVALID, rejected or superseded trials")
     verdict: Verdict
     marginal: bool = False
     goodput: Spread = Field(default_factory=lambda: Spread(n=0))
@@ -50,22 +56,35 @@ class Evidence(BaseModel):
         return [o.trial_id for o in self.outcomes]
 
     @property
+    def by_seed(self) -> dict[int, float]:
+        """Goodput per workload seed: what a paired comparison reads."""
+        return {o.seed_offset: o.summary.goodput_rps or 0.0 for o in self.outcomes}
+
+    @property
     def representative(self) -> TrialOutcome | None:
-        """The valid trial whose goodput is nearest the mean (its signals explain the level)."""
+        """The accepted trial whose goodput is nearest the mean (its signals explain the level)."""
         if not self.outcomes:
             return None
         mean = self.goodput.mean or 0.0
         return min(self.outcomes, key=lambda o: abs((o.summary.goodput_rps or 0.0) - mean))
 
 
-def pool(plan: TuningPlan, flags: Flags, level: Level, outcomes: list[TrialOutcome]) -> Evidence:
-    """Evidence from every trial of (flags, level): the valid ones decide, the invalid ones are named."""
-    valid = [o for o in outcomes if o.valid]
-    invalid = [o.trial_id for o in outcomes if not o.valid]
+def pool(plan: TuningPlan, flags: Flags, level: Level, outcomes: list[TrialOutcome],
+         superseded: list[str] | None = None) -> Evidence:
+    """Evidence from the trials of (flags, level): the accepted ones decide (the latest per seed), the
+    others are named."""
+    by_seed: dict[int, TrialOutcome] = {}
+    for o in outcomes:
+        if o.valid:
+            by_seed[o.seed_offset] = o
+    valid = [by_seed[k] for k in sorted(by_seed)]
+    invalid = [*(superseded or []), *(o.trial_id for o in outcomes if o not in valid)]
     if not valid:
         last = outcomes[-1] if outcomes else None
-        if last is not None and last.status == "failed":
+        if last is not None and (last.status == "failed" or last.rejected):
             verdict = judge(last, plan.sla)
+            if last.rejected:
+                verdict.reasons = [f"no accepted measurement in {len(outcomes)} trial(s): {verdict.reasons[0]}"]
         else:
             why = "; ".join(last.summary.invalid_reasons) if last is not None else "not measured"
             verdict = Verdict(passed=False, kind="invalid",
@@ -74,19 +93,23 @@ def pool(plan: TuningPlan, flags: Flags, level: Level, outcomes: list[TrialOutco
     verdicts = [judge(o, plan.sla) for o in valid]
     passes = sum(v.passed for v in verdicts)
     marginal = 0 < passes < len(verdicts)
-    if passes * 2 > len(verdicts):
+    # an open loop's capacity must hold on every seed (bursts are the point); a closed loop's level by majority
+    need = len(verdicts) if plan.rate_mode else len(verdicts) // 2 + 1
+    if passes >= need:
         verdict = Verdict(passed=True, kind="pass",
-                          reasons=[f"passed {passes} of {len(verdicts)} repeats"] if marginal else [])
+                          reasons=[f"passed {passes} of {len(verdicts)} seeds"] if marginal else [])
     else:
         failing = [v for v in verdicts if not v.passed]
         kind = Counter(v.kind for v in failing).most_common(1)[0][0]
         reasons = list(dict.fromkeys(r for v in failing for r in v.reasons))
         if len(verdicts) > 1:
-            reasons.insert(0, f"failed {len(failing)} of {len(verdicts)} repeats")
+            rule = "every seed must pass" if plan.rate_mode else "by majority"
+            reasons.insert(0, f"failed {len(failing)} of {len(verdicts)} seeds ({rule})")
         verdict = Verdict(passed=False, kind=kind, reasons=reasons)
     s = [o.summary for o in valid]
     return Evidence(
-        flags=flags, level=level, outcomes=valid, invalid_ids=invalid, verdict=verdict, marginal=marginal,
+        flags=flags, level=level, outcomes=valid, invalid_ids=invalid, verdict=verdict,
+        marginal=marginal and not plan.rate_mode,
         goodput=spread([x.goodput_rps or 0.0 for x in s]),
         throughput=spread([x.output_tokens_per_s for x in s]),
         ttft_p99=spread([x.ttft_ms.p99 for x in s]),
@@ -95,39 +118,127 @@ def pool(plan: TuningPlan, flags: Flags, level: Level, outcomes: list[TrialOutco
     )
 
 
+def level_size(state: CampaignState, level: Level) -> TrialOutcome | None:
+    """The trial that sets ``level``'s size: the biggest run at it, any config. Every trial at a level is this
+    size, so configs compare at equal sizes; a re-run that grows one makes the others' trials stale."""
+    return max(state.at_level(level), key=lambda o: o.requests, default=None)
+
+
+def _sized(o: TrialOutcome, ref: TrialOutcome | None) -> bool:
+    return ref is None or (o.requests, o.warmup) == (ref.requests, ref.warmup)
+
+
+def current(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level) -> Evidence:
+    """The evidence as it stands (no trial asked for): the trials of the level's current size."""
+    ref = level_size(state, level)
+    everything = state.measurements(flags, level)
+    now = [o for o in everything if _sized(o, ref)]
+    return pool(plan, flags, level, [o for o in now if not o.fault] or now,
+                superseded=[o.trial_id for o in everything if not _sized(o, ref)])
+
+
 def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *, stage: str, reason: str,
            repeats: int = 1) -> TrialSpec | Evidence:
-    """The next trial (flags, level) needs, or its evidence once it has ``repeats`` valid trials
-    (``repeats.max`` when marginal) or has used up its attempts."""
+    """The next trial (flags, level) needs, or its evidence once seeds 0..``repeats``-1 are accepted
+    (``repeats.max`` when marginal), a seed has used up its attempts, or an open loop failed on a seed."""
+    ref = level_size(state, level)
     everything = state.measurements(flags, level)
-    faults = [o for o in everything if o.fault]
-    outcomes = [o for o in everything if not o.fault]
-    if faults and not outcomes:
-        if len(faults) > plan.repeats.crash_retries:
-            return pool(plan, flags, level, everything)  # a fault verdict: the engine keeps dying here
-        requests, warmup, how = faults[-1].requests, faults[-1].warmup, "as the trial the engine died under"
-        return TrialSpec(stage=stage, **plan.load_at(level), flags=flags, requests=requests, warmup=warmup,  # type: ignore[arg-type]
-                         reason=f"{reason}: re-run after an engine crash ({len(faults)} so far)",
-                         seed_offset=len(everything), sizing=how)
-    ev = pool(plan, flags, level, outcomes)
+    now = [o for o in everything if _sized(o, ref)]
+    ev = current(plan, state, flags, level)
     wanted = max(repeats, plan.repeats.max if ev.marginal and repeats > 1 else repeats)
-    attempts_cap = wanted + plan.repeats.invalid_retries
-    if ev.n >= wanted or len(outcomes) >= attempts_cap:
-        return ev
-    if outcomes and outcomes[-1].status == "failed" and not ev.n:
-        return ev  # a server that refused the config or a failed load is a verdict, not noise
-    if not ev.n and sum(not o.valid for o in outcomes) > plan.repeats.invalid_retries:
-        return ev
-    last_invalid = outcomes[-1] if outcomes and not outcomes[-1].valid else None
-    if ev.n:
-        requests, warmup, how = ev.outcomes[0].requests, ev.outcomes[0].warmup, "as the first repeat"
-    else:
-        requests, warmup, how = size_trial(plan, state, flags, level, stage, resize_from=last_invalid)
-    if last_invalid is not None:
-        why = f"{reason}: re-run of INVALID trial {last_invalid.trial_id[:8]}"
-    elif ev.n:
-        why = f"{reason}: repeat {ev.n + 1} of {wanted}" + (" (marginal: the verdict flipped)" if ev.marginal else "")
-    else:
-        why = reason
+    if plan.rate_mode and ev.n and not ev.passed:
+        return ev  # a rate fails once any seed fails: no more seeds needed
+    for k in range(wanted):
+        tried = [o for o in now if o.seed_offset == k]
+        if any(o.valid for o in tried):
+            continue
+        faults = [o for o in tried if o.fault]
+        rest = [o for o in tried if not o.fault]
+        if faults and not rest:
+            if len(faults) > plan.repeats.crash_retries:
+                return pool(plan, flags, level, now) if not ev.n else ev  # the engine keeps dying here: a fault
+            return _spec(plan, stage, flags, level, k, faults[-1].requests, faults[-1].warmup,
+                         f"{reason}: re-run after an engine crash ({len(faults)} so far)", "as the trial the engine died under")
+        if rest and rest[-1].status == "failed":
+            return ev  # a server that refused the config or a failed load is a verdict, not noise
+        # every undecided attempt on this seed counts, at any size (each re-run grows the level)
+        attempts = [o for o in everything if o.seed_offset == k and not o.valid and not o.fault and o.status != "failed"]
+        if rest and len(attempts) > plan.repeats.invalid_retries:
+            return ev  # this seed cannot be measured validly: the evidence stands on the others (or fails)
+        if rest:
+            last = rest[-1]
+            grow = not last.rejected or any(item in (last.failure_reason or "") for item in WINDOW_ITEMS)
+            if grow:
+                requests, warmup, how = size_trial(plan, state, flags, level, stage, resize_from=last)
+            else:
+                requests, warmup, how = last.requests, last.warmup, "as the rejected trial (not a window item)"
+            what = "rejected" if last.rejected else "INVALID"
+            return _spec(plan, stage, flags, level, k, requests, warmup,
+                         f"{reason}: re-run of {what} trial {last.trial_id[:8]} on the same seed", how)
+        if ref is not None:
+            requests, warmup, how = ref.requests, ref.warmup, f"the level's size (trial {ref.trial_id[:8]})"
+        else:
+            requests, warmup, how = size_trial(plan, state, flags, level, stage)
+        why = reason if k == 0 else f"{reason}: seed {k + 1} of {wanted}" + (
+            " (marginal: the verdict flipped)" if ev.marginal else "")
+        return _spec(plan, stage, flags, level, k, requests, warmup, why, how)
+    return ev
+
+
+def _spec(plan: TuningPlan, stage: str, flags: Flags, level: Level, seed: int, requests: int, warmup: int,
+          reason: str, how: str) -> TrialSpec:
     return TrialSpec(stage=stage, **plan.load_at(level), flags=flags, requests=requests, warmup=warmup,  # type: ignore[arg-type]
-                     reason=why, seed_offset=len(everything), sizing=how)
+                     reason=reason, seed_offset=seed, sizing=how)
+
+
+def campaign_noise(state: CampaignState) -> tuple[float, int] | None:
+    """The noise of a paired difference, measured on the campaign's own repeats: the relative standard
+    deviation of goodput differences between two pieces of evidence that share a config or a level, over
+    their common seeds, pooled (with its degrees of freedom). None before any two seeds were paired."""
+    if "noise" in state._derived:
+        return state._derived["noise"]
+    groups: dict[tuple[str, Level], dict[int, float]] = defaultdict(dict)
+    for o in state.outcomes:
+        if o.stage not in ("correctness", "robustness", "protocol") and o.valid:
+            groups[o.key][o.seed_offset] = o.summary.goodput_rps or 0.0
+    keys = [k for k, g in groups.items() if len(g) >= 2]
+    ss, df = 0.0, 0
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            if a[0] != b[0] and a[1] != b[1]:
+                continue
+            seeds = sorted(set(groups[a]) & set(groups[b]))
+            base = sum(groups[b][k] for k in seeds) / len(seeds) if seeds else 0.0
+            if len(seeds) < 2 or not base:
+                continue
+            rel = [(groups[a][k] - groups[b][k]) / base for k in seeds]
+            mean = sum(rel) / len(rel)
+            ss += sum((r - mean) ** 2 for r in rel)
+            df += len(rel) - 1
+    state._derived["noise"] = found = ((ss / df) ** 0.5, df) if df else None
+    return found
+
+
+def settle(plan: TuningPlan, state: CampaignState, a: tuple[Flags, Level, str, str], b: tuple[Flags, Level, str, str],
+           *, min_change: float, seeds: int = 1) -> TrialSpec | tuple[Evidence, Evidence, Comparison]:
+    """Compare a = (flags, level, stage, reason) with b on common seeds at equal sizes, adding a seed to both
+    (up to ``repeats.max``) while the answer is inside the noise; the next trial, or both evidences and the
+    paired comparison."""
+    n = max(1, seeds)
+    while True:
+        ev_a = gather(plan, state, a[0], a[1], stage=a[2], reason=a[3], repeats=n)
+        if isinstance(ev_a, TrialSpec):
+            return ev_a
+        ev_b = gather(plan, state, b[0], b[1], stage=b[2], reason=b[3], repeats=n)
+        if isinstance(ev_b, TrialSpec):
+            return ev_b
+        if max(ev_a.n, ev_b.n) > n and n < plan.repeats.max:  # pair every seed either side already has
+            n = min(max(ev_a.n, ev_b.n), plan.repeats.max)
+            continue
+        cmp = paired_compare(ev_a.by_seed, ev_b.by_seed, min_change=min_change, prior=campaign_noise(state))
+        if not cmp.undecided or n >= plan.repeats.max or min(ev_a.n, ev_b.n) < n:
+            return ev_a, ev_b, cmp
+        n += 1
+
+
+__all__ = ["Evidence", "RESIZE", "campaign_noise", "config_key", "current", "gather", "level_size", "pool", "settle"]

@@ -18,13 +18,16 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune.plan import FlagValue, Level, TuningPlan
-from servetune.stats import compare
+from typing import TypeVar
+
+from servetune.stats import Comparison
 from servetune.tuning import signals
-from servetune.tuning.ceiling import gains, ramp_levels
-from servetune.tuning.evidence import Evidence, gather
+from servetune.tuning.ceiling import bisect_between, climb, ramp_levels, walk_seeds
+from servetune.tuning.evidence import Evidence, gather, settle
 from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialOutcome, TrialSpec
 
 RADIX_OFF = "disable-radix-cache"
+_T = TypeVar("_T")
 
 
 class RefineResult(BaseModel):
@@ -63,72 +66,124 @@ class _NeedTrial(Exception):  # noqa: N818 - control flow inside the replay, nev
 
 
 class _Walk:
-    def __init__(self, plan: TuningPlan, state: CampaignState, levels: list[Level] | None = None) -> None:
-        self.plan, self.state = plan, state
-        self.levels = sorted(set(levels or []))  # where a tied candidate may show it holds more load
+    def __init__(self, plan: TuningPlan, state: CampaignState, ceiling: Ceiling) -> None:
+        self.plan, self.state, self.ceiling = plan, state, ceiling
         self.compared: list[str] = []
         self.notes: list[str] = []
         self.ties: list[str] = []
 
-    def level_above(self, level: Level) -> Level | None:
-        return next((x for x in self.levels if x > level), None)
+    def levels_above(self, level: Level) -> list[Level]:
+        """The ramp's levels above ``level``: where a config that ties may show it holds more load."""
+        return [x for x in ramp_levels(self.plan) if x > level]
+
+    def need(self, found: TrialSpec | _T) -> _T:
+        if isinstance(found, TrialSpec):
+            raise _NeedTrial(found)
+        return found
+
+    def note(self, *evs: Evidence | None) -> None:
+        for ev in evs:
+            for tid in [*(ev.trial_ids if ev else []), *(ev.invalid_ids if ev else [])]:
+                if tid not in self.compared:
+                    self.compared.append(tid)
 
     def measure(self, flags: Flags, level: Level, reason: str, repeats: int = 1) -> Evidence:
-        """The evidence for ``flags`` at ``level`` with ``repeats`` valid trials, or _NeedTrial."""
-        ev = gather(self.plan, self.state, flags, level, stage="refine", reason=reason, repeats=repeats)
-        if isinstance(ev, TrialSpec):
-            raise _NeedTrial(ev)
-        for tid in [*ev.trial_ids, *ev.invalid_ids]:
-            if tid not in self.compared:
-                self.compared.append(tid)
+        """The evidence for ``flags`` at ``level`` with ``repeats`` accepted seeds, or _NeedTrial."""
+        ev = self.need(gather(self.plan, self.state, flags, level, stage="refine", reason=reason,
+                              repeats=max(repeats, walk_seeds(self.plan))))
+        self.note(ev)
         return ev
 
-    def try_switch(self, inc: Evidence, flags: Flags, what: str) -> Evidence:
-        """The candidate ``flags`` at the incumbent's level if it wins beyond the noise (or ties simpler)."""
+    def settle(self, cand: Evidence, inc: Evidence, what: str, seeds: int) -> tuple[Evidence, Evidence, Comparison]:
+        """Candidate against incumbent at the candidate's level, seed by seed, seeds added while inside the noise."""
         at = self.plan.level_text
-        level, reason = inc.level, f"refine {what} at {at(inc.level)}"
-        cand = self.measure(flags, level, reason)
-        outcome = self._compare(cand, inc)
-        if outcome == "better" or (outcome == "tie" and _simpler(cand, inc)) or _near_miss(cand, inc) or cand.n > 1:
-            # the winner against the config it replaces: repeats on both before deciding (once started,
-            # finished: the replay must not stop half-way because the first repeats look tied)
-            repeats = self.plan.repeat_count
-            cand = self.measure(flags, level, reason, repeats=repeats)
-            inc = self.measure(inc.flags, level, f"incumbent against {what} at {at(level)}", repeats=repeats)
-            outcome = self._compare(cand, inc)
+        level = cand.level
+        c, i, cmp = self.need(settle(
+            self.plan, self.state, (cand.flags, level, "refine", f"refine {what} at {at(level)}"),
+            (inc.flags, level, _stage(inc), f"incumbent against {what} at {at(level)}"),
+            min_change=self.plan.stages.refine.min_improvement, seeds=max(seeds, walk_seeds(self.plan))))
+        self.note(c, i)
+        return c, i, cmp
+
+    def try_switch(self, inc: Evidence, flags: Flags, what: str) -> Evidence:
+        """The candidate ``flags`` if it wins beyond the noise (at the incumbent's level, or by holding a higher
+        level where the incumbent fails), or ties and is simpler; else the incumbent."""
+        at = self.plan.level_text
+        level = inc.level
+        cand = self.measure(flags, level, f"refine {what} at {at(level)}")
+        started = cand.n > 1  # once its repeats started they finish (the replay must not stop half-way)
+        if not cand.passed and not _near_miss(cand, inc) and not started:
+            return inc
+        seeds = self.plan.repeat_count if _near_miss(cand, inc) or (started and not cand.passed) else 1
+        cand, inc, cmp = self.settle(cand, inc, what, seeds)
+        if cmp.outcome == "better" and cand.passed and self.plan.repeat_count > cand.n:
+            cand, inc, cmp = self.settle(cand, inc, what, self.plan.repeat_count)  # a winner gets its repeats
+        outcome = _outcome(cand, inc, cmp)
         g0, g1 = inc.goodput.text(), cand.goodput.text()
         if outcome == "better":
-            rel = compare(cand.goodput, inc.goodput, min_change=self.plan.stages.refine.min_improvement)
-            self.notes.append(f"{what}: goodput {g0} -> {g1} req/s at {at(level)} ({rel.text()})")
+            self.notes.append(f"{what}: goodput {g0} -> {g1} req/s at {at(level)} ({cmp.text()})")
             return cand
-        if outcome == "tie" and (up := self.level_above(level)) is not None:
-            # at a fixed level a closed loop's goodput is capped by the load itself: a tied config may
-            # still hold the next level where the incumbent fails (the ceiling moves, not the rate)
-            c_up = self.measure(flags, up, f"refine {what}: tied at {level}, tried at {up}")
-            # it must also gain goodput: more streams queued behind a cap hold a level without serving more
-            if c_up.passed and gains(c_up, inc, self.plan.stages.ramp.min_gain):
-                i_up = self.measure(inc.flags, up, f"incumbent at {up}, against {what}")
-                if not i_up.passed:
-                    self.notes.append(f"{what}: a tie at {at(level)}, but it holds {at(up)}"
-                                      f" (goodput {c_up.goodput.text()} req/s) where the incumbent fails"
-                                      f" ({'; '.join(i_up.verdict.reasons)})")
-                    return c_up
         if outcome == "tie":
+            up = self.carry_up(cand, inc, what)
+            if up is not None:
+                return up
             keep = not _simpler(cand, inc)
-            text = (f"{what}: a tie within the noise at {at(level)} (goodput {g1} against {g0} req/s);"
+            text = (f"{what}: a tie within the noise at {at(level)} (goodput {g1} against {g0} req/s; {cmp.text()});"
                     + (" kept the incumbent" if keep else " took it: fewer flags set, closer to the engine's defaults"))
             self.ties.append(text)
             self.notes.append(text)
             return inc if keep else cand
         return inc
 
-    def _compare(self, cand: Evidence, inc: Evidence) -> str:
-        """better | tie | worse: passing beats failing, then goodput beyond the noise and min_improvement."""
-        if cand.passed != inc.passed:
-            return "better" if cand.passed else "worse"
-        if not cand.passed:
-            return "worse"
-        return compare(cand.goodput, inc.goodput, min_change=self.plan.stages.refine.min_improvement).outcome
+    def carry_up(self, cand: Evidence, inc: Evidence, what: str, limit: int | None = None) -> Evidence | None:
+        """At a fixed level a closed loop's goodput is capped by the load itself, so a config that ties may
+        hold more load: it climbs the ramp above the tie like the incumbent did (next ramp levels with the
+        plateau rule, then bisection below its first failure), and wins when its best level serves more
+        goodput than the incumbent's beyond ``ramp.min_gain`` and the noise, where the incumbent fails or
+        serves less. A cap that merely queues more streams holds a level without serving more: no win."""
+        plan, at = self.plan, self.plan.level_text
+        best, last, stop, _ = self.need(climb(plan, self.state, cand.flags, self.levels_above(cand.level)[:limit], "refine",
+                                              f"refine {what}: tied at {at(cand.level)}, carried up", cand))
+        if stop is not None and not stop.passed and last is not None and plan.stages.ramp.bisect:
+            lo, _hi = self.need(bisect_between(plan, self.state, cand.flags, last, stop, "refine"))
+            if lo is not None and lo.passed:
+                best = max([b for b in (best, lo) if b is not None], key=goodput)
+        self.note(best, last, stop)
+        if best is None or best.level <= cand.level:
+            return None
+        gain = self.need(settle(plan, self.state, (best.flags, best.level, "refine", f"refine {what} at {at(best.level)}"),
+                                (inc.flags, inc.level, _stage(inc), f"incumbent at {at(inc.level)}"),
+                                min_change=plan.stages.ramp.min_gain, seeds=max(1, min(best.n, inc.n))))
+        best, inc, cmp = gain
+        if cmp.outcome != "better":
+            return None
+        if best.flags == inc.flags:  # the tuned config's own climb: its level moved up
+            self.notes.append(f"{what} holds {at(best.level)} (goodput {best.goodput.text()} req/s against"
+                              f" {inc.goodput.text()} at {at(inc.level)}: {cmp.text()})")
+            return best
+        i_up = self.measure(inc.flags, best.level, f"incumbent at {at(best.level)}, against {what}")
+        if i_up.passed:
+            c, i, same = self.settle(best, i_up, what, max(1, min(best.n, i_up.n)))
+            if _outcome(c, i, same) != "better":
+                return None
+            best = c
+        self.notes.append(f"{what}: a tie at {at(cand.level)}, but it holds {at(best.level)} (goodput"
+                          f" {best.goodput.text()} req/s against {inc.goodput.text()} at {at(inc.level)}: {cmp.text()})"
+                          + ("" if i_up.passed else f" where the incumbent fails ({'; '.join(i_up.verdict.reasons)})"))
+        return best
+
+
+def _stage(ev: Evidence) -> str:
+    return ev.outcomes[-1].stage if ev.outcomes else "refine"
+
+
+def _outcome(cand: Evidence, inc: Evidence, cmp: Comparison) -> str:
+    """better | tie | worse: passing beats failing, then goodput beyond the noise and min_improvement."""
+    if cand.passed != inc.passed:
+        return "better" if cand.passed else "worse"
+    if not cand.passed:
+        return "worse"
+    return cmp.outcome
 
 
 def _near_miss(cand: Evidence, inc: Evidence) -> bool:
@@ -145,7 +200,7 @@ def _simpler(a: Evidence, b: Evidence) -> bool:
 def refine(plan: TuningPlan, state: CampaignState, ceiling: Ceiling, base_flags: Flags) -> TrialSpec | RefineResult:
     """The next refinement trial, or the walk's result once every step has its measurement."""
     assert ceiling.level is not None
-    walk = _Walk(plan, state, [*ramp_levels(plan), *([ceiling.first_fail] if ceiling.first_fail else [])])
+    walk = _Walk(plan, state, ceiling)
     try:
         best = _run(plan, walk, ceiling, base_flags)
     except _NeedTrial as need:
@@ -172,17 +227,12 @@ def _run(plan: TuningPlan, walk: _Walk, ceiling: Ceiling, base_flags: Flags) -> 
     for flag, values in r.grid.items():
         inc = _climb(plan, walk, inc, flag, values)
 
-    # 3. a better config may hold a higher level
-    above = sorted({x for x in [*ramp_levels(plan), ceiling.first_fail or 0] if x > inc.level})
-    for level in above[: r.extend_levels]:
-        ev = walk.measure(inc.flags, level, f"tuned config one level up: {level}")
-        if ev.passed and gains(ev, inc, plan.stages.ramp.min_gain):
-            ev = walk.measure(inc.flags, level, f"tuned config holds level {level}", repeats=plan.repeat_count)
-            if ev.passed and gains(ev, inc, plan.stages.ramp.min_gain):
-                walk.notes.append(f"the tuned config holds {plan.level_text(level)} (goodput {ev.goodput.text()} req/s)")
-                inc = ev
-                continue
-        break
+    # 3. a better config may hold a higher level: it climbs like a tied candidate (the incumbent's own
+    # ramp stopped at the ceiling; refined flags can move it)
+    if r.extend_levels and inc.flags != base_flags:  # the defaults' own ramp already climbed them
+        up = walk.carry_up(inc, inc, "the tuned config", limit=r.extend_levels)
+        if up is not None:
+            inc = up
 
     # 4. max-running-requests = the level: a water mark that keeps overload in the queue
     resolved = inc.representative.resolved if inc.representative else {}

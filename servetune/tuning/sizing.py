@@ -24,6 +24,13 @@ WINDOW_E2E = 3.0  # open loop: the window spans at least this many mean latencie
 WARMUP_FILL = 1.5  # open loop: warm-up requests per request in flight (the E2E estimate comes from lower rates)
 
 
+def turns_per_unit(plan: TuningPlan) -> int:
+    """Requests per load unit: a multi-turn workload in ``sessions`` mode is offered as users (the window rules
+    count sessions, a stream holds one at a time), so a trial sized in sessions has this many requests each."""
+    mt = plan.workload.multi_turn
+    return mt.turns if mt is not None and mt.mode == "sessions" else 1
+
+
 def stage_floor(plan: TuningPlan, stage: str) -> tuple[int, int, float | None]:
     """(requests floor, warm-up, duration_s) the plan gives a stage."""
     st = plan.stages
@@ -68,9 +75,11 @@ def size_trial(plan: TuningPlan, state: CampaignState, flags: Flags, level: Leve
     window = max(rules.min_window_s, duration or 0.0)
     if plan.rate_mode:
         return size_open_loop(plan, state, flags, float(level), floor, warmup, window, resize_from)
-    tail = max(0, 2 * level - warmup)
-    needed = math.ceil(rules.completions_needed(level) * SAFETY) + tail
-    parts = [f"floor {floor}", f"{rules.completions_needed(level)} completions"]
+    turns = turns_per_unit(plan)
+    tail = max(0, 2 * level * turns - warmup)
+    needed = math.ceil(rules.completions_needed(level) * SAFETY) * turns + tail
+    parts = [f"floor {floor}", f"{rules.completions_needed(level)} completions"
+             + (f" (sessions of {turns} requests)" if turns > 1 else "")]
     if resize_from is not None and (own := _rate(resize_from)):
         rate, how = own, f"re-sized from the INVALID trial {resize_from.trial_id[:8]} ({own:.2f} req/s)"
         factor = RESIZE
@@ -110,14 +119,16 @@ def size_open_loop(plan: TuningPlan, state: CampaignState, flags: Flags, rate: f
     that fills the pipeline (``rate x E2E`` requests in flight: Little's law), and enough of them to
     complete ``completions_per_stream`` per request in flight."""
     rules = plan.validation.rules()
+    turns = turns_per_unit(plan)  # a level is sessions/s; a session lasts its turns' latencies
     e2e, how = _e2e_estimate(state, flags, rate)
-    in_flight = rate * e2e if e2e else 0.0
-    window = max(window, WINDOW_E2E * (e2e or 0.0))  # a window of a few latencies, or no steady state shows
-    warmup = max(warmup, math.ceil(in_flight * WARMUP_FILL))
-    by_time = math.ceil(rate * window * SAFETY)
-    needed = math.ceil(rules.completions_needed(in_flight) * SAFETY + in_flight)
+    in_flight = rate * e2e * turns if e2e else 0.0  # units (requests, or sessions) in flight
+    window = max(window, WINDOW_E2E * (e2e or 0.0) * turns)  # a window of a few latencies, or no steady state shows
+    warmup = max(warmup, math.ceil(in_flight * WARMUP_FILL) * turns)
+    by_time = math.ceil(rate * window * SAFETY) * turns
+    needed = math.ceil(rules.completions_needed(in_flight) * SAFETY + in_flight) * turns
     requests = max(floor, needed, by_time)
-    parts = [f"floor {floor}", f"{window:g} s at {rate:g} req/s", f"{how}: {in_flight:.0f} in flight, warm-up {warmup}"]
+    parts = [f"floor {floor}", f"{window:g} s at {rate:g} {'sessions' if turns > 1 else 'req'}/s",
+             f"{how}: {in_flight:.0f} in flight, warm-up {warmup}" + (f"; {turns} requests per session" if turns > 1 else "")]
     if resize_from is not None:
         requests = max(requests, math.ceil(resize_from.requests * RESIZE))
         parts.append(f"re-sized from the INVALID trial {resize_from.trial_id[:8]}")

@@ -10,7 +10,7 @@ import hashlib
 from typing import Any, Literal, get_args
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from servetune.engines.knobs import FlagValue, Flags
 from servetune.plan import Level
@@ -23,6 +23,8 @@ Stage = Literal["protocol", "correctness", "baseline", "ramp", "bisect", "refine
 ALL_STAGES: tuple[Stage, ...] = get_args(Stage)
 #: a trial's failure_reason starts with this when the engine died under it: a fault, not a verdict
 ENGINE_CRASH = "engine_crash"
+#: stages whose trials are not the level's load (one request; other arrivals; another method)
+UNPAIRED: tuple[Stage, ...] = ("correctness", "robustness", "protocol")
 
 
 def config_key(flags: Flags) -> str:
@@ -75,7 +77,8 @@ class TrialOutcome(_AtALevel):
     burstiness: float | None = None
     requests: int = Field(default=0, ge=0, description="measured requests asked for (comparisons keep it equal)")
     warmup: int = Field(default=0, ge=0)
-    status: Literal["ok", "failed"] = "ok"
+    status: Literal["ok", "failed", "rejected"] = Field(
+        default="ok", description="rejected: the report checklist failed it (kept, never evidence)")
     failure_reason: str | None = None
     summary: TrialSummary = Field(default_factory=TrialSummary)
     gpu_seconds: float = Field(default=0.0, ge=0, description="trial time plus any server (re)start")
@@ -87,8 +90,14 @@ class TrialOutcome(_AtALevel):
 
     @property
     def valid(self) -> bool:
-        """A VALID measurement (servetune.validity); results from before the rules existed count as valid."""
-        return self.status != "failed" and self.summary.valid is not False
+        """A VALID measurement the checklist accepted (servetune.validity, servetune.validation); results
+        from before the rules existed count as valid."""
+        return self.status == "ok" and self.summary.valid is not False
+
+    @property
+    def rejected(self) -> bool:
+        """Measured, but the report checklist failed it: kept and shown, never evidence."""
+        return self.status == "rejected"
 
     @property
     def fault(self) -> bool:
@@ -99,7 +108,8 @@ class TrialOutcome(_AtALevel):
     def from_result(
         cls, spec: TrialSpec, result: TrialResult, *, gpu_seconds: float, restarted: bool
     ) -> TrialOutcome:
-        status: Literal["ok", "failed"] = "ok" if result.status != "failed" else "failed"
+        status: Literal["ok", "failed", "rejected"] = (
+            result.status if result.status in ("failed", "rejected") else "ok")  # type: ignore[assignment]
         return cls(
             trial_id=result.trial_id,
             stage=spec.stage,
@@ -131,6 +141,8 @@ class CampaignState(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     outcomes: list[TrialOutcome] = Field(default_factory=list)
+    #: figures derived from the outcomes (a state never changes: ``add`` makes a new one)
+    _derived: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def lookup(self, flags: Flags, level: Level) -> TrialOutcome | None:
         """The latest measurement of this server config at this level, from any stage."""
@@ -141,7 +153,11 @@ class CampaignState(BaseModel):
         """Every trial of this server config at this level (repeats and invalid ones), any stage but correctness
         and robustness (other arrivals: not the level's load)."""
         key = (config_key(flags), level)
-        return [o for o in self.outcomes if o.stage not in ("correctness", "robustness") and o.key == key]
+        return [o for o in self.outcomes if o.stage not in UNPAIRED and o.key == key]
+
+    def at_level(self, level: Level) -> list[TrialOutcome]:
+        """Every trial at ``level``, any config (what a level's trial size is read from)."""
+        return [o for o in self.outcomes if o.stage not in UNPAIRED and o.level == level]
 
     def by_stage(self, stage: Stage) -> list[TrialOutcome]:
         return [o for o in self.outcomes if o.stage == stage]
@@ -169,7 +185,10 @@ class Ceiling(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    level: Level | None = Field(description="highest passing level (streams or req/s); None when nothing passed")
+    level: Level | None = Field(description="the best accepted level (most goodput; streams or req/s); None when"
+                                            " nothing passed")
+    highest_pass: Level | None = Field(default=None, description="the highest level that passed (above ``level``"
+                                                                 " on a plateau)")
     kind: Literal["sla", "memory", "errors", "failed", "plateau", "exhausted", "budget", "invalid", "overload",
                   "fault"]
     first_fail: Level | None = None

@@ -13,7 +13,11 @@ from servetune.validity import cap_full
 
 
 def judge(outcome: TrialOutcome, sla: SLA) -> Verdict:
-    """Pass/fail of one trial: failed, invalid, errors, the p99 bounds, GPU memory, an overloaded open loop."""
+    """Pass/fail of one trial: failed, rejected by the checklist, invalid, errors, the p99 bounds, GPU memory,
+    an overloaded open loop."""
+    if outcome.status == "rejected":  # decides nothing, like an INVALID trial: it is re-run
+        return Verdict(passed=False, kind="invalid",
+                       reasons=[f"rejected by the report checklist: {outcome.failure_reason or 'unknown'}"])
     return _judge(outcome.summary, sla, failed=outcome.status == "failed", fault=outcome.fault,
                   failure_reason=outcome.failure_reason)
 

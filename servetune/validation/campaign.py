@@ -1,4 +1,5 @@
-"""Validate every trial of a campaign folder in place, keeping failures (status ``rejected``)."""
+"""The checklist's verdict on a trial, written into it: one place for the campaign (which checks each trial as
+soon as it finishes, before any decision reads it), the ``validate`` task and ``servetune validate DIR``."""
 
 from __future__ import annotations
 
@@ -10,22 +11,29 @@ from servetune.result import TrialResult
 from servetune.validation.checklist import validate
 
 
-def validate_campaign(out_dir: str | Path, *, min_measured: int = 200, waive: Iterable[str] = ()) -> dict[str, int]:
-    """Run the checklist on each ``trials/*.json``, store the report in the file, count the verdicts.
+def apply_checklist(result: TrialResult, *, min_measured: int = 200, waive: Iterable[str] = ()) -> TrialResult:
+    """Run the checklist on ``result`` and keep its report in it: status ``rejected`` (with the failed items as
+    the reason) or ``ok``. A trial that failed to run keeps status ``failed`` (the checklist explains nothing
+    more about it); a correctness check is judged as one (``validate``: its own floor, no window items)."""
+    if result.status == "failed":
+        return result
+    report = validate(result, min_measured=min_measured, waive=list(waive))
+    result.validation = report.model_dump(mode="json")
+    result.status = "ok" if report.success else "rejected"
+    result.failure_reason = None if report.success else report.failure_reason()
+    return result
 
-    Trials that failed to run keep status ``failed`` (the checklist explains nothing more about them);
-    a correctness check is judged as one (``validate``: its own floor, no window items).
-    """
+
+def validate_campaign(out_dir: str | Path, *, min_measured: int = 200, waive: Iterable[str] = ()) -> dict[str, int]:
+    """Run the checklist on each ``trials/*.json``, store the report in the file, count the verdicts; the same
+    verdict the campaign gave each trial when it ran (``apply_checklist``, the same suites and parameters)."""
     counts = {"accepted": 0, "rejected": 0, "failed": 0}
+    waive = list(waive)
     for path in ResultFolder(out_dir).trial_files():
-        result = TrialResult.read(path)
+        result = apply_checklist(TrialResult.read(path), min_measured=min_measured, waive=waive)
         if result.status == "failed":
             counts["failed"] += 1
             continue
-        report = validate(result, min_measured=min_measured, waive=list(waive))
-        result.validation = report.model_dump(mode="json")
-        result.status = "ok" if report.success else "rejected"
-        result.failure_reason = None if report.success else report.failure_reason()
         result.save(path)
-        counts["accepted" if report.success else "rejected"] += 1
+        counts["accepted" if result.status == "ok" else "rejected"] += 1
     return counts
