@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# Issue 30: real SGLang 0.5.17 serving a random-weight Qwen2.5-VL-7B-shaped VLM on the lent H200, measured with
+# `servetune bench` (closed loop, image chat requests as OpenAI image_url data URLs).
+#   bash scripts/gpu-h200-vlm.sh CONFIG...      e.g.  on        then   off chunk1k
+# A CONFIG is one server (started once with `servetune serve --engine sglang`) and the trials run against it:
+#   on       SGLang's defaults (radix cache on, chunked prefill 8192 on an H200):
+#            vlm-radix-r50, vlm-radix-r90, vlm-scenario1, vlm-position-text, vlm-position-system
+#   off      --disable-radix-cache:          vlm-radix-r50, vlm-radix-r90
+#   chunk1k  --chunked-prefill-size 1024:    vlm-scenario1
+#   mixed    --chunked-prefill-size 1024 --enable-mixed-chunk: vlm-scenario1
+# Every server also gets --attention-backend triton --sampling-backend pytorch --mm-attention-backend triton_attn
+# --mm-feature-transport cpu --cuda-graph-max-bs 80 (the overlay has no fa3/flashinfer kernels; graphs up to
+# batch 80 cover the closed loop of 64 and start faster than SGLang's 256), --enable-metrics --enable-cache-report.
+# Trials: plans/workloads/<name>.yaml, seeds $SEEDS (each seed: all of a config's workloads, so an early stop
+# leaves whole repeats), concurrency $CONC, $REQUESTS measured requests after 16 warm-up ones, SLA
+# ttft_ms=2000 tpot_ms=40 (per request), steady window >= 8 s with >= 4 completions per stream.
+# The machine keeps its state in $ST (/tmp/vlmst) while warm: a trial whose JSON exists is not run again, the
+# model in $MODEL is reused, the overlay is not unpacked twice. Each call stops before $DEADLINE seconds and
+# leaves $OUT/vlm-st.tar.xz (trial JSONs without per-chunk arrays, server log tails, GPU memory samples).
+# Needs .sgl/ (git-ignored, carried): sglpkgs.tar.xz, sgl_h200.sh (../shared/recipes/sglang-h200/) and
+# vlm_device.sh, make_random_vlm.py, vlmextra.tar.xz (../shared/recipes/sglang-h200-vlm/).
+# Env: SEEDS ("1 2 3") CONC (64) REQUESTS (384) WARM (64 warm-up requests per workload) DEADLINE (560) ST MODEL PY; DRY=1 runs the same steps on a CPU
+# machine against `servetune sim serve` (model profile llava-8b) with the .venv python, for testing this script.
+set -uo pipefail
+T0=$(date +%s)
+OUT=${OUT:-/tmp/vlm-out}; mkdir -p "$OUT"
+ST=${ST:-/tmp/vlmst}; mkdir -p "$ST/trials" "$ST/warm"
+DRY=${DRY:-0}
+if [ "$DRY" = 1 ]; then PY=${PY:-$PWD/.venv/bin/python}; else PY=${PY:-/opt/torch/.venv/bin/python3}; fi
+MODEL=${MODEL:-/tmp/vlm7b}
+PORT=${PORT:-30777}; SRV=http://127.0.0.1:$PORT
+DEADLINE=${DEADLINE:-560}
+SEEDS=${SEEDS:-1 2 3}
+CONC=${CONC:-64}; REQUESTS=${REQUESTS:-384}
+CALL=$(date +%H%M%S)
+EVENTS=$ST/events.log
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+ev() { echo "$(date +%s.%N | cut -c1-14) +$(( $(date +%s) - T0 ))s $*" | tee -a "$EVENTS"; }
+SPID=; SGID=; SLOG=
+
+workloads_of() {
+  case "$1" in
+    on) echo vlm-radix-r50 vlm-radix-r90 vlm-scenario1 vlm-position-text vlm-position-system ;;
+    off) echo vlm-radix-r50 vlm-radix-r90 ;;
+    chunk1k|mixed) echo vlm-scenario1 ;;
+    *) return 1 ;;
+  esac
+}
+flags_of() {
+  case "$1" in
+    on) ;;
+    off) echo --set disable-radix-cache=true ;;
+    chunk1k) echo --set chunked-prefill-size=1024 ;;
+    mixed) echo --set chunked-prefill-size=1024 --set enable-mixed-chunk=true ;;
+  esac
+}
+
+setup() {
+  if [ "$DRY" = 1 ]; then
+    [ -f "$MODEL/tokenizer.json" ] || "$PY" .sgl/make_random_vlm.py "$MODEL" --preset 7b --parts tokenizer,config | tail -1
+    export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
+    return 0
+  fi
+  nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader
+  local wpid=
+  if [ -f "$MODEL/model.safetensors.index.json" ] && [ -f "$MODEL/tokenizer.json" ]; then ev "model: reusing $MODEL"
+  else
+    rm -rf "$MODEL"; mkdir -p "$MODEL"; ev "model: writing random 7b weights into $MODEL (background)"
+    env -u PYTHONPATH "$PY" .sgl/make_random_vlm.py "$MODEL" --preset 7b --device cuda --parts weights,verify \
+      > "$ST/make_weights.log" 2>&1 &
+    wpid=$!
+  fi
+  if [ -f /tmp/sglpkgs/.sglpkgs.sha256 ] && [ -d /tmp/sglpkgs/sglang ]; then ev "overlay: already in /tmp/sglpkgs"
+  else ev "overlay: unpacking"; OUT=$ST bash .sgl/vlm_device.sh unpack | tail -4; fi
+  source .sgl/sgl_h200.sh >/dev/null; setup_cuda_home || return 1; sgl_env
+  [ -n "$(ls -A /tmp/vlmextra_active 2>/dev/null)" ] && export PYTHONPATH="$PYTHONPATH:/tmp/vlmextra_active"
+  if [ -n "$wpid" ]; then
+    ev "model: tokenizer and configs (overlay python)"
+    "$PY" .sgl/make_random_vlm.py "$MODEL" --preset 7b --parts tokenizer,config > "$ST/make_tok.log" 2>&1 \
+      || { tail -5 "$ST/make_tok.log"; return 1; }
+    wait "$wpid" || { tail -5 "$ST/make_weights.log"; return 1; }
+    tail -2 "$ST/make_weights.log"
+  fi
+  export PYTHONPATH="$PWD:$PYTHONPATH" PYTHONUNBUFFERED=1 SERVETUNE_LOG_DIR="$ST/logs"
+  ev "setup done: $(du -sh "$MODEL" | cut -f1) model"
+}
+
+start_server() {  # $1 config; sets SPID (servetune serve), SGID (its process group), SLOG (the engine's log)
+  local cfg=$1 d=$ST/server-$1 t=$(date +%s)
+  mkdir -p "$d"
+  # shellcheck disable=SC2046
+  if [ "$DRY" = 1 ]; then
+    setsid "$PY" -m servetune serve --engine sim --model llava-8b --gpu-profile H200 --port "$PORT" \
+      $(flags_of "$cfg") --log-dir "$d" > "$d/serve.out" 2>&1 &
+  else
+    setsid "$PY" -m servetune serve --engine sglang --sglang-version 0.5.17 --model "$MODEL" --python "$PY" \
+      --port "$PORT" --set attention-backend=triton --set sampling-backend=pytorch \
+      --set mm-attention-backend=triton_attn --set mm-feature-transport=cpu --set cuda-graph-max-bs=80 \
+      $(flags_of "$cfg") --log-dir "$d" --ready-timeout 400 > "$d/serve.out" 2>&1 &
+  fi
+  SPID=$!; SGID=$SPID
+  ev "server $cfg: starting (servetune serve pid $SPID)"
+  while :; do
+    grep -q "^ready:" "$d/serve.out" 2>/dev/null && break
+    if ! kill -0 "$SPID" 2>/dev/null || [ "$(left)" -lt 120 ]; then
+      ev "server $cfg: NOT ready"; tail -40 "$d/serve.out"; L=$(ls -t "$d"/*.log 2>/dev/null | head -1)
+      [ -n "$L" ] && { grep -n "Traceback\|Error" "$L" | tail -10; tail -40 "$L"; }
+      stop_server; return 1
+    fi
+    sleep 2
+  done
+  SLOG=$(ls -t "$d"/*.log 2>/dev/null | head -1)
+  ev "server $cfg: ready after $(( $(date +%s) - t ))s: $(grep '^ready:' "$d/serve.out")"
+  curl -s "$SRV/get_server_info" > "$d/server_info.json" || true
+  if [ "$DRY" != 1 ]; then
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$d/gpu-apps-ready.csv" 2>&1
+    cat "$d/gpu-apps-ready.csv"
+  fi
+}
+
+stop_server() {
+  [ -n "$SPID" ] || return 0
+  ev "server: stopping (SIGTERM to servetune serve $SPID)"
+  kill -TERM "$SPID" 2>/dev/null
+  for _ in $(seq 1 40); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.5; done
+  kill -KILL -- -"$SGID" 2>/dev/null && ev "server: process group $SGID killed"
+  sleep 1
+  [ "$DRY" = 1 ] || nvidia-smi --query-gpu=memory.used --format=csv,noheader | sed 's/^/gpu memory after stop: /'
+  SPID=; SGID=
+}
+
+bench() {  # $1 out file, $2 workload, $3 seed, $4 concurrency, $5 requests, $6 warm-up; then extra args
+  local out=$1 w=$2 seed=$3 c=$4 n=$5 wu=$6; shift 6
+  local pid; pid=$(grep "^ready:" "$ST/server-$CFG/serve.out" | grep -o "pid [0-9]*" | head -1 | cut -d' ' -f2)
+  timeout -s INT "$(( $(left) - 15 ))" "$PY" -m servetune bench --url "$SRV" --concurrency "$c" --requests "$n" \
+    --warmup "$wu" --workload "plans/workloads/$w.yaml" --tokenizer "$MODEL" --seed "$seed" --endpoint chat \
+    --sla ttft_ms=2000 --sla tpot_ms=40 --server-log "$SLOG" ${pid:+--server-pid "$pid"} --out "$out" "$@"
+}
+
+run_config() {
+  CFG=$1
+  local ws todo=() w s f
+  ws=$(workloads_of "$CFG") || { echo "unknown config $CFG"; return 2; }
+  [ -n "${ONLY:-}" ] && ws=$ONLY   # a subset of the workloads (names)
+  for s in $SEEDS; do for w in $ws; do [ -f "$ST/trials/$CFG/$w-s$s.json" ] || todo+=("$w:$s"); done; done
+  [ ${#todo[@]} = 0 ] && { ev "config $CFG: all trials done"; return 0; }
+  [ "$(left)" -lt "${MINSTART:-240}" ] && { ev "config $CFG: $(left)s left, not enough for a server start and a trial"; return 75; }
+  mkdir -p "$ST/trials/$CFG"
+  start_server "$CFG" || return 1
+  ev "warm-up $CFG (compiles the vision kernels; results in $ST/warm)"
+  bench "$ST/warm/$CFG-scenario1.json" vlm-scenario1 99 "$CONC" "${WARM:-64}" 0 --min-window-s 0 --min-completions 1 2>&1 | tail -3
+  bench "$ST/warm/$CFG-radix.json" vlm-radix-r50 99 "$CONC" "${WARM:-64}" 0 --min-window-s 0 --min-completions 1 2>&1 | tail -3
+  local rc=0
+  for t in "${todo[@]}"; do
+    w=${t%%:*}; s=${t##*:}; f=$ST/trials/$CFG/$w-s$s.json
+    [ "$(left)" -lt 70 ] && { ev "config $CFG: $(left)s left, stopping before $w seed $s"; rc=75; break; }
+    ev "trial $CFG/$w-s$s: start"
+    bench "$f.part" "$w" "$s" "$CONC" "$REQUESTS" 16 --min-window-s 8 --min-completions 200 > "$f.out" 2>&1
+    local brc=$?
+    grep -E "validity|requests ok|requests/s|output tokens/s|goodput|hit rate|TTFT|TPOT|GPU memory|Error|rror:" "$f.out" | head -20
+    if [ $brc = 130 ] || [ $brc = 124 ]; then ev "trial $CFG/$w-s$s: interrupted (rc $brc), kept as .part"; rc=75; break; fi
+    [ -s "$f.part" ] && mv "$f.part" "$f"
+    ev "trial $CFG/$w-s$s: end rc=$brc"
+  done
+  curl -s "$SRV/metrics" > "$ST/server-$CFG/metrics-end.txt" || true
+  stop_server
+  return $rc
+}
+
+archive() {  # trial files without per-chunk arrays (each record keeps its max inter-token gap), logs capped
+  local C=/tmp/vlmst-copy
+  rm -rf "$C"; mkdir -p "$C"
+  cp -r "$ST/trials" "$ST/warm" "$ST/events.log" "$ST"/gpumem-*.csv "$C"/ 2>/dev/null
+  for d in "$ST"/server-*; do
+    [ -d "$d" ] || continue; mkdir -p "$C/$(basename "$d")"
+    cp "$d"/*.json "$d"/*.csv "$d"/serve.out "$C/$(basename "$d")/" 2>/dev/null
+    for L in "$d"/sglang-*.log; do
+      [ -f "$L" ] || continue
+      grep -E "Load weight|KV Cache is allocated|Memory pool|mem usage|avail mem|Capture|cuda graph|max_total_num_tokens|chunked_prefill_size|mem_fraction|ready to roll|WARN|Warn|Error|rror" "$L" \
+        | grep -v "UserWarning: Triton" | head -n 400 > "$C/$(basename "$d")/$(basename "$L" .log)-key.log"
+      head -n 150 "$L" > "$C/$(basename "$d")/$(basename "$L" .log)-head.log"
+      tail -n 3000 "$L" > "$C/$(basename "$d")/$(basename "$L" .log)-tail.log"
+    done
+  done
+  find "$C" \( -name '*.json' -o -name '*.json.part' \) \( -path '*trials*' -o -path '*warm*' \) | xargs -r "$PY" -c '
+import json, sys
+for p in sys.argv[1:]:
+    try:
+        d = json.load(open(p))
+    except Exception as e:
+        print("archive: cannot read", p, e); continue
+    for r in d.get("records") or []:
+        offs = r.pop("chunk_offsets_ms", None) or []
+        r.pop("chunk_tokens", None)
+        gaps = [b - a for a, b in zip(offs, offs[1:])]
+        r["max_itl_ms"] = round(max(gaps), 3) if gaps else None
+    json.dump(d, open(p, "w"))'
+  tar -C "$C" -cJf "$OUT/vlm-st.tar.xz" . && ls -la "$OUT/vlm-st.tar.xz"
+}
+
+LOG="$OUT/call-$CALL.log"
+{
+  ev "call $CALL: configs $*, seeds $SEEDS, deadline ${DEADLINE}s, dry=$DRY"
+  if [ "$DRY" != 1 ]; then   # the GPU memory curve over the whole call (0.5 s), beside the events' timestamps
+    nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu,power.draw --format=csv,noheader,nounits -lms 500 \
+      > "$ST/gpumem-$CALL.csv" 2>&1 &
+    SMI=$!
+  fi
+  setup || { ev "setup failed"; exit 3; }
+  final=0
+  for cfg in "$@"; do
+    run_config "$cfg"; rc=$?
+    ev "config $cfg: rc=$rc"
+    [ $rc != 0 ] && final=$rc
+    [ $rc = 75 ] && break
+  done
+  stop_server
+  [ -n "${SMI:-}" ] && kill "$SMI" 2>/dev/null
+  ev "call $CALL done (rc $final)"
+  ls -R "$ST/trials"
+} > "$LOG" 2>&1
+cp "$LOG" "$ST/"
+archive
+tail -n 120 "$LOG"
