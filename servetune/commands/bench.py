@@ -205,6 +205,10 @@ def bench(
     = None,
     trace_speed: Annotated[float | None, typer.Option(help="with --trace: 2 replays twice as fast")] = None,
     burstiness: Annotated[float, typer.Option(help="gamma shape: <1 burstier, >1 smoother")] = 1.0,
+    exact_rate: Annotated[bool, typer.Option(
+        "--exact-rate/--sampled-rate", help="with --rate: stretch the drawn gaps so the measured arrivals offer"
+                                            " exactly that rate, their burstiness kept (default); --sampled-rate"
+                                            " keeps the draw (a seed's draw can offer 5% more or less)")] = True,
     waves: Annotated[int | None, typer.Option(
         "--waves", min=1, help="static batching: send B requests, wait for all, send the next B (instead of"
                                " --concurrency streams; docs/diagnoses.md)")] = None,
@@ -283,6 +287,7 @@ def bench(
                         "rate": rate,
                         "arrival": arrival,
                         "burstiness": burstiness,
+                        "exact_rate": exact_rate and rate is not None and arrival != "trace",
                         "warmup_requests": warmup,
                         "seed": spec.seed,
                     },

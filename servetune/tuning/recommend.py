@@ -7,7 +7,7 @@ from typing import Any
 
 from servetune.plan import TuningPlan
 from servetune.tuning import signals
-from servetune.tuning.evidence import pool
+from servetune.tuning.evidence import current as current_evidence
 from servetune.tuning.refine import RefineResult, goodput
 from servetune.tuning.state import CampaignState, Ceiling, Recommendation, TrialOutcome
 
@@ -27,7 +27,7 @@ def recommend(
         return None
     ev = refined.evidence if refined and refined.evidence else None
     if ev is None or ev.flags != chosen.flags or ev.level != chosen.level:
-        ev = pool(plan, chosen.flags, chosen.level, state.measurements(chosen.flags, chosen.level))
+        ev = current_evidence(plan, state, chosen.flags, chosen.level)
     s = chosen.summary
     evidence = [chosen.trial_id, *(t for t in ev.trial_ids if t != chosen.trial_id)]
     for tid in [*(o.trial_id for o in state.by_stage("baseline")), ceiling.pass_trial_id, ceiling.fail_trial_id,
@@ -40,9 +40,12 @@ def recommend(
     if plan.rate_mode and chosen.rate is not None:
         concurrency = implied_concurrency(chosen)
         assert plan.load is not None
-        explanation.insert(0, f"capacity {chosen.rate:g} req/s at the SLA under {plan.load.arrivals_text()}; about"
-                              f" {concurrency} requests in flight (Little's law: {chosen.rate:g} req/s x mean E2E"
-                              f" {s.e2e_ms.mean or 0:.0f} ms)")
+        offered = [o.summary.scheduled_rate for o in ev.outcomes if o.summary.scheduled_rate]
+        stated = (f"; the schedules offered {sum(offered) / len(offered):.3g} req/s over their measured arrivals"
+                  f" (mean of {len(offered)} seed(s))") if offered else ""
+        explanation.insert(0, f"capacity {chosen.rate:g} req/s at the SLA under {plan.load.arrivals_text()}, passing"
+                              f" on every one of {max(ev.n, 1)} seed(s){stated}; about {concurrency} requests in"
+                              f" flight (Little's law: {chosen.rate:g} req/s x mean E2E {s.e2e_ms.mean or 0:.0f} ms)")
     if refined:
         explanation.extend(refined.notes or ["no refinement step beat the ramp's config by more than"
                                              f" {plan.stages.refine.min_improvement:.0%} and beyond the noise"])
