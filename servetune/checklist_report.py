@@ -31,6 +31,7 @@ class ValidationReport(BaseModel):
     parameters: dict[str, Any] = {}
     waived: list[str] = []
     data_docs: str | None = None  # index.html when Data Docs were built
+    suites_digest: str | None = None  # sha256 of the suites' JSON as run: a stored report is reused only if equal
 
     @property
     def failed(self) -> list[ExpectationOutcome]:

@@ -117,14 +117,16 @@ def compare(a: Spread, b: Spread, *, min_change: float) -> Comparison:
 
 
 def paired_compare(a: dict[int, float], b: dict[int, float], *, min_change: float,
-                   prior: tuple[float, int] | None = None) -> Comparison:
+                   prior: tuple[float, int] | None = None, max_n: int | None = None) -> Comparison:
     """a against b on the seeds both were measured on (common random numbers: the seed's draw cancels).
 
     The noise is the Student-t 95% half-width of the mean paired difference, its variance pooled with
     ``prior`` (relative standard deviation of paired differences and its degrees of freedom, measured on
     the campaign's other paired repeats); with one seed and no prior it is unknown. ``undecided``: the
     interval reaches across the threshold (``min_change`` x b), or, with the noise unknown, the difference
-    lies within one threshold of it, so another seed could turn "better" into "tie" or back."""
+    lies within one threshold of it, so another seed could turn "better" into "tie" or back; with ``max_n``,
+    a difference inside the threshold stops adding seeds when even ``max_n`` of them (the half-width they would
+    have, the spread as it is now) could not move the interval off it: a tie now rather than after them."""
     seeds = sorted(set(a) & set(b))
     n = len(seeds)
     base = float(np.mean([b[k] for k in seeds])) if n else 0.0
@@ -134,15 +136,20 @@ def paired_compare(a: dict[int, float], b: dict[int, float], *, min_change: floa
     ss, df = (float(((diffs - diff) ** 2).sum()) / base**2, n - 1) if n >= 2 and base else (0.0, 0)
     if prior is not None:
         ss, df = ss + prior[0] ** 2 * prior[1], df + prior[1]
-    noise = None
+    noise = reach = None
     if df > 0 and n:
         noise = float(_st.t.ppf(0.5 + CONFIDENCE / 2, df) * math.sqrt(ss / df) * abs(base) / math.sqrt(n))
+        if max_n and max_n > n:  # the half-width ``max_n`` seeds would have, were the spread the same
+            reach = float(_st.t.ppf(0.5 + CONFIDENCE / 2, df + max_n - n) * math.sqrt(ss / df) * abs(base)
+                          / math.sqrt(max_n))
     bound = max(noise or 0.0, threshold)
     if base == 0 and diff > 0:
         outcome = "better"
     else:
         outcome = "better" if diff > bound else "worse" if diff < -bound else "tie"
     band = noise if noise is not None else threshold
-    undecided = n > 0 and band > 0 and any(diff - band < edge < diff + band for edge in (threshold, -threshold))
+    futile = reach is not None and abs(diff) <= threshold  # it looks like a tie, and max_n seeds could not say more
+    undecided = n > 0 and band > 0 and any(diff - band < edge < diff + band and not (futile and abs(diff - edge) < reach)
+                                           for edge in (threshold, -threshold))
     return Comparison(outcome=outcome, difference=diff, relative=diff / base if base else None, threshold=threshold,
                       noise=noise, n=n, undecided=undecided)

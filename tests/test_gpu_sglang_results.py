@@ -79,7 +79,7 @@ def test_the_campaign_replays_to_the_same_ceiling_with_repeats() -> None:
     d = next_trials(plan, state)
     assert d.ceiling is not None and (d.ceiling.level, d.ceiling.kind, d.ceiling.first_fail) == (64, "sla", 128)
     assert len(d.ceiling.pass_trial_ids) == 3 and len(d.ceiling.fail_trial_ids) == 3 and d.ceiling.marginal == []
-    assert "failed 3 of 3 repeats" in d.ceiling.reasons[0]
+    assert "failed 3 of 3 seeds" in d.ceiling.reasons[0]
     (spec,) = d.trials  # where the call's time limit stopped it: the first refinement step
     assert spec.stage == "refine" and spec.flags.get("chunked-prefill-size") == 2048 and spec.concurrency == 64
 

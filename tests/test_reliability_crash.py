@@ -46,7 +46,8 @@ def drive(plan, crashes_at: dict[int, int]):
             continue
         s = summary(thr=spec.concurrency * 0.1, mem=0.95 if spec.concurrency >= 64 else 0.5)
         state = state.add(TrialOutcome(trial_id=f"t{i}", stage=spec.stage, concurrency=spec.concurrency,
-                                       flags=spec.flags, summary=s, seed_offset=spec.seed_offset, gpu_seconds=60))
+                                       flags=spec.flags, requests=spec.requests, warmup=spec.warmup, summary=s,
+                                       seed_offset=spec.seed_offset, gpu_seconds=60))
     raise AssertionError("campaign did not finish")
 
 

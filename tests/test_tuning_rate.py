@@ -179,7 +179,7 @@ def test_the_capacity_search_matches_an_exhaustive_rate_grid(tmp_path: Path) -> 
     exp = json.loads((tmp_path / "experiment.json").read_text())
     assert exp["ceiling"]["rate"] == rec.rate and exp["ceiling"]["concurrency"] is None
     cs = _capacity_bench()
-    grid = cs.run_grid(plan, cs.grid_rates(plan.baseline_level, 16, 0.05))
+    grid = cs.run_grid(plan, cs.grid_rates(plan.baseline_level, 16, 0.05), plan.repeat_count)  # the same seeds
     best, grid_gpu = cs.best_rate(plan, grid), sum(o.gpu_seconds for o in grid)
     assert best is not None and rec.rate >= 0.95 * best, (rec.rate, best)
     campaign_gpu = sum(o["gpu_seconds"] for o in state["outcomes"])

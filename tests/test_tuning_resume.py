@@ -36,7 +36,7 @@ def tune(*args: str):
 
 
 def test_a_paused_campaign_resumes_to_the_same_answer(tmp_path: Path) -> None:
-    plan = str(PLANS / "8b-chat.yaml")
+    plan = str(PLANS / "demo.yaml")  # about 5 GPU minutes of short trials: paused after each minute
     straight, stepped = tmp_path / "straight", tmp_path / "stepped"
     assert tune(plan, "--virtual", "--out", str(straight)).exit_code == 0
     res = tune(plan, "--virtual", "--out", str(stepped), "--stop-after", "1")

@@ -94,7 +94,9 @@ def _print_dry_run(plan: TuningPlan) -> None:
         return
     if plan.estimate is not None and plan.engine.kind != "sim":
         console.print(f"estimating with the simulator: {plan.estimate.model} on {plan.estimate.gpu}")
-    decision, outcomes, specs = dry_run(plan, runner)
+    # an estimate: the simulator's trials against the validity rules only (the checklist's GX suites cost
+    # about half a second a trial, and a real campaign runs them on every trial it measures)
+    decision, outcomes, specs = dry_run(plan, runner, checklist=False)
     table = Table(title=f"{plan.name}: trials the campaign would start (simulated, virtual time)")
     for col in ("#", "stage", f"level ({plan.level_unit})", "requests", "flags changed", "GPU s", "goodput req/s",
                 "valid"):

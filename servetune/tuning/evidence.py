@@ -235,7 +235,8 @@ def settle(plan: TuningPlan, state: CampaignState, a: tuple[Flags, Level, str, s
         if max(ev_a.n, ev_b.n) > n and n < plan.repeats.max:  # pair every seed either side already has
             n = min(max(ev_a.n, ev_b.n), plan.repeats.max)
             continue
-        cmp = paired_compare(ev_a.by_seed, ev_b.by_seed, min_change=min_change, prior=campaign_noise(state))
+        cmp = paired_compare(ev_a.by_seed, ev_b.by_seed, min_change=min_change, prior=campaign_noise(state),
+                             max_n=plan.repeats.max)
         if not cmp.undecided or n >= plan.repeats.max or min(ev_a.n, ev_b.n) < n:
             return ev_a, ev_b, cmp
         n += 1

@@ -142,7 +142,17 @@ class _Walk:
         goodput than the incumbent's beyond ``ramp.min_gain`` and the noise, where the incumbent fails or
         serves less. A cap that merely queues more streams holds a level without serving more: no win."""
         plan, at = self.plan, self.plan.level_text
-        best, last, stop, _ = self.need(climb(plan, self.state, cand.flags, self.levels_above(cand.level)[:limit], "refine",
+        levels = self.levels_above(cand.level)[:limit]
+        gate = self.ceiling.first_fail
+        if gate is not None and gate > cand.level and (not levels or gate < levels[0]):
+            # first where the incumbent failed, on as many seeds: failing there ends the climb at once
+            seeds = len(self.ceiling.fail_trial_ids)
+            there = self.measure(cand.flags, gate, f"refine {what}: tied at {at(cand.level)}, tried where the"
+                                                   f" incumbent failed ({at(gate)})", repeats=max(1, seeds))
+            if not there.passed:
+                return None
+            levels = [gate, *levels]
+        best, last, stop, _ = self.need(climb(plan, self.state, cand.flags, levels, "refine",
                                               f"refine {what}: tied at {at(cand.level)}, carried up", cand))
         if stop is not None and not stop.passed and last is not None and plan.stages.ramp.bisect:
             lo, _hi = self.need(bisect_between(plan, self.state, cand.flags, last, stop, "refine"))
