@@ -64,8 +64,10 @@ def test_virtual_campaign_writes_the_shared_result_folder(tmp_path: Path) -> Non
     assert all(t.experiment_id == exp["experiment_id"] for t in trials.values())
     assert set(rec["evidence_trial_ids"]) <= set(trials)
     chosen = trials[rec["evidence_trial_ids"][0]]
-    evidence = [trials[t].summary.goodput_rps for t in rec["evidence_trial_ids"]]
-    assert rec["repeats"] == len(evidence) and rec["goodput_rps"] == pytest.approx(sum(evidence) / len(evidence))
+    # the answer's own seeds come first (then the baseline, ceiling and compared trials): its goodput is their mean
+    evidence = [trials[t].summary.goodput_rps for t in rec["evidence_trial_ids"][:rec["repeats"]]]
+    assert rec["goodput_rps"] == pytest.approx(sum(evidence) / len(evidence))
+    assert {trials[t].server_config == rec["config"] for t in rec["evidence_trial_ids"][:rec["repeats"]]} == {True}
     assert chosen.server_config == rec["config"]
     assert any("token_usage" in line for line in rec["explanation"])
     assert rec["prefix_hit_rate"] is not None and 0 < rec["prefix_hit_rate"] <= 1
