@@ -76,7 +76,7 @@ def test_the_campaign_replays_to_the_same_ceiling_with_repeats() -> None:
     assert sum(o.concurrency == 64 for o in state.outcomes) == 3 and sum(o.concurrency == 128 for o in state.outcomes) == 3
     assert len({o.seed_offset for o in state.outcomes if o.concurrency == 128}) == 3  # a new seed per repeat
     assert all(o.valid for o in state.outcomes if o.stage != "correctness")
-    d = next_trials(plan, state)
+    d = next_trials(plan, state)  # 64 gains 21% over 32 on seed 0: far beyond the noise, no seed added at 32
     assert d.ceiling is not None and (d.ceiling.level, d.ceiling.kind, d.ceiling.first_fail) == (64, "sla", 128)
     assert len(d.ceiling.pass_trial_ids) == 3 and len(d.ceiling.fail_trial_ids) == 3 and d.ceiling.marginal == []
     assert "failed 3 of 3 seeds" in d.ceiling.reasons[0]
@@ -143,15 +143,32 @@ def test_the_kept_campaigns_ran_this_plan(campaigns) -> None:
 
 
 def test_the_two_campaigns_agree(campaigns) -> None:
-    """Same ceiling (64: level 128 fails its SLA in every repeat in both), the same refinement verdicts
+    """Kept answers (the earlier rules): same ceiling (64: level 128 fails its SLA in every repeat in both), the
+    same refinement verdicts
     (chunked-prefill-size 16384 and schedule-conservativeness 0.7 below the defaults; max-running-requests
     64 serves about 8% more but fails the p99 TTFT bound in most of its repeats: tune-b 3 of 3 valid,
     tune-c 3 of 4) and so the same recommendation: SGLang's defaults at concurrency 64, a tie between runs."""
     recs = {}
     for name in ("tune-b", "tune-c"):
-        experiment, _, state, decision = replay(campaigns[name])
-        assert experiment["status"] == "done" and decision.done and decision.trials == []
-        assert (decision.ceiling.level, decision.ceiling.kind, decision.ceiling.first_fail) == (64, "sla", 128)
+        experiment, plan, state, decision = replay(campaigns[name])
+        assert experiment["status"] == "done"
+        # measured under the earlier rules: level 32 on one seed, refinement candidates at 433 requests against
+        # the incumbent's 637 at the same level. The current rules pair 64 with 32 seed by seed, with the
+        # campaign's own noise: in tune-b (128's goodput swung 20.0-24.4 between seeds) 32 -> 64 is undecided
+        # on one seed, so level 32 gets seed 2; in tune-c it is decided and the refinement reopens with the
+        # first candidate at 64's size. A budget spent there answers from pooled evidence: the defaults at 64,
+        # not max-running-requests 64 (its seed 0 passed; it fails p99 TTFT by majority)
+        (spec,) = decision.trials
+        ref = next(o for o in state.outcomes if o.stage == "ramp" and o.concurrency == spec.concurrency)
+        assert (spec.stage, spec.concurrency, spec.seed_offset) == (
+            ("ramp", 32, 1) if name == "tune-b" else ("refine", 64, 0))
+        assert (spec.requests, spec.warmup) == (ref.requests, ref.warmup)  # the level's one size
+        spent = plan.model_copy(update={"budget": plan.budget.model_copy(
+            update={"max_gpu_minutes": state.gpu_seconds / 60})})
+        rec = next_trials(spent, state).recommendation
+        assert rec is not None and rec.concurrency == 64 and rec.repeats == 3
+        assert rec.config == {"attention-backend": "triton", "sampling-backend": "pytorch",
+                              "mem-fraction-static": 0.8, "cuda-graph-max-bs": 160}
         recs[name] = orjson.loads((campaigns[name] / "recommendation.json").read_bytes())
         assert (recs[name]["concurrency"], recs[name]["config"]) == (
             64, {"attention-backend": "triton", "sampling-backend": "pytorch", "mem-fraction-static": 0.8,

@@ -145,7 +145,7 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *
     everything = state.measurements(flags, level)
     now = [o for o in everything if _sized(o, ref)]
     ev = current(plan, state, flags, level)
-    wanted = max(repeats, plan.repeats.max if ev.marginal and repeats > 1 else repeats)
+    wanted = max(repeats, plan.repeats.max if ev.marginal else repeats)  # seeds that disagree: up to max
     if plan.rate_mode and ev.n and not ev.passed:
         return ev  # a rate fails once any seed fails: no more seeds needed
     for k in range(wanted):
@@ -232,14 +232,12 @@ def settle(plan: TuningPlan, state: CampaignState, a: tuple[Flags, Level, str, s
         ev_b = gather(plan, state, b[0], b[1], stage=b[2], reason=b[3], repeats=n)
         if isinstance(ev_b, TrialSpec):
             return ev_b
-        if max(ev_a.n, ev_b.n) > n and n < plan.repeats.max:  # pair every seed either side already has
-            n = min(max(ev_a.n, ev_b.n), plan.repeats.max)
-            continue
         cmp = paired_compare(ev_a.by_seed, ev_b.by_seed, min_change=min_change, prior=campaign_noise(state),
                              max_n=plan.repeats.max)
         if not cmp.undecided or n >= plan.repeats.max or min(ev_a.n, ev_b.n) < n:
             return ev_a, ev_b, cmp
-        n += 1
+        # inside the noise: pair every seed either side already has, then add one to both
+        n = min(max(ev_a.n, ev_b.n, n + 1), plan.repeats.max)
 
 
 __all__ = ["Evidence", "RESIZE", "campaign_noise", "config_key", "current", "gather", "level_size", "pool", "settle"]
