@@ -172,6 +172,11 @@ class _Walk:
                               f" {inc.goodput.text()} at {at(inc.level)}: {cmp.text()})")
             return best
         i_up = self.measure(inc.flags, best.level, f"incumbent at {at(best.level)}, against {what}")
+        if i_up.n > best.n:  # the incumbent's verdict there stands on more seeds: the candidate's must too
+            best = self.measure(best.flags, best.level, f"refine {what} at {at(best.level)}, on the incumbent's"
+                                                        " seeds there", repeats=i_up.n)
+            if not best.passed:
+                return None
         if i_up.passed:
             c, i, same = self.settle(best, i_up, what, max(1, min(best.n, i_up.n)))
             if _outcome(c, i, same) != "better":
