@@ -26,6 +26,7 @@ import argparse
 import itertools
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,6 +239,28 @@ def on_seeds(plan: TuningPlan, grid: list[TrialOutcome], flags: dict[str, Any], 
     return pool(plan, flags, level, out), sum(o.gpu_seconds for o in out)
 
 
+def run_scenario(sc: Scenario, args: argparse.Namespace) -> dict[str, Any]:
+    """One scenario, both sides: the staged campaign and the grid on the same seeds; its table row."""
+    plan = make_plan(sc, args.requests)
+    t0 = time.perf_counter()
+    decision, staged, _ = dry_run(plan, SimTrialRunner(plan), checklist=args.checklist)
+    grid = run_grid(plan, args.seeds, args.checklist)
+    rec = decision.recommendation
+    best = best_cell(plan, grid)
+    mine = on_seeds(plan, grid, rec.config, rec.concurrency, args.seeds, args.checklist)[0] if rec else None
+    g_staged = (mine.goodput.mean or 0.0) if mine is not None and mine.passed else 0.0
+    g_grid = (best.goodput.mean or 0.0) if best else 0.0
+    print(f"# {sc.name}: staged {len(staged)} trials, grid {len(grid)}; ({time.perf_counter() - t0:.0f} s wall)",
+          file=sys.stderr, flush=True)
+    return {
+        "name": sc.name, "n_s": len(staged), "n_g": len(grid),
+        "invalid": f"{sum(not o.valid for o in staged)}/{sum(not o.valid for o in grid)}",
+        "own": (rec.goodput_rps or 0.0) if rec else 0.0, "g_s": g_staged, "g_g": g_grid,
+        "cv": best.goodput.cv if best else None, "t_s": sum(o.gpu_seconds for o in staged),
+        "t_g": sum(o.gpu_seconds for o in grid), "lvl": rec.concurrency if rec else None,
+        "grid_lvl": best.level if best else None, "seeds": rec.repeats if rec else 0}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=200, help="measured requests per trial (default 200)")
@@ -245,30 +268,12 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="run only scenarios whose name contains this")
     ap.add_argument("--checklist", action="store_true",
                     help="every trial of both sides through the GX checklist (about 0.7 s a trial)")
+    ap.add_argument("--jobs", type=int, default=1, help="scenarios run in parallel processes (default 1)")
     args = ap.parse_args()
-    rows = []
     t_start = time.perf_counter()
-    for sc in SCENARIOS:
-        if args.only and args.only not in sc.name:
-            continue
-        plan = make_plan(sc, args.requests)
-        t0 = time.perf_counter()
-        decision, staged, _ = dry_run(plan, SimTrialRunner(plan), checklist=args.checklist)
-        grid = run_grid(plan, args.seeds, args.checklist)
-        rec = decision.recommendation
-        best = best_cell(plan, grid)
-        mine = on_seeds(plan, grid, rec.config, rec.concurrency, args.seeds, args.checklist)[0] if rec else None
-        g_staged = (mine.goodput.mean or 0.0) if mine is not None and mine.passed else 0.0
-        g_grid = (best.goodput.mean or 0.0) if best else 0.0
-        rows.append({
-            "name": sc.name, "n_s": len(staged), "n_g": len(grid),
-            "invalid": f"{sum(not o.valid for o in staged)}/{sum(not o.valid for o in grid)}",
-            "own": (rec.goodput_rps or 0.0) if rec else 0.0, "g_s": g_staged, "g_g": g_grid,
-            "cv": best.goodput.cv if best else None, "t_s": sum(o.gpu_seconds for o in staged),
-            "t_g": sum(o.gpu_seconds for o in grid), "lvl": rec.concurrency if rec else None,
-            "grid_lvl": best.level if best else None, "seeds": rec.repeats if rec else 0})
-        print(f"# {sc.name}: staged {len(staged)} trials, grid {len(grid)}; ({time.perf_counter() - t0:.0f} s wall)",
-              file=sys.stderr, flush=True)
+    picked = [sc for sc in SCENARIOS if not args.only or args.only in sc.name]
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool_:  # scenarios are independent
+        rows = list(pool_.map(run_scenario, picked, [args] * len(picked)))
     header = ("scenario", "staged trials", "grid trials", "INVALID staged/grid", "staged goodput (own seeds)",
               f"staged answer on the grid's {args.seeds} seeds", "grid best", "grid best CV across seeds",
               "goodput ratio", "staged GPU min", "grid GPU min", "GPU-time ratio", "rec. level (seeds)",
