@@ -9,15 +9,16 @@ GPU defaults: a 20 s steady window, max(200, 4 x streams) completions), and both
 trials with servetune.tuning.sizing (the grid re-runs an INVALID trial once, bigger, as the tuner
 does); a trial that stays INVALID counts for neither side. Both are judged on the same workload seeds
 (``--seeds``, default 3: the grid runs every config and level on each, a level passing by majority, as
-the tuner's; the staged answer's config and level are measured on the same seeds), so the ratio is
-not one seed's draw; the grid's own seed-to-seed spread (CV of its best cell) is printed beside it.
+the tuner's; the staged campaign runs with ``repeats.count`` = that many, as on a live engine, and its
+answer's config and level are measured on the same seeds), so the ratio is not one seed's draw; the
+grid's own seed-to-seed spread (CV of its best cell) is printed beside it.
 
 GPU time = the sum of the simulated trial durations + a restart cost for every server start.
 Printed per scenario: the best goodput of each (requests/s meeting the plan's SLA at a level whose
 p99s, errors and memory pass, in a VALID trial), staged/grid goodput (target >= 97%), staged/grid
 GPU time (target <= 30%), and trial counts.
 
-    .venv/bin/python bench/tuning_efficiency.py [--requests 200] [--seeds 3] [--only NAME] [--checklist]
+    .venv/bin/python bench/tuning_efficiency.py [--requests 200] [--seeds 3] [--only NAME] [--checklist] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 from servetune.plan import Level, TuningPlan, parse_plan
 from servetune.tuning.campaign import check_trial, dry_run
 from servetune.tuning.ceiling import judge, ramp_levels
-from servetune.tuning.evidence import Evidence, pool
+from servetune.tuning.evidence import Evidence, current, pool
 from servetune.tuning.runner import SimTrialRunner
 from servetune.tuning.sizing import size_trial
 from servetune.tuning.state import CampaignState, TrialOutcome, TrialSpec, config_key
@@ -129,7 +130,7 @@ SCENARIOS = [
 ]
 
 
-def make_plan(sc: Scenario, requests: int) -> TuningPlan:
+def make_plan(sc: Scenario, requests: int, seeds: int) -> TuningPlan:
     prefix_policies = ["lpm"] if "shared_prefix" in sc.workload else []
     return parse_plan({
         "name": sc.name, "model": sc.model,
@@ -143,6 +144,8 @@ def make_plan(sc: Scenario, requests: int) -> TuningPlan:
             "refine": {"grid": GRID, "shared_prefix_policies": prefix_policies, "extend_levels": 2},
         },
         "budget": {"max_gpu_minutes": 100000, "restart_cost_s": RESTART_S},
+        # as on a live engine: decisions on the seeds the grid is judged on (count), more inside the noise
+        "repeats": {"count": seeds, "max": max(5, seeds)},
     }, source=sc.name)
 
 
@@ -220,34 +223,34 @@ def best_cell(plan: TuningPlan, outcomes: list[TrialOutcome]) -> Evidence | None
     return max(passing, key=lambda e: e.goodput.mean or 0.0, default=None)
 
 
-def on_seeds(plan: TuningPlan, grid: list[TrialOutcome], flags: dict[str, Any], level: Level, seeds: int,
+def on_seeds(plan: TuningPlan, staged: list[TrialOutcome], flags: dict[str, Any], level: Level, seeds: int,
              checklist: bool) -> tuple[Evidence, float]:
-    """The staged answer judged like a grid cell: its config and level on the grid's seeds (measured here
-    when the grid never ran it; the GPU seconds that took, which neither side is charged)."""
-    found = cells(plan, grid).get((config_key(flags), level))
-    if found is not None and found.n >= min(seeds, 1):
-        return found, 0.0
+    """The staged answer judged like a grid cell: its config and level pooled over the grid's seeds 0..k-1,
+    from the campaign's own trials at that level's size (a seed it did not run is measured here at that
+    size; the GPU seconds that took are charged to neither side)."""
+    ev = current(plan, CampaignState(outcomes=staged), flags, level)
+    have = [o for o in ev.outcomes if o.seed_offset < seeds]
+    ref = have[0] if have else None
     runner = SimTrialRunner(plan)
-    seen = CampaignState(outcomes=[o for o in grid if o.flags == flags])
-    out, size = [], None
-    for seed in range(seeds):
-        o = measure(plan, runner, seen, flags, level, seed, size, checklist)
-        size = size or (o.requests, o.warmup)
+    seen, extra = CampaignState(outcomes=staged), []
+    for seed in sorted(set(range(seeds)) - {o.seed_offset for o in have}):
+        o = measure(plan, runner, seen, flags, level, seed, (ref.requests, ref.warmup) if ref else None, checklist)
+        ref = ref or o
         seen = seen.add(o)
-        out.append(o)
+        extra.append(o)
     runner.close()
-    return pool(plan, flags, level, out), sum(o.gpu_seconds for o in out)
+    return pool(plan, flags, level, [*have, *extra]), sum(o.gpu_seconds for o in extra)
 
 
 def run_scenario(sc: Scenario, args: argparse.Namespace) -> dict[str, Any]:
     """One scenario, both sides: the staged campaign and the grid on the same seeds; its table row."""
-    plan = make_plan(sc, args.requests)
+    plan = make_plan(sc, args.requests, args.seeds)
     t0 = time.perf_counter()
     decision, staged, _ = dry_run(plan, SimTrialRunner(plan), checklist=args.checklist)
     grid = run_grid(plan, args.seeds, args.checklist)
     rec = decision.recommendation
     best = best_cell(plan, grid)
-    mine = on_seeds(plan, grid, rec.config, rec.concurrency, args.seeds, args.checklist)[0] if rec else None
+    mine = on_seeds(plan, staged, rec.config, rec.concurrency, args.seeds, args.checklist)[0] if rec else None
     g_staged = (mine.goodput.mean or 0.0) if mine is not None and mine.passed else 0.0
     g_grid = (best.goodput.mean or 0.0) if best else 0.0
     print(f"# {sc.name}: staged {len(staged)} trials, grid {len(grid)}; ({time.perf_counter() - t0:.0f} s wall)",

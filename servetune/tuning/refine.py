@@ -127,9 +127,12 @@ class _Walk:
             up = self.carry_up(cand, inc, what)
             if up is not None:
                 return up
-            keep = not _simpler(cand, inc)
+            steadier = inc.marginal and not cand.marginal
+            keep = not (steadier or _simpler(cand, inc))
+            why = (" took it: steadier (it passes on every seed; the incumbent's verdict flipped between seeds)"
+                   if steadier else " took it: fewer flags set, closer to the engine's defaults")
             text = (f"{what}: a tie within the noise at {at(level)} (goodput {g1} against {g0} req/s; {cmp.text()});"
-                    + (" kept the incumbent" if keep else " took it: fewer flags set, closer to the engine's defaults"))
+                    + (" kept the incumbent" if keep else why))
             self.ties.append(text)
             self.notes.append(text)
             return inc if keep else cand
