@@ -51,7 +51,7 @@ def test_weekly_campaign_runs_validates_and_loads(airflow_setup):
     assert _task_states(airflow_setup, "teardown") == {"success"}  # a failed teardown would not fail the run
     (exp_dir,) = [p.parent for p in airflow_setup.results_dir.glob("*/experiment.json")]
     exp = orjson.loads((exp_dir / "experiment.json").read_bytes())
-    assert exp["status"] == "done" and exp["trigger"] == "manual"
+    assert exp["status"] == "done" and exp["trigger"] == "manual", exp.get("status_reason")
     rec = orjson.loads((exp_dir / "recommendation.json").read_bytes())
     assert rec["concurrency"] >= 2 and rec["evidence_trial_ids"]
     # every trial on disk is in the warehouse with its checklist verdict
@@ -87,7 +87,7 @@ def test_the_load_mode_param_runs_the_campaign_as_an_open_loop(airflow_setup):
     assert proc.returncode == 0, proc.stdout[-4000:]
     (exp_dir,) = [p.parent for p in airflow_setup.results_dir.glob("*/experiment.json")]
     exp = orjson.loads((exp_dir / "experiment.json").read_bytes())
-    assert exp["status"] == "done" and exp["plan"]["load"]["mode"] == "rate"
+    assert exp["status"] == "done" and exp["plan"]["load"]["mode"] == "rate", exp.get("status_reason")
     rec = orjson.loads((exp_dir / "recommendation.json").read_bytes())
     # (the capacity itself depends on the machine's load: the client and the simulated engine share its cores)
     assert rec["rate"] > 0 and rec["concurrency"] >= 1

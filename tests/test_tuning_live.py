@@ -53,7 +53,7 @@ def gone(pid: int) -> bool:
 def test_demo_campaign_over_http_in_real_time(tmp_path: Path) -> None:
     plan = load_plan(REPO / "plans" / "demo.yaml")
     # one refinement flag (the rest of the walk is the virtual campaigns' business): a few minutes of real time
-    refine = plan.stages.refine.model_copy(update={"grid": {"chunked-prefill-size": [1024, 4096]},
+    refine = plan.stages.refine.model_copy(update={"grid": {"chunked-prefill-size": [1024]},
                                                    "set_max_running": False})
     plan = plan.model_copy(update={"stages": plan.stages.model_copy(update={"refine": refine})})
     procs = Recording(plan, tmp_path / "logs")
