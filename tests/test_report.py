@@ -220,7 +220,7 @@ def test_figures_are_pngs(campaign_dir: Path) -> None:
 
 def test_report_of_a_real_virtual_campaign(tmp_path: Path) -> None:
     """The tuning CLI's own result folder (simulated engine, virtual time), as written, not a fixture."""
-    plan = Path(__file__).resolve().parents[1] / "plans" / "8b-chat.yaml"
+    plan = Path(__file__).resolve().parents[1] / "plans" / "demo.yaml"  # about 30 trials
     run = tmp_path / "run"
     tuned = runner.invoke(app, ["tune", str(plan), "--virtual", "--out", str(run)])
     assert tuned.exit_code == 0, tuned.output

@@ -76,11 +76,11 @@ def test_out_is_never_reused_by_accident(tmp_path: Path) -> None:
 
 def test_resume_refuses_another_plan_and_a_finished_campaign(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    assert tune(str(PLANS / "8b-chat.yaml"), "--virtual", "--out", str(out), "--stop-after", "1").exit_code == PAUSED
-    res = tune(str(PLANS / "demo.yaml"), "--virtual", "--out", str(out), "--resume")
-    assert res.exit_code == BAD_INPUT and "started with another plan" in res.output
-    assert tune(str(PLANS / "8b-chat.yaml"), "--virtual", "--out", str(out), "--resume").exit_code == 0
+    assert tune(str(PLANS / "demo.yaml"), "--virtual", "--out", str(out), "--stop-after", "1").exit_code == PAUSED
     res = tune(str(PLANS / "8b-chat.yaml"), "--virtual", "--out", str(out), "--resume")
+    assert res.exit_code == BAD_INPUT and "started with another plan" in res.output
+    assert tune(str(PLANS / "demo.yaml"), "--virtual", "--out", str(out), "--resume").exit_code == 0
+    res = tune(str(PLANS / "demo.yaml"), "--virtual", "--out", str(out), "--resume")
     assert res.exit_code == BAD_INPUT and "done already" in res.output
 
 
