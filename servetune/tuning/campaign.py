@@ -31,7 +31,7 @@ from servetune.redact import MASK, redact
 from servetune.tuning.decisions import next_trials
 from servetune.tuning.runner import RunReport, TrialRunner, failed_result
 from servetune.tuning.state import CampaignState, Decision, Stage, TrialOutcome, TrialSpec
-from servetune.validation.campaign import apply_checklist
+from servetune.validation.campaign import check_trial
 
 log = logging.getLogger(__name__)
 TRIGGERS = ("manual", "weekly", "on_change", "bench")
@@ -342,19 +342,6 @@ class Campaign:
     def _write_experiment(self) -> None:
         self.folder.write_state(redact(self.state.model_dump(mode="json")))
         self.folder.write_experiment(self.experiment)
-
-
-def check_trial(plan: TuningPlan, result: TrialResult) -> TrialResult:
-    """The report checklist on a trial the moment it finishes, before any decision reads it: a rejected trial
-    (status ``rejected``, its failed items as the reason) is kept and shown but is never evidence; the
-    ``validate`` task and the warehouse give it the same verdict (the same function, suites and parameters).
-    A checklist that cannot run rejects the trial, saying why, rather than letting it decide unchecked."""
-    try:
-        return apply_checklist(result, min_measured=plan.validation.min_measured, waive=plan.validation.waive)
-    except Exception as exc:  # noqa: BLE001 - a broken check must not pass a trial
-        log.exception("checklist on trial %s", result.trial_id)
-        result.status, result.failure_reason = "rejected", f"checklist could not run: {type(exc).__name__}: {exc}"
-        return result
 
 
 def _stop_if(stop: Callable[[], bool] | None) -> None:

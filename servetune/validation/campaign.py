@@ -3,12 +3,16 @@ soon as it finishes, before any decision reads it), the ``validate`` task and ``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 
 from servetune.experiment import ResultFolder
+from servetune.plan import TuningPlan
 from servetune.result import TrialResult
 from servetune.validation.checklist import stored_report, validate
+
+log = logging.getLogger(__name__)
 
 
 def apply_checklist(result: TrialResult, *, min_measured: int = 200, waive: Iterable[str] = ()) -> TrialResult:
@@ -24,6 +28,19 @@ def apply_checklist(result: TrialResult, *, min_measured: int = 200, waive: Iter
     result.status = "ok" if report.success else "rejected"
     result.failure_reason = None if report.success else report.failure_reason()
     return result
+
+
+def check_trial(plan: TuningPlan, result: TrialResult) -> TrialResult:
+    """The report checklist on a trial the moment it finishes, before any decision reads it: a rejected trial
+    (status ``rejected``, its failed items as the reason) is kept and shown but is never evidence; the
+    ``validate`` task and the warehouse give it the same verdict (the same function, suites and parameters).
+    A checklist that cannot run rejects the trial, saying why, rather than letting it decide unchecked."""
+    try:
+        return apply_checklist(result, min_measured=plan.validation.min_measured, waive=plan.validation.waive)
+    except Exception as exc:  # noqa: BLE001 - a broken check must not pass a trial
+        log.exception("checklist on trial %s", result.trial_id)
+        result.status, result.failure_reason = "rejected", f"checklist could not run: {type(exc).__name__}: {exc}"
+        return result
 
 
 def validate_campaign(out_dir: str | Path, *, min_measured: int = 200, waive: Iterable[str] = ()) -> dict[str, int]:
