@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.plan import Level, TuningPlan, parse_plan
-from servetune.tuning.campaign import check_trial, dry_run
+from servetune.tuning.campaign import dry_run
+from servetune.validation.campaign import check_trial
 from servetune.tuning.ceiling import judge, ramp_levels
 from servetune.tuning.evidence import Evidence, current, pool
 from servetune.tuning.runner import SimTrialRunner
