@@ -17,13 +17,15 @@ log = logging.getLogger(__name__)
 
 def apply_checklist(result: TrialResult, *, min_measured: int = 200, waive: Iterable[str] = ()) -> TrialResult:
     """Run the checklist on ``result`` and keep its report in it: status ``rejected`` (with the failed items as
-    the reason) or ``ok``; a report already stored from the same suites and parameters is reused. A trial that failed to run keeps status ``failed`` (the checklist explains nothing
-    more about it); a correctness check is judged as one (``validate``: its own floor, no window items)."""
+    the reason) or ``ok``; a report already stored from the same suites and parameters is reused. A trial
+    that failed to run keeps status ``failed`` (the checklist explains nothing more about it); a correctness
+    check is judged as one (``validate``: its own floor, no window items)."""
     if result.status == "failed":
         return result
-    report = stored_report(result, min_measured=min_measured, waive=list(waive))
+    waive = list(waive)
+    report = stored_report(result, min_measured=min_measured, waive=waive)
     if report is None:
-        report = validate(result, min_measured=min_measured, waive=list(waive))
+        report = validate(result, min_measured=min_measured, waive=waive)
     result.validation = report.model_dump(mode="json")
     result.status = "ok" if report.success else "rejected"
     result.failure_reason = None if report.success else report.failure_reason()

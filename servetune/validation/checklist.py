@@ -6,8 +6,10 @@ Airflow 3.3), with an ephemeral context: nothing is written unless Data Docs are
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+from importlib.metadata import version
 import os
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,10 @@ CADENCE_TICKS = 5
 GPU_STATES_WITH_CURVE = ("ok", "simulated")
 
 
+@functools.cache
 def suites_digest() -> str:
-    """What the suites say, as run: a stored report whose digest differs was made by other suites."""
+    """What the suites say, as run (read once a process): a stored report whose digest differs was made by
+    other suites."""
     h = hashlib.sha256()
     for name in SUITES:
         h.update((EXPECTATIONS_DIR / f"{name}.json").read_bytes())
@@ -227,9 +231,7 @@ def stored_report(result: TrialResult, *, min_measured: int = 200,
         return None
     stored = ValidationReport.model_validate(result.validation)
     params, skipped = checklist_inputs(result, min_measured=min_measured, waive=waive)
-    import great_expectations as gx
-
-    same = (stored.suites_digest == suites_digest() and stored.gx_version == gx.__version__
+    same = (stored.suites_digest == suites_digest() and stored.gx_version == version("great_expectations")
             and stored.waived == sorted(skipped) and _json_safe(params) == stored.parameters)
     return stored if same else None
 
