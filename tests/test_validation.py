@@ -224,6 +224,28 @@ def test_stored_trial_through_gx_postgres_datasource(database_url):
         validate_stored("nope", database_url=database_url)
 
 
+def test_a_short_gpu_curve_gets_one_verdict_in_memory_and_in_the_warehouse(database_url):
+    """A sub-second curve (the correctness trial's) is not held to a median cadence, whether its samples
+    are in the result or only in the warehouse's gpu_samples."""
+    from servetune.ingest import load_result
+    from servetune.validation.stored import validate_stored
+    from warehouse_fixtures import migrated
+
+    migrated(database_url)
+    t = make_trial(trial_id="short-curve")
+    t0 = t.summary.window_start_s
+    base = t.gpu["samples"][0]
+    t.gpu = {**t.gpu, "interval_ms": 100, "samples": [{**base, "t_s": round(t0 + dt, 3)}
+                                                      for dt in (0.0, 0.01, 0.11, 0.12)]}  # median gap 10 ms
+    t.summary.gpu_sample_interval_ms = 100
+    cadence = [r for r in validate(t).results if r.expectation == "expect_column_median_to_be_between"]
+    assert cadence and all(r.success for r in cadence)
+    load_result(database_url, t, validate=False)
+    stored = validate_stored(t.trial_id, database_url=database_url)
+    assert _failed(stored) == _failed(validate(t))
+    assert all(r.success for r in stored.results if r.expectation == "expect_column_median_to_be_between")
+
+
 GPU_CASES = [  # (state, processes_at_start) -> the one verdict
     ("ok", [], True),
     ("ok", [{"pid": 1, "foreign": False}], True),

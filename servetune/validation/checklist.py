@@ -68,9 +68,17 @@ def trial_rules(result: TrialResult, rules: ValidityRules | None = None) -> Vali
     return ValidityRules(**{k: v for k, v in stored.items() if k in ValidityRules.model_fields})
 
 
+def curve_span_s(result: TrialResult) -> float | None:
+    """Seconds between the GPU curve's first and last sample (None without samples)."""
+    times = [x.get("t_s") for x in (result.gpu.get("samples") or []) if x.get("t_s") is not None]
+    return max(times) - min(times) if times else None
+
+
 def parameters(result: TrialResult, *, min_measured: int, expected_interval_ms: float | None,
-               max_error_rate: float | None, rules: ValidityRules | None = None) -> dict[str, Any]:
-    """Values for the suites' ``$PARAMETER`` placeholders, from the trial and the caller."""
+               max_error_rate: float | None, rules: ValidityRules | None = None,
+               span_s: float | None = None) -> dict[str, Any]:
+    """Values for the suites' ``$PARAMETER`` placeholders, from the trial and the caller (``span_s``: the GPU
+    curve's span where the samples are not in ``result``, as for a stored trial)."""
     rules = trial_rules(result, rules)
     s = result.summary
     level = s.offered_concurrency if s.scenario != "open_loop" else s.in_flight_mean
@@ -80,10 +88,10 @@ def parameters(result: TrialResult, *, min_measured: int, expected_interval_ms: 
     exact = bool(result.summary.lengths_exact or (result.workload or {}).get("lengths_exact"))
     if max_error_rate is None:
         max_error_rate = float((result.sla or {}).get("max_error_rate", 0.01))
-    times = [x.get("t_s") for x in (result.gpu.get("samples") or []) if x.get("t_s") is not None]
+    span = curve_span_s(result) if span_s is None else span_s
     # a sub-second check (the correctness trial) has two or three ticks between its start and stop samples:
     # their median gap says nothing of the cadence, so only the longest gap is held to it there
-    short = bool(times) and (max(times) - min(times)) * 1000.0 < CADENCE_TICKS * interval
+    short = span is not None and span * 1000.0 < CADENCE_TICKS * interval
     return {
         "min_measured": int(min_measured),
         "max_error_rate": float(max_error_rate),

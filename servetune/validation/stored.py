@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from servetune.localdb import libpq_dsn
 from servetune.result import TrialResult, TrialSummary
@@ -25,7 +25,7 @@ from servetune.validation.checklist import (
     suites_for,
 )
 from servetune.warehouse import db
-from servetune.warehouse.tables import trials
+from servetune.warehouse.tables import gpu_samples, trials
 
 _SUMMARY = """
 SELECT t.input_len_p50, t.input_len_p90, t.input_len_p99, t.output_len_p50, t.output_len_p90, t.output_len_p99,
@@ -67,8 +67,8 @@ FROM gpu_samples WHERE trial_id = {trial_id}
 _QUERIES = {"trial_summary": _SUMMARY, "trial_requests": _REQUESTS, "trial_gpu": _GPU}
 
 
-def _stored_context(url: str, trial_id: str) -> TrialResult:
-    """What ``parameters`` needs (SLA, workload, GPU interval) from the stored trial row."""
+def _stored_context(url: str, trial_id: str) -> tuple[TrialResult, float | None]:
+    """What ``parameters`` needs (SLA, workload, GPU interval, the GPU curve's span) from the stored rows."""
     eng = db.engine(url)
     try:
         with eng.connect() as conn:
@@ -77,6 +77,8 @@ def _stored_context(url: str, trial_id: str) -> TrialResult:
                        trials.c.gpu_sample_interval_ms, trials.c.summary_validity_rules, trials.c.scenario,
                        trials.c.offered_concurrency, trials.c.in_flight_mean).where(trials.c.trial_id == trial_id)
             ).first()
+            span = conn.execute(select(func.max(gpu_samples.c.t_s) - func.min(gpu_samples.c.t_s))
+                                .where(gpu_samples.c.trial_id == trial_id)).scalar()
     finally:
         eng.dispose()
     if row is None:
@@ -86,7 +88,7 @@ def _stored_context(url: str, trial_id: str) -> TrialResult:
                                             gpu_sample_interval_ms=row.gpu_sample_interval_ms,
                                             validity_rules=row.summary_validity_rules or {},
                                             scenario=row.scenario, offered_concurrency=row.offered_concurrency,
-                                            in_flight_mean=row.in_flight_mean))
+                                            in_flight_mean=row.in_flight_mean)), span
 
 
 def validate_stored(trial_id: str, *, database_url: str | None = None, min_measured: int = 200,
@@ -96,8 +98,9 @@ def validate_stored(trial_id: str, *, database_url: str | None = None, min_measu
     """Check a loaded trial against the checklist, reading its rows through GX's Postgres datasource."""
     check_waivable(waive)
     url = db.resolve_url(database_url)
-    params = parameters(_stored_context(url, trial_id), min_measured=min_measured,
-                        expected_interval_ms=expected_interval_ms, max_error_rate=max_error_rate)
+    context, span = _stored_context(url, trial_id)
+    params = parameters(context, min_measured=min_measured, expected_interval_ms=expected_interval_ms,
+                        max_error_rate=max_error_rate, span_s=span)
     with psycopg.connect(libpq_dsn(url)) as conn:
         literal = sql.Literal(trial_id).as_string(conn)
     waived = frozenset(waive)
