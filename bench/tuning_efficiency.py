@@ -18,7 +18,7 @@ Printed per scenario: the best goodput of each (requests/s meeting the plan's SL
 p99s, errors and memory pass, in a VALID trial), staged/grid goodput (target >= 97%), staged/grid
 GPU time (target <= 30%), and trial counts.
 
-    .venv/bin/python bench/tuning_efficiency.py [--requests 200] [--seeds 3] [--only NAME] [--checklist] [--jobs 2]
+    .venv/bin/python bench/tuning_efficiency.py [--requests 200] [--seeds 3] [--only NAME] [--skip NAME] [--checklist] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import argparse
 import itertools
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,33 +270,37 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=200, help="measured requests per trial (default 200)")
     ap.add_argument("--seeds", type=int, default=3, help="workload seeds both sides are judged on (default 3)")
     ap.add_argument("--only", default=None, help="run only scenarios whose name contains this")
+    ap.add_argument("--skip", default=None, help="leave out scenarios whose name contains this")
     ap.add_argument("--checklist", action="store_true",
                     help="every trial of both sides through the GX checklist (about 0.7 s a trial)")
     ap.add_argument("--jobs", type=int, default=1, help="scenarios run in parallel processes (default 1)")
     args = ap.parse_args()
     t_start = time.perf_counter()
-    picked = [sc for sc in SCENARIOS if not args.only or args.only in sc.name]
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool_:  # scenarios are independent
-        rows = list(pool_.map(run_scenario, picked, [args] * len(picked)))
+    picked = [sc for sc in SCENARIOS if (not args.only or args.only in sc.name)
+              and not (args.skip and args.skip in sc.name)]
     header = ("scenario", "staged trials", "grid trials", "INVALID staged/grid", "staged goodput (own seeds)",
               f"staged answer on the grid's {args.seeds} seeds", "grid best", "grid best CV across seeds",
               "goodput ratio", "staged GPU min", "grid GPU min", "GPU-time ratio", "rec. level (seeds)",
               "grid best level", "meets target")
     print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    ok_all = True
+    print("|" + "---|" * len(header), flush=True)
+    ok_all, rows = True, []
     worst: tuple[float, str] | None = None
-    for r in rows:
-        gr = r["g_s"] / r["g_g"] if r["g_g"] else float("nan")
-        tr = r["t_s"] / r["t_g"] if r["t_g"] else float("nan")
-        ok = gr >= 0.97 and tr <= 0.30
-        ok_all &= ok
-        if worst is None or not gr >= worst[0]:
-            worst = (gr, r["name"])
-        cv = f"{r['cv']:.1%}" if r["cv"] is not None else "-"
-        print(f"| {r['name']} | {r['n_s']} | {r['n_g']} | {r['invalid']} | {r['own']:.2f} | {r['g_s']:.2f} |"
-              f" {r['g_g']:.2f} | {cv} | {gr:.1%} | {r['t_s'] / 60:.1f} | {r['t_g'] / 60:.1f} | {tr:.1%} |"
-              f" {r['lvl']} ({r['seeds']}) | {r['grid_lvl']} | {'yes' if ok else 'NO'} |")
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool_:  # scenarios are independent
+        futures = [pool_.submit(run_scenario, sc, args) for sc in picked]
+        for done in as_completed(futures):  # each row as its scenario ends: a long one holds back no other
+            r = done.result()
+            rows.append(r)
+            gr = r["g_s"] / r["g_g"] if r["g_g"] else float("nan")
+            tr = r["t_s"] / r["t_g"] if r["t_g"] else float("nan")
+            ok = gr >= 0.97 and tr <= 0.30
+            ok_all &= ok
+            if worst is None or not gr >= worst[0]:
+                worst = (gr, r["name"])
+            cv = f"{r['cv']:.1%}" if r["cv"] is not None else "-"
+            print(f"| {r['name']} | {r['n_s']} | {r['n_g']} | {r['invalid']} | {r['own']:.2f} | {r['g_s']:.2f} |"
+                  f" {r['g_g']:.2f} | {cv} | {gr:.1%} | {r['t_s'] / 60:.1f} | {r['t_g'] / 60:.1f} | {tr:.1%} |"
+                  f" {r['lvl']} ({r['seeds']}) | {r['grid_lvl']} | {'yes' if ok else 'NO'} |", flush=True)
     print(f"\n{len(rows)} scenarios, {args.seeds} seeds, {time.perf_counter() - t_start:.0f} s wall; all meet >= 97%"
           f" goodput at <= 30% GPU time: {'yes' if ok_all else 'NO'}"
           + (f"; worst goodput ratio {worst[0]:.1%} ({worst[1]})" if worst else ""))
