@@ -17,6 +17,7 @@ from servetune.metrics import summarize
 from servetune.plan import PlanError, TuningPlan, parse_plan
 from servetune.records import RequestRecord
 from servetune.tuning.campaign import Campaign, plan_digest
+from servetune.tuning.ceiling import RATE_STEP
 from servetune.tuning.runner import SimTrialRunner
 from servetune.tuning.state import TrialOutcome
 from servetune.tuning.verdict import judge
@@ -171,7 +172,7 @@ def test_the_capacity_search_matches_an_exhaustive_rate_grid(tmp_path: Path) -> 
     bisected = sorted({o["rate"] for o in state["outcomes"] if o["stage"] == "bisect"})
     assert bisected, "the capacity lies between two ramp rates: it is bisected"
     fail = decision.ceiling.first_fail
-    assert fail is not None and (fail - rec.rate) <= 0.05 * fail + 1e-9  # bisected to within 5%
+    assert fail is not None and (fail - rec.rate) <= RATE_STEP * fail + 1e-9  # bisected to within RATE_STEP
     # Little's law: the in-flight level the capacity implies
     chosen = next(o for o in state["outcomes"] if o["trial_id"] == rec.evidence_trial_ids[0])
     assert rec.concurrency == pytest.approx(rec.rate * chosen["summary"]["e2e_ms"]["mean"] / 1000, abs=1)

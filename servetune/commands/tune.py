@@ -149,6 +149,7 @@ def _print_dry_run(plan: TuningPlan) -> None:
 def _print_static_schedule(plan: TuningPlan) -> None:
     """Without a simulator profile: the worst-case trial list; GPU time cannot be estimated."""
     from servetune.tuning.campaign import remaining_trials_upper_bound
+    from servetune.tuning.ceiling import RATE_STEP
     from servetune.tuning.state import CampaignState
 
     st = plan.stages
@@ -161,7 +162,7 @@ def _print_static_schedule(plan: TuningPlan) -> None:
     table.add_row("ramp", ", ".join(f"{x:g}" for x in st.ramp.levels) + " (stops at the ceiling)",
                   str(st.ramp.requests + st.ramp.warmup))
     if st.ramp.bisect:
-        gap = "5% of the failing rate" if plan.rate_mode else str(st.ramp.bisect_min_step)
+        gap = f"{RATE_STEP:.1%} of the failing rate" if plan.rate_mode else str(st.ramp.bisect_min_step)
         table.add_row("bisect", f"between last pass and first fail, down to a gap of {gap}",
                       str(st.ramp.requests + st.ramp.warmup))
     if st.refine.enabled:

@@ -13,6 +13,7 @@ paused (stopped before a trial that would pass a time limit) | interrupted (a si
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -28,6 +29,7 @@ from servetune.plan import TuningPlan
 from servetune.plan_protocols import MeasurementProtocol
 from servetune.result import TrialResult
 from servetune.redact import MASK, redact
+from servetune.tuning.ceiling import RATE_STEP, walk_seeds
 from servetune.tuning.decisions import next_trials
 from servetune.tuning.runner import RunReport, TrialRunner, failed_result
 from servetune.tuning.state import CampaignState, Decision, Stage, TrialOutcome, TrialSpec
@@ -56,7 +58,8 @@ def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: 
     if st.refine.enabled:
         refine = 1 + len(st.refine.shared_prefix_policies) + sum(len(v) for v in st.refine.grid.values())
         refine += st.refine.extend_levels + int(st.refine.set_max_running)
-    bisect = 4 if st.ramp.bisect else 0
+    halvings = math.ceil(math.log2(1 / RATE_STEP)) if plan.rate_mode else 4
+    bisect = halvings * walk_seeds(plan) if st.ramp.bisect else 0
     measured = {o.level for o in state.outcomes if o.stage in ("baseline", "ramp")}
     ramp_left = sum(1 for c in [plan.baseline_level, *st.ramp.levels] if c not in measured)
     extra = plan.repeat_count - 1  # each decisive measurement and the one it is compared with

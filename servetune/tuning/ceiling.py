@@ -20,7 +20,7 @@ from servetune.tuning.verdict import judge  # re-exported: the one trial verdict
 
 __all__ = ["bisect_between", "climb", "find_ceiling", "judge", "ramp_levels", "throughput", "gains", "walk_seeds"]
 
-RATE_STEP = 0.05  # rate mode: bisect until the gap is this fraction of the failing rate
+RATE_STEP = 0.025  # rate mode: bisect until the gap is this fraction of the failing rate
 RATE_HALVINGS = 4  # rate mode, nothing passing: halve the lowest rate this many times before giving up
 
 
