@@ -8,10 +8,11 @@ Both see the same deterministic simulator and the same validity rules (servetune
 GPU defaults: a 20 s steady window, max(200, 4 x streams) completions), and both size their
 trials with servetune.tuning.sizing (the grid re-runs an INVALID trial once, bigger, as the tuner
 does); a trial that stays INVALID counts for neither side. Both are judged on the same workload seeds
-(``--seeds``, default 3: the grid runs every config and level on each, a level passing by majority, as
-the tuner's; the staged campaign runs with ``repeats.count`` = that many, as on a live engine, and its
-answer's config and level are measured on the same seeds), so the ratio is not one seed's draw; the
-grid's own seed-to-seed spread (CV of its best cell) is printed beside it.
+(``--seeds``, default 3: the grid runs every config and level on each, a level passing by majority, and
+one whose seeds disagree gets seeds up to ``repeats.max``, as the tuner's; the staged campaign runs with
+``repeats.count`` = that many, as on a live engine, and its answer's config and level are measured on the
+same seeds), so the ratio is not one seed's draw; the grid's own seed-to-seed spread (CV of its best
+cell) is printed beside it.
 
 GPU time = the sum of the simulated trial durations + a restart cost for every server start.
 Printed per scenario: the best goodput of each (requests/s meeting the plan's SLA at a level whose
@@ -168,7 +169,8 @@ def grid_configs(plan: TuningPlan) -> list[dict[str, Any]]:
 def run_grid(plan: TuningPlan, seeds: int, checklist: bool = False) -> list[TrialOutcome]:
     """Config-major: start each server once and ramp it until its first failing level (max-running = level
     restarts per level). Stopping at the first failure makes the grid cheaper, so the comparison is stricter.
-    Every level runs on seeds 0..``seeds``-1 and passes by the tuner's rule (evidence.pool: majority); each
+    Every level runs on seeds 0..``seeds``-1 (up to ``repeats.max`` where they disagree, as the tuner's
+    evidence.gather) and passes by the tuner's rule (evidence.pool: majority); each
     trial is sized like the tuner's (servetune.tuning.sizing) from what this config measured so far; an
     INVALID (or rejected) one is re-run once on the same seed, bigger."""
     runner = SimTrialRunner(plan)
@@ -179,15 +181,27 @@ def run_grid(plan: TuningPlan, seeds: int, checklist: bool = False) -> list[Tria
         for make in variants:
             seen = CampaignState()
             for level in ramp_levels(plan):
-                size = None
-                for seed in range(seeds):
-                    o = measure(plan, runner, seen, make(level), level, seed, size, checklist)
-                    size = size or (o.requests, o.warmup)
-                    seen = seen.add(o)
+                seen = judge_cell(plan, runner, seen, make(level), level, seeds, None, checklist)
                 outcomes.extend(seen.measurements(make(level), level))
                 if not pool(plan, make(level), level, seen.measurements(make(level), level)).passed:
                     break  # a sane grid stops a config's ramp at its first failing level
     return outcomes
+
+
+def judge_cell(plan: TuningPlan, runner: SimTrialRunner, seen: CampaignState, flags: dict[str, Any], level: Level,
+               seeds: int, size: tuple[int, int] | None, checklist: bool) -> CampaignState:
+    """Seeds 0..``seeds``-1 of (flags, level) that ``seen`` lacks, at one size; then the tuner's rule for seeds
+    that disagree (evidence.gather): a marginal cell gets seeds up to ``repeats.max``."""
+    have = {o.seed_offset for o in seen.measurements(flags, level)
+            if o.valid and (size is None or (o.requests, o.warmup) == size)}
+    k = 0
+    while k < seeds or (k < plan.repeats.max and pool(plan, flags, level, seen.measurements(flags, level)).marginal):
+        if k not in have:
+            o = measure(plan, runner, seen, flags, level, k, size, checklist)
+            size = size or (o.requests, o.warmup)
+            seen = seen.add(o)
+        k += 1
+    return seen
 
 
 def measure(plan: TuningPlan, runner: SimTrialRunner, seen: CampaignState, flags: dict[str, Any], level: Level,
@@ -230,17 +244,29 @@ def on_seeds(plan: TuningPlan, staged: list[TrialOutcome], flags: dict[str, Any]
     from the campaign's own trials at that level's size (a seed it did not run is measured here at that
     size; the GPU seconds that took are charged to neither side)."""
     ev = current(plan, CampaignState(outcomes=staged), flags, level)
-    have = [o for o in ev.outcomes if o.seed_offset < seeds]
-    ref = have[0] if have else None
+    ref = ev.outcomes[0] if ev.outcomes else None
     runner = SimTrialRunner(plan)
-    seen, extra = CampaignState(outcomes=staged), []
-    for seed in sorted(set(range(seeds)) - {o.seed_offset for o in have}):
-        o = measure(plan, runner, seen, flags, level, seed, (ref.requests, ref.warmup) if ref else None, checklist)
-        ref = ref or o
-        seen = seen.add(o)
-        extra.append(o)
+    # judged like a grid cell: seeds 0..k-1, up to repeats.max when they disagree; the campaign's seeds
+    # beyond those count only where the rule asks for them
+    seen = judge_cell(plan, runner, CampaignState(outcomes=staged), flags, level, seeds,
+                      (ref.requests, ref.warmup) if ref else None, checklist)
     runner.close()
-    return pool(plan, flags, level, [*have, *extra]), sum(o.gpu_seconds for o in extra)
+    mine = [o for o in seen.measurements(flags, level) if _sized(o, ref)]
+    extra = [o for o in seen.outcomes[len(staged):]]
+    return pool(plan, flags, level, _first_seeds(plan, mine, seeds)), sum(o.gpu_seconds for o in extra)
+
+
+def _sized(o: TrialOutcome, ref: TrialOutcome | None) -> bool:
+    return ref is None or (o.requests, o.warmup) == (ref.requests, ref.warmup)
+
+
+def _first_seeds(plan: TuningPlan, outcomes: list[TrialOutcome], seeds: int) -> list[TrialOutcome]:
+    """The trials a grid cell would be judged on: seeds 0..k-1, up to repeats.max while they disagree."""
+    k = seeds
+    while k < plan.repeats.max and pool(plan, outcomes[0].flags if outcomes else {}, 0,
+                                        [o for o in outcomes if o.seed_offset < k]).marginal:
+        k += 1
+    return [o for o in outcomes if o.seed_offset < k]
 
 
 def run_scenario(sc: Scenario, args: argparse.Namespace) -> dict[str, Any]:

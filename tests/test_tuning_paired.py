@@ -116,6 +116,30 @@ def test_a_tied_candidate_is_carried_up_the_ramp_past_the_bisection_level() -> N
     assert any("holds concurrency 64" in line and "where the incumbent fails" in line for line in rec.explanation)
 
 
+def test_a_tie_break_stands_on_the_incumbents_seeds() -> None:
+    """The incumbent passes concurrency 32 on 4 of 5 seeds (its verdict flipped on seed 2); a candidate ties
+    on seed 0, where it passes. One passing seed must not make it "steadier": it is measured on the
+    incumbent's seeds, fails three of them, and the incumbent stays."""
+    plan = make_plan(stages__ramp={"levels": [16, 32, 64], "requests": 200, "bisect": False},
+                     stages__refine={"enabled": True, "radix_cache": False, "set_max_running": False,
+                                     "extend_levels": 0, "grid": {"schedule-conservativeness": [0.7]}},
+                     repeats={"count": 3, "max": 5})
+
+    def surface(flags, level: int, seed: int) -> TrialSummary:
+        tuned = flags.get("schedule-conservativeness") == 0.7
+        over = level > 32 or (level == 32 and (seed in (1, 2, 3) if tuned else seed == 2))
+        return summary(thr=level * 0.1, ttft=1500 if over else 500)
+
+    d, asked = drive(plan, surface)
+    rec = d.recommendation
+    assert d.ceiling is not None and d.ceiling.level == 32 and 32 in d.ceiling.marginal
+    assert rec is not None and rec.config == {} and rec.concurrency == 32
+    inc = {t.seed_offset for t in asked if not t.flags and t.concurrency == 32}
+    cand = {t.seed_offset for t in asked if t.flags and t.concurrency == 32}
+    assert len(inc) == 5 and cand >= inc  # the tie-break ran on every seed the incumbent stands on
+    assert not any("steadier" in line for line in rec.explanation)
+
+
 def _rate_plan(**over):
     data = {
         "name": "cap", "model": "m", "load": {"mode": "rate", "arrival": "gamma", "burstiness": 0.5},

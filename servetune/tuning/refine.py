@@ -127,6 +127,17 @@ class _Walk:
             up = self.carry_up(cand, inc, what)
             if up is not None:
                 return up
+            if cand.n < inc.n and ((inc.marginal and not cand.marginal) or _simpler(cand, inc)):
+                # a tie-break stands on the incumbent's seeds, never fewer (one passing seed is not "steadier")
+                cand, inc, cmp = self.settle(cand, inc, what, inc.n)
+                outcome = _outcome(cand, inc, cmp)
+                if outcome != "tie":
+                    if outcome == "better":
+                        self.notes.append(f"{what}: goodput {inc.goodput.text()} -> {cand.goodput.text()} req/s"
+                                          f" at {at(level)} ({cmp.text()})")
+                        return cand
+                    return inc
+                g0, g1 = inc.goodput.text(), cand.goodput.text()
             steadier = inc.marginal and not cand.marginal
             keep = not (steadier or _simpler(cand, inc))
             why = (" took it: steadier (it passes on every seed; the incumbent's verdict flipped between seeds)"
