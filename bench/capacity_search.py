@@ -5,7 +5,7 @@ in rate mode (``load: {mode: rate}``, Poisson arrivals, refinement off: this mea
 the capacity, not the flag walk) through ``servetune.tuning`` (the code `servetune tune` runs), and an
 exhaustive grid runs the same default config at every rate from the ladder's lowest to its highest
 in steps of ``--step`` (5%, geometric), each trial sized by the tuner's own rule
-(servetune.tuning.sizing) and re-run once on the same seed, bigger, when INVALID. Both judge a trial with
+(servetune.tuning.sizing, one size per ladder rung's band) and re-run once on the same seed, bigger, when INVALID. Both judge a trial with
 the same verdict (SLA p99s, errors, memory, and whether the server kept up: servetune.tuning.verdict) and a
 rate with the same rule: it passes only when it passes on every one of ``--seeds`` workload and arrival
 seeds (the plan's ``repeats.count``, the same seeds on both sides), and a capacity is the highest rate
@@ -37,7 +37,8 @@ from tuning_efficiency import SCENARIOS, Scenario, cells, measure  # noqa: E402
 from servetune.plan import TuningPlan, parse_plan  # noqa: E402
 from servetune.tuning.campaign import dry_run  # noqa: E402
 from servetune.tuning.runner import SimTrialRunner  # noqa: E402
-from servetune.tuning.evidence import pool  # noqa: E402
+from servetune.tuning.evidence import level_size, pool, size_band  # noqa: E402
+from servetune.tuning.sizing import size_trial  # noqa: E402
 from servetune.tuning.state import CampaignState, TrialOutcome  # noqa: E402
 from servetune.tuning.verdict import judge  # noqa: E402
 
@@ -74,33 +75,44 @@ def grid_rates(lo: float, hi: float, step: float) -> list[float]:
 
 
 def run_grid(plan: TuningPlan, rates: list[float], seeds: int) -> list[TrialOutcome]:
-    """One server, every rate in order on seeds 0..``seeds``-1, each trial sized like the tuner's; stops four
-    failing rates in a row past the last pass (a grid that knows no capacity must look above the first failure:
-    the verdict near it is noisy, the more so with bursty arrivals)."""
+    """One server, every rate in order on seeds 0..``seeds``-1, each trial sized like the tuner's: one size per
+    ladder rung's band (evidence.size_band), set by the rung's own trials (an INVALID one re-run bigger on its
+    seed), so a band's rung runs before its first rate, as in the tuner's walk. Stops four failing rates in a row
+    past the last pass (a grid that knows no capacity must look above the first failure)."""
     runner = SimTrialRunner(plan)
     flags = plan.engine_flags()
     seen, out, fails = CampaignState(), [], 0
-    for rate in rates:
-        size = None
+
+    def run_rate(rate: float) -> list[TrialOutcome]:
+        nonlocal seen
         for seed in range(seeds):
-            o = measure(plan, runner, seen, flags, rate, seed, size, False)
-            size = size or (o.requests, o.warmup)
+            o = measure(plan, runner, seen, flags, rate, seed, band_size(plan, seen, flags, rate), False)
             seen = seen.add(o)
-        here = seen.measurements(flags, rate)
+        return seen.measurements(flags, rate)
+
+    for rate in rates:
+        rung = size_band(plan, rate)
+        if rung != rate and not seen.measurements(flags, rung):
+            out.extend(run_rate(rung))  # the band's size, as the tuner's ladder sets it
+        here = run_rate(rate)
         out.extend(here)
         fails = 0 if pool(plan, flags, rate, here).passed else fails + 1
         if fails >= 4 and best_rate(plan, out) is not None:
             break
     edge = sustained_rate(plan, out), first_failure(plan, out)
     if edge[0] is not None and edge[1] is not None:  # the edge at the search's resolution: one rate between
-        mid = round(math.sqrt(edge[0] * edge[1]), 3)
-        size = None
-        for seed in range(seeds):
-            o = measure(plan, runner, seen, flags, mid, seed, size, False)
-            size = size or (o.requests, o.warmup)
-            seen = seen.add(o)
-        out.extend(seen.measurements(flags, mid))
+        out.extend(run_rate(round(math.sqrt(edge[0] * edge[1]), 3)))
     return out
+
+
+def band_size(plan: TuningPlan, seen: CampaignState, flags: dict, rate: float) -> tuple[int, int]:
+    """The tuner's sizing (evidence.size_band): every rate of a ladder rung's band at one size, the band's first
+    trial sized for the rung."""
+    ref = level_size(plan, seen, rate)
+    if ref is not None:
+        return ref.requests, ref.warmup
+    requests, warmup, _ = size_trial(plan, seen, flags, size_band(plan, rate), "ramp")
+    return requests, warmup
 
 
 def best_rate(plan: TuningPlan, outcomes: list[TrialOutcome]) -> float | None:

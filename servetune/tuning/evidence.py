@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from servetune.plan import Level, TuningPlan
 from servetune.stats import Comparison, Spread, paired_compare, spread
 from servetune.tuning.sizing import RESIZE, size_trial
-from servetune.tuning.state import CampaignState, Flags, TrialOutcome, TrialSpec, Verdict, config_key
+from servetune.tuning.state import UNPAIRED, CampaignState, Flags, TrialOutcome, TrialSpec, Verdict, config_key
 from servetune.tuning.verdict import judge
 
 #: checklist items about the window's length: a trial they reject is re-run bigger, others at its size
@@ -118,10 +118,23 @@ def pool(plan: TuningPlan, flags: Flags, level: Level, outcomes: list[TrialOutco
     )
 
 
-def level_size(state: CampaignState, level: Level) -> TrialOutcome | None:
-    """The trial that sets ``level``'s size: the biggest run at it, any config. Every trial at a level is this
-    size, so configs compare at equal sizes; a re-run that grows one makes the others' trials stale."""
-    return max(state.at_level(level), key=lambda o: o.requests, default=None)
+def size_band(plan: TuningPlan, level: Level) -> Level:
+    """The level a trial at ``level`` takes its size from. An open loop: the ladder's rung at or above the rate,
+    so a seed is the same requests and the same arrival shape at every rate of a rung's band, only compressed
+    in time: its verdict can only worsen with the rate, and a bisection converges (sized per rate, p99s of a
+    few hundred requests flip back and forth near the edge). A closed loop: the level itself."""
+    if not plan.rate_mode:
+        return level
+    return min((r for r in (plan.baseline_level, *plan.stages.ramp.levels) if r >= level), default=level)
+
+
+def level_size(plan: TuningPlan, state: CampaignState, level: Level) -> TrialOutcome | None:
+    """The trial that sets ``level``'s size: the biggest run in its band (``size_band``), any config. Every
+    trial there is this size, so configs and rates compare at equal sizes; a re-run that grows one makes the
+    others' trials stale."""
+    band = size_band(plan, level)
+    trials = [o for o in state.outcomes if o.stage not in UNPAIRED and size_band(plan, o.level) == band]
+    return max(trials, key=lambda o: o.requests, default=None)
 
 
 def _sized(o: TrialOutcome, ref: TrialOutcome | None) -> bool:
@@ -130,7 +143,7 @@ def _sized(o: TrialOutcome, ref: TrialOutcome | None) -> bool:
 
 def current(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level) -> Evidence:
     """The evidence as it stands (no trial asked for): the trials of the level's current size."""
-    ref = level_size(state, level)
+    ref = level_size(plan, state, level)
     everything = state.measurements(flags, level)
     now = [o for o in everything if _sized(o, ref)]
     return pool(plan, flags, level, [o for o in now if not o.fault] or now,
@@ -141,7 +154,7 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *
            repeats: int = 1) -> TrialSpec | Evidence:
     """The next trial (flags, level) needs, or its evidence once seeds 0..``repeats``-1 are accepted
     (``repeats.max`` when marginal), a seed has used up its attempts, or an open loop failed on a seed."""
-    ref = level_size(state, level)
+    ref = level_size(plan, state, level)
     everything = state.measurements(flags, level)
     now = [o for o in everything if _sized(o, ref)]
     ev = current(plan, state, flags, level)
@@ -177,8 +190,8 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *
                          f"{reason}: re-run of {what} trial {last.trial_id[:8]} on the same seed", how)
         if ref is not None:
             requests, warmup, how = ref.requests, ref.warmup, f"the level's size (trial {ref.trial_id[:8]})"
-        else:
-            requests, warmup, how = size_trial(plan, state, flags, level, stage)
+        else:  # the band's first trial: sized for its top rate (the level itself in a closed loop)
+            requests, warmup, how = size_trial(plan, state, flags, size_band(plan, level), stage)
         why = reason if k == 0 else f"{reason}: seed {k + 1} of {wanted}" + (
             " (marginal: the verdict flipped)" if ev.marginal else "")
         return _spec(plan, stage, flags, level, k, requests, warmup, why, how)
@@ -240,4 +253,5 @@ def settle(plan: TuningPlan, state: CampaignState, a: tuple[Flags, Level, str, s
         n = min(max(ev_a.n, ev_b.n, n + 1), plan.repeats.max)
 
 
-__all__ = ["Evidence", "RESIZE", "campaign_noise", "config_key", "current", "gather", "level_size", "pool", "settle"]
+__all__ = ["Evidence", "RESIZE", "campaign_noise", "config_key", "current", "gather", "level_size", "pool", "settle",
+           "size_band"]
