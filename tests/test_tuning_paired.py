@@ -184,5 +184,10 @@ def test_capacity_holds_on_every_seed_and_an_invalid_seed_is_re_run_on_itself() 
     assert 5 <= d.recommendation.rate < 6 and d.ceiling is not None and d.ceiling.level == d.recommendation.rate
     rerun = [o for o in state.outcomes if o.rate == 8 and o.seed_offset == 0]
     assert len(rerun) == 2 and rerun[1].requests > rerun[0].requests  # the same seed, grown
+    # one size per ladder rung's band: every rate bisected between 4 and 8 runs at the 8 rung's (grown) size,
+    # so a seed is the same traffic at each of them, compressed
+    band = [o for o in state.outcomes if 4 < o.rate <= 8 and o is not rerun[0]]
+    assert len({o.rate for o in band}) >= 3
+    assert {(o.requests, o.warmup) for o in band} == {(rerun[1].requests, rerun[1].warmup)}
     passing = {o.rate for o in state.outcomes if o.rate == d.recommendation.rate}
     assert passing and {o.seed_offset for o in state.outcomes if o.rate == d.recommendation.rate} == {0, 1, 2}
