@@ -1,26 +1,38 @@
 #!/usr/bin/env bash
 # Issue 30: real SGLang 0.5.17 serving a random-weight Qwen2.5-VL-7B-shaped VLM on the lent H200, measured with
 # `servetune bench` (closed loop, image chat requests as OpenAI image_url data URLs).
-#   bash scripts/gpu-h200-vlm.sh CONFIG...      e.g.  on        then   off chunk1k
+#   bash scripts/gpu-h200-vlm.sh CONFIG...          run the configs in this call (each call <= 600 s)
+#   bash scripts/gpu-h200-vlm.sh detach CONFIG...   campaign mode: copy the run tree to $RUN (/tmp/vlmrun: servetune
+#        from .sgl/servetune.tar.gz, plans/workloads, this script), start the same run there in its own process
+#        session (setsid: it outlives the device call while the machine stays warm), then wait as `wait` does
+#   bash scripts/gpu-h200-vlm.sh wait SECONDS       wait for a detached run to end, at most SECONDS, then archive
+#        what is done into $OUT (the next call, made within the machine's 30 s warm window, waits on)
+#   touch $ST/STOP (or STOP=1 ... wait S): the detached run starts no new trial or server
 # A CONFIG is one server (started once with `servetune serve --engine sglang`) and the trials run against it:
 #   on       SGLang's defaults (radix cache on, chunked prefill 8192 on an H200):
-#            vlm-radix-r50, vlm-radix-r90, vlm-scenario1, vlm-position-text, vlm-position-system
-#   off      --disable-radix-cache:          vlm-radix-r50, vlm-radix-r90
+#            vlm-radix-r90, vlm-radix-r50, vlm-scenario1, vlm-position-text, vlm-position-system
+#   off      --disable-radix-cache:          vlm-radix-r90, vlm-radix-r50
+#   mmwN     --mm-processor-worker-num N (radix on; SGLang's auto value for Qwen-VL is 2): vlm-radix-r90, vlm-radix-r50
 #   chunk1k  --chunked-prefill-size 1024:    vlm-scenario1
 #   mixed    --chunked-prefill-size 1024 --enable-mixed-chunk: vlm-scenario1
 # Every server also gets --attention-backend triton --sampling-backend pytorch --mm-attention-backend triton_attn
 # --mm-feature-transport cpu --cuda-graph-max-bs 80 (the overlay has no fa3/flashinfer kernels; graphs up to
 # batch 80 cover the closed loop of 64 and start faster than SGLang's 256), --enable-metrics --enable-cache-report.
-# Trials: plans/workloads/<name>.yaml, seeds $SEEDS (each seed: all of a config's workloads, so an early stop
-# leaves whole repeats), concurrency $CONC, $REQUESTS measured requests after 16 warm-up ones, SLA
-# ttft_ms=2000 tpot_ms=40 (per request), steady window >= 8 s with >= 4 completions per stream.
+# Trials: plans/workloads/<name>.yaml, seeds $SEEDS, concurrency $CONC, $REQUESTS measured requests after 16
+# warm-up ones, SLA ttft_ms=2000 tpot_ms=40 (per request), servetune's default validity rules (steady window
+# >= 20 s, >= 200 and >= 4 per stream completions in it, tokens arrived vs completed within 15%). ORDER=seed runs
+# each seed's workloads in turn (an early stop leaves whole repeats); ORDER=workload runs a workload's seeds in
+# turn (an early stop leaves the first workloads complete).
 # The machine keeps its state in $ST (/tmp/vlmst) while warm: a trial whose JSON exists is not run again, the
 # model in $MODEL is reused, the overlay is not unpacked twice. Each call stops before $DEADLINE seconds and
 # leaves $OUT/vlm-st.tar.xz (trial JSONs without per-chunk arrays, server log tails, GPU memory samples).
 # Needs .sgl/ (git-ignored, carried): sglpkgs.tar.xz, sgl_h200.sh (../shared/recipes/sglang-h200/) and
-# vlm_device.sh, make_random_vlm.py, vlmextra.tar.xz (../shared/recipes/sglang-h200-vlm/).
-# Env: SEEDS ("1 2 3") CONC (64) REQUESTS (384) WARM (64 warm-up requests per workload) DEADLINE (560) ST MODEL PY; DRY=1 runs the same steps on a CPU
-# machine against `servetune sim serve` (model profile llava-8b) with the .venv python, for testing this script.
+# vlm_device.sh, make_random_vlm.py, vlmextra.tar.xz (../shared/recipes/sglang-h200-vlm/); for `detach`, also
+# servetune.tar.gz (`git archive --format=tar.gz -o .sgl/servetune.tar.gz HEAD servetune`, + .sgl/servetune.commit).
+# Env: SEEDS ("1 2 3") CONC (64) REQUESTS (640) WARM (32 warm-up requests of each config's first workload)
+# ONLY (workload names, in order) ORDER (seed) DEADLINE (560; for detach the whole campaign's) TRIAL_GUARD (80 s:
+# no trial starts with less left) MINSTART (240) ST MODEL PY RUN; DRY=1 runs the same steps on a CPU machine
+# against `servetune sim serve` (model profile llava-8b) with the .venv python, for testing this script.
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-/tmp/vlm-out}; mkdir -p "$OUT"
@@ -31,7 +43,9 @@ MODEL=${MODEL:-/tmp/vlm7b}
 PORT=${PORT:-30777}; SRV=http://127.0.0.1:$PORT
 DEADLINE=${DEADLINE:-560}
 SEEDS=${SEEDS:-1 2 3}
-CONC=${CONC:-64}; REQUESTS=${REQUESTS:-384}
+CONC=${CONC:-64}; REQUESTS=${REQUESTS:-640}
+ORDER=${ORDER:-seed}; TRIAL_GUARD=${TRIAL_GUARD:-80}
+RUN=${RUN:-/tmp/vlmrun}
 CALL=$(date +%H%M%S)
 EVENTS=$ST/events.log
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
@@ -40,8 +54,8 @@ SPID=; SGID=; SLOG=
 
 workloads_of() {
   case "$1" in
-    on) echo vlm-radix-r50 vlm-radix-r90 vlm-scenario1 vlm-position-text vlm-position-system ;;
-    off) echo vlm-radix-r50 vlm-radix-r90 ;;
+    on) echo vlm-radix-r90 vlm-radix-r50 vlm-scenario1 vlm-position-text vlm-position-system ;;
+    off|mmw[0-9]*) echo vlm-radix-r90 vlm-radix-r50 ;;
     chunk1k|mixed) echo vlm-scenario1 ;;
     *) return 1 ;;
   esac
@@ -50,6 +64,7 @@ flags_of() {
   case "$1" in
     on) ;;
     off) echo --set disable-radix-cache=true ;;
+    mmw[0-9]*) echo --set mm-processor-worker-num="${1#mmw}" ;;
     chunk1k) echo --set chunked-prefill-size=1024 ;;
     mixed) echo --set chunked-prefill-size=1024 --set enable-mixed-chunk=true ;;
   esac
@@ -137,27 +152,35 @@ bench() {  # $1 out file, $2 workload, $3 seed, $4 concurrency, $5 requests, $6 
     --sla ttft_ms=2000 --sla tpot_ms=40 --server-log "$SLOG" ${pid:+--server-pid "$pid"} --out "$out" "$@"
 }
 
+stopped() { [ -f "$ST/STOP" ]; }
+
 run_config() {
   CFG=$1
   local ws todo=() w s f
   ws=$(workloads_of "$CFG") || { echo "unknown config $CFG"; return 2; }
-  [ -n "${ONLY:-}" ] && ws=$ONLY   # a subset of the workloads (names)
-  for s in $SEEDS; do for w in $ws; do [ -f "$ST/trials/$CFG/$w-s$s.json" ] || todo+=("$w:$s"); done; done
+  [ -n "${ONLY:-}" ] && ws=$ONLY   # a subset of the workloads (names), in this order
+  if [ "$ORDER" = workload ]; then
+    for w in $ws; do for s in $SEEDS; do [ -f "$ST/trials/$CFG/$w-s$s.json" ] || todo+=("$w:$s"); done; done
+  else
+    for s in $SEEDS; do for w in $ws; do [ -f "$ST/trials/$CFG/$w-s$s.json" ] || todo+=("$w:$s"); done; done
+  fi
   [ ${#todo[@]} = 0 ] && { ev "config $CFG: all trials done"; return 0; }
+  stopped && { ev "config $CFG: STOP file, not started"; return 75; }
   [ "$(left)" -lt "${MINSTART:-240}" ] && { ev "config $CFG: $(left)s left, not enough for a server start and a trial"; return 75; }
   mkdir -p "$ST/trials/$CFG"
   start_server "$CFG" || return 1
-  ev "warm-up $CFG (compiles the vision kernels; results in $ST/warm)"
-  bench "$ST/warm/$CFG-scenario1.json" vlm-scenario1 99 "$CONC" "${WARM:-64}" 0 --min-window-s 0 --min-completions 1 2>&1 | tail -3
-  bench "$ST/warm/$CFG-radix.json" vlm-radix-r50 99 "$CONC" "${WARM:-64}" 0 --min-window-s 0 --min-completions 1 2>&1 | tail -3
+  local ww; ww=${todo[0]%%:*}
+  ev "warm-up $CFG: ${WARM:-32} requests of $ww (compiles the vision kernels; results in $ST/warm)"
+  bench "$ST/warm/$CFG-$ww.json" "$ww" 99 "$CONC" "${WARM:-32}" 0 --min-window-s 0 --min-completions 1 2>&1 | tail -3
   local rc=0
   for t in "${todo[@]}"; do
     w=${t%%:*}; s=${t##*:}; f=$ST/trials/$CFG/$w-s$s.json
-    [ "$(left)" -lt 70 ] && { ev "config $CFG: $(left)s left, stopping before $w seed $s"; rc=75; break; }
+    stopped && { ev "config $CFG: STOP file, stopping before $w seed $s"; rc=75; break; }
+    [ "$(left)" -lt "$TRIAL_GUARD" ] && { ev "config $CFG: $(left)s left, stopping before $w seed $s"; rc=75; break; }
     ev "trial $CFG/$w-s$s: start"
-    bench "$f.part" "$w" "$s" "$CONC" "$REQUESTS" 16 --min-window-s 8 --min-completions 200 > "$f.out" 2>&1
+    bench "$f.part" "$w" "$s" "$CONC" "$REQUESTS" 16 > "$f.out" 2>&1
     local brc=$?
-    grep -E "validity|requests ok|requests/s|output tokens/s|goodput|hit rate|TTFT|TPOT|GPU memory|Error|rror:" "$f.out" | head -20
+    grep -E "validity|VALID|requests ok|requests/s|output tokens/s|goodput|hit rate|TTFT|TPOT|GPU memory|Error|rror:" "$f.out" | head -20
     if [ $brc = 130 ] || [ $brc = 124 ]; then ev "trial $CFG/$w-s$s: interrupted (rc $brc), kept as .part"; rc=75; break; fi
     [ -s "$f.part" ] && mv "$f.part" "$f"
     ev "trial $CFG/$w-s$s: end rc=$brc"
@@ -170,7 +193,8 @@ run_config() {
 archive() {  # trial files without per-chunk arrays (each record keeps its max inter-token gap), logs capped
   local C=/tmp/vlmst-copy
   rm -rf "$C"; mkdir -p "$C"
-  cp -r "$ST/trials" "$ST/warm" "$ST/events.log" "$ST"/gpumem-*.csv "$C"/ 2>/dev/null
+  cp -r "$ST/trials" "$ST/warm" "$ST/events.log" "$ST"/gpumem-*.csv "$ST"/call-*.log "$ST"/driver.out "$C"/ 2>/dev/null
+  [ -f .sgl/servetune.commit ] && cp .sgl/servetune.commit "$C"/
   for d in "$ST"/server-*; do
     [ -d "$d" ] || continue; mkdir -p "$C/$(basename "$d")"
     cp "$d"/*.json "$d"/*.csv "$d"/serve.out "$C/$(basename "$d")/" 2>/dev/null
@@ -182,7 +206,7 @@ archive() {  # trial files without per-chunk arrays (each record keeps its max i
       tail -n 3000 "$L" > "$C/$(basename "$d")/$(basename "$L" .log)-tail.log"
     done
   done
-  find "$C" \( -name '*.json' -o -name '*.json.part' \) \( -path '*trials*' -o -path '*warm*' \) | xargs -r "$PY" -c '
+  find "$C" -name '*.json' \( -path '*trials*' -o -path '*warm*' \) | xargs -r "$PY" -c '
 import json, sys
 for p in sys.argv[1:]:
     try:
@@ -198,9 +222,50 @@ for p in sys.argv[1:]:
   tar -C "$C" -cJf "$OUT/vlm-st.tar.xz" . && ls -la "$OUT/vlm-st.tar.xz"
 }
 
-LOG="$OUT/call-$CALL.log"
+driver_alive() { local p; p=$(cat "$ST/driver.pid" 2>/dev/null) && [ -n "$p" ] && kill -0 "$p" 2>/dev/null; }
+
+wait_driver() {  # $1: seconds at most; then archive into $OUT
+  local until=$(( $(date +%s) + $1 ))
+  [ "${STOP:-0}" = 1 ] && { touch "$ST/STOP"; echo "STOP file written"; }
+  while driver_alive && [ "$(date +%s)" -lt "$until" ]; do sleep 5; done
+  if driver_alive; then echo "driver still running (pid $(cat "$ST/driver.pid")); archiving what is done"
+  else echo "driver finished"; fi
+  tail -n 60 "$ST/events.log"
+  [ "$DRY" = 1 ] || PY=${PY:-/opt/torch/.venv/bin/python3}
+  archive
+  ls "$ST/trials"/* 2>/dev/null
+}
+
+if [ "${1:-}" = wait ]; then
+  cd "$RUN" 2>/dev/null || true
+  wait_driver "${2:-540}"; exit 0
+fi
+if [ "${1:-}" = detach ]; then
+  shift
+  driver_alive && { echo "a driver is already running (pid $(cat "$ST/driver.pid"))"; exit 1; }
+  [ -f .sgl/servetune.tar.gz ] || { echo "detach needs .sgl/servetune.tar.gz (git archive of servetune)"; exit 2; }
+  rm -rf "$RUN"; mkdir -p "$RUN/scripts" "$RUN/plans" "$RUN/.sgl"
+  tar -C "$RUN" -xzf .sgl/servetune.tar.gz || exit 2
+  cp -r plans/workloads "$RUN/plans/"; cp "$0" "$RUN/scripts/gpu-h200-vlm.sh"
+  for x in .sgl/*; do case "$x" in *.tar.xz) ln -s "$PWD/$x" "$RUN/$x" ;; *) cp "$x" "$RUN/.sgl/" ;; esac; done
+  [ "$DRY" = 1 ] && ln -s "$PWD/.venv" "$RUN/.venv"
+  WAIT_S=$(( ${WAIT:-560} ))
+  rm -f "$ST/driver.pid" "$ST/STOP"
+  # its own session, no descriptor of this call's (a pipe held open would keep the call from returning)
+  (cd "$RUN" && DRIVER=1 DEADLINE=$DEADLINE SEEDS="$SEEDS" REQUESTS=$REQUESTS ORDER=$ORDER ST=$ST OUT=$ST/out \
+     "$PY" -c 'import os, sys
+if os.fork(): os._exit(0)
+os.setsid(); os.closerange(3, 65536); os.execvp(sys.argv[1], sys.argv[1:])' bash scripts/gpu-h200-vlm.sh "$@" \
+     > "$ST/driver.out" 2>&1 < /dev/null &)
+  for _ in $(seq 1 20); do [ -s "$ST/driver.pid" ] && break; sleep 0.5; done
+  echo "driver started: pid $(cat "$ST/driver.pid" 2>/dev/null), configs $*, deadline ${DEADLINE}s, run tree $RUN ($(cat .sgl/servetune.commit 2>/dev/null))"
+  cd "$RUN" && wait_driver $(( WAIT_S - ($(date +%s) - T0) )); exit 0
+fi
+
+[ "${DRIVER:-0}" = 1 ] && echo $$ > "$ST/driver.pid"
+LOG="$ST/call-$CALL.log"
 {
-  ev "call $CALL: configs $*, seeds $SEEDS, deadline ${DEADLINE}s, dry=$DRY"
+  ev "call $CALL: configs $*, seeds $SEEDS, order $ORDER, $REQUESTS requests, deadline ${DEADLINE}s, dry=$DRY"
   if [ "$DRY" != 1 ]; then   # the GPU memory curve over the whole call (0.5 s), beside the events' timestamps
     nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu,power.draw --format=csv,noheader,nounits -lms 500 \
       > "$ST/gpumem-$CALL.csv" 2>&1 &
@@ -219,6 +284,6 @@ LOG="$OUT/call-$CALL.log"
   ev "call $CALL done (rc $final)"
   ls -R "$ST/trials"
 } > "$LOG" 2>&1
-cp "$LOG" "$ST/"
+cp "$LOG" "$OUT/" 2>/dev/null
 archive
 tail -n 120 "$LOG"

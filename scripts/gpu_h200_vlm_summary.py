@@ -20,6 +20,19 @@ from pathlib import Path
 
 CONFIG_LABEL = {"on": "radix on, chunk 8192 (default)", "off": "radix off (--disable-radix-cache)",
                 "chunk1k": "--chunked-prefill-size 1024", "mixed": "chunk 1024 + --enable-mixed-chunk"}
+RADIX = (("vlm-radix-r90", "0.9"), ("vlm-radix-r50", "0.5"))
+
+
+def config_label(cfg: str) -> str:
+    if cfg.startswith("mmw") and cfg[3:].isdigit():
+        return f"radix on, --mm-processor-worker-num {cfg[3:]}"
+    return CONFIG_LABEL.get(cfg, cfg)
+
+
+def radix_configs(data: dict) -> list[str]:
+    """on, off, then the mmwN configs (SGLang's multimodal processor threads), in that order."""
+    mmw = sorted((c for c in data if c.startswith("mmw") and c[3:].isdigit()), key=lambda c: int(c[3:]))
+    return [c for c in ("on", "off") if c in data] + mmw
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -36,6 +49,9 @@ def trial_figures(d: dict) -> dict:
     recs = [r for r in d["records"] if not r.get("warmup") and r.get("http_status") == 200 and not r.get("error_class")]
     text = [r for r in recs if r["n_images"] == 0]
     img = [r for r in recs if r["n_images"] > 0]
+    # an image request "hit" when at least half its prompt came from the radix cache (its image's KV reused)
+    img_hit = [r for r in img if (r.get("cached_tokens") or 0) >= 0.5 * (r.get("prompt_tokens") or 1)]
+    img_miss = [r for r in img if r not in img_hit]
     overhead = statistics.median([r["prompt_tokens"] - r["requested_input_tokens"] for r in text]) if text else None
 
     def tpot(r):
@@ -74,7 +90,11 @@ def trial_figures(d: dict) -> dict:
         "image_tokens_per_image_request_p50": pct(img_tok, 50),
         "image_token_share": (sum(img_tok) / prompt) if prompt and img_tok else 0.0,
         "text_token_share_check": text_tok_total / prompt if prompt else None,
-        "text": group(text), "image": group(img),
+        "text": group(text), "image": group(img), "image_hit": group(img_hit), "image_miss": group(img_miss),
+        "server_running_mean": s.get("server_running_reqs_mean"), "server_queue_mean": s.get("server_queue_reqs_mean"),
+        "throughput_mismatch": s.get("throughput_mismatch"), "completions_in_window": s.get("completions_in_window"),
+        "in_flight_mean": s.get("in_flight_mean"), "client_lag_p99_ms": s.get("client_lag_p99_ms"),
+        "requests_measured": s.get("requests_measured"),
         "gpu_mem_peak_gib": s.get("gpu_mem_peak_bytes") / 2**30 if s.get("gpu_mem_peak_bytes") else None,
         "gpu_mem_min_gib": min(samples) / 2**30 if samples else None,
         "gpu_mem_mean_gib": s.get("gpu_mem_mean_bytes") / 2**30 if s.get("gpu_mem_mean_bytes") else None,
@@ -123,6 +143,18 @@ def fr(trials, key, sub=None, nd=0, pctg=False):
     return f"{f(m, nd, pctg)} [{f(r[0], nd, pctg)}-{f(r[1], nd, pctg)}]"
 
 
+def ratio(a: dict, b: dict, key: str) -> str:
+    """a / b of the medians, and the min-max of the per-seed ratios over the seeds both have."""
+    ma, mb = med(a, key), med(b, key)
+    if not ma or not mb:
+        return "-"
+    per = [a[s][key] / b[s][key] for s in a if s in b and a[s].get(key) and b[s].get(key)]
+    out = f"{ma / mb:.2f}x"
+    if len(per) > 1:
+        out += f" (per seed {min(per):.2f}-{max(per):.2f}x)"
+    return out
+
+
 def tables(data: dict) -> str:
     lines: list[str] = []
     add = lines.append
@@ -131,23 +163,57 @@ def tables(data: dict) -> str:
     add(f"Trials: {n_all} ({n_valid} valid by servetune's steady-window rules). Figures: median over repeats"
         " (workload seeds) [min-max].\n")
 
-    add("### (a) Radix cache on vs off, image-heavy mix with repeated images (closed loop 64)\n")
-    add("| reuse | radix | n | req/s | output tok/s | goodput req/s (TTFT<=2 s, TPOT<=40 ms) | TTFT p50 ms | TTFT p99 ms"
-        " | TPOT p50 ms | TPOT p99 ms | prefix hit rate (usage) | image-token share |")
-    add("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for w, reuse in (("vlm-radix-r50", "0.5"), ("vlm-radix-r90", "0.9")):
-        for cfg in ("on", "off"):
+    add("### (a) Radix cache on vs off (and SGLang's multimodal processor threads), image-heavy mix with repeated"
+        " images (closed loop 64)\n")
+    add("| reuse | server | seeds | valid | req/s | output tok/s | goodput req/s (TTFT<=2 s, TPOT<=40 ms) | TTFT p50 ms"
+        " | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | prefix hit rate (usage) | image-token share |")
+    add("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for w, reuse in RADIX:
+        for cfg in radix_configs(data):
             t = data.get(cfg, {}).get(w)
             if not t:
                 continue
-            add(f"| {reuse} | {cfg} | {len(t)} | {fr(t, 'req_s', nd=2)} | {fr(t, 'out_tok_s')} | {fr(t, 'goodput_rps', nd=2)}"
+            nv = sum(1 for x in t.values() if x["valid"])
+            add(f"| {reuse} | {config_label(cfg)} | {','.join(map(str, sorted(t)))} | {nv}/{len(t)} | {fr(t, 'req_s', nd=2)}"
+                f" | {fr(t, 'out_tok_s')} | {fr(t, 'goodput_rps', nd=2)}"
                 f" | {fr(t, 'ttft_p50')} | {fr(t, 'ttft_p99')} | {fr(t, 'tpot_p50', nd=1)} | {fr(t, 'tpot_p99', nd=1)}"
                 f" | {fr(t, 'hit_rate_usage', nd=1, pctg=True)} | {f(med(t, 'image_token_share'), 0, True)} |")
-    for w, reuse in (("vlm-radix-r50", "0.5"), ("vlm-radix-r90", "0.9")):
-        on, off = data.get("on", {}).get(w), data.get("off", {}).get(w)
-        if on and off:
-            add(f"\nreuse {reuse}: throughput on/off = {med(on, 'req_s') / med(off, 'req_s'):.2f}x (req/s),"
-                f" TTFT p50 off/on = {med(off, 'ttft_p50') / med(on, 'ttft_p50'):.2f}x")
+    add("")
+    for w, reuse in RADIX:
+        on = data.get("on", {}).get(w)
+        for cfg in radix_configs(data):
+            other = data.get(cfg, {}).get(w)
+            if cfg == "on" or not on or not other:
+                continue
+            add(f"reuse {reuse}, on / {cfg}: " + ", ".join(
+                f"{lab} {ratio(on, other, key)}" for lab, key in
+                (("req/s", "req_s"), ("goodput", "goodput_rps"), ("TTFT p50 on/other", "ttft_p50"))) + "\n")
+
+    add("Where the time goes (median over seeds [min-max]; `server_*` from SGLang's metrics, 1 s samples; an image"
+        " request is a hit when >= 50% of its prompt was cached; all measured requests):\n")
+    add("| reuse | server | GPU util mean % | running in the scheduler (of 64 in flight) | scheduler queue"
+        " | TTFT p50 ms text-only | image hit | image miss | image hits / image requests |")
+    add("|---|---|---|---|---|---|---|---|---|")
+    for w, reuse in RADIX:
+        for cfg in radix_configs(data):
+            t = data.get(cfg, {}).get(w)
+            if not t:
+                continue
+            hits = med({k: {"x": v["image_hit"]["n"] / max(v["image"]["n"], 1)} for k, v in t.items()}, "x")
+            add(f"| {reuse} | {cfg} | {fr(t, 'gpu_util_mean')} | {fr(t, 'server_running_mean')} | {fr(t, 'server_queue_mean', nd=1)}"
+                f" | {fr(t, 'ttft_p50', 'text')} | {fr(t, 'ttft_p50', 'image_hit')} | {fr(t, 'ttft_p50', 'image_miss')}"
+                f" | {f(hits, 0, True)} |")
+
+    add("\nValidity per trial (servetune's rules; the token mismatch is |arrived / completed - 1|, limit 15%):\n")
+    add("| server | workload | seed | valid | measured | window s | completions in window | token mismatch"
+        " | in flight mean | client lag p99 ms |")
+    add("|---|---|---|---|---|---|---|---|---|---|")
+    for w, _reuse in RADIX:
+        for cfg in radix_configs(data):
+            for seed, x in sorted(data.get(cfg, {}).get(w, {}).items()):
+                add(f"| {cfg} | {w} | {seed} | {'VALID' if x['valid'] else 'INVALID'} | {x['requests_measured']}"
+                    f" | {f(x['window_s'], 1)} | {x['completions_in_window']} | {f(x['throughput_mismatch'], 1, True)}"
+                    f" | {f(x['in_flight_mean'], 1)} | {f(x['client_lag_p99_ms'], 1)} |")
 
     add("\n### (b) Scenario 1: closed loop 64, 1 in 6 requests with four 896x896 images (4,096 image tokens)\n")
     add("| config | n | req/s | output tok/s | text TTFT p50 / p99 ms | text TPOT p50 / p99 ms | text max-ITL p50 / p99 ms"
@@ -157,7 +223,7 @@ def tables(data: dict) -> str:
         t = data.get(cfg, {}).get("vlm-scenario1")
         if not t:
             continue
-        add(f"| {CONFIG_LABEL[cfg]} | {len(t)} | {fr(t, 'req_s', nd=2)} | {fr(t, 'out_tok_s')}"
+        add(f"| {config_label(cfg)} | {len(t)} | {fr(t, 'req_s', nd=2)} | {fr(t, 'out_tok_s')}"
             f" | {fr(t, 'ttft_p50', 'text')} / {fr(t, 'ttft_p99', 'text')} | {fr(t, 'tpot_p50', 'text', 1)} / {fr(t, 'tpot_p99', 'text', 1)}"
             f" | {fr(t, 'max_itl_p50', 'text')} / {fr(t, 'max_itl_p99', 'text')}"
             f" | {fr(t, 'ttft_p50', 'image')} / {fr(t, 'ttft_p99', 'image')} | {fr(t, 'tpot_p50', 'image', 1)}"
