@@ -83,17 +83,19 @@ def run_grid(plan: TuningPlan, rates: list[float], seeds: int) -> list[TrialOutc
     flags = plan.engine_flags()
     seen, out, fails = CampaignState(), [], 0
 
-    def run_rate(rate: float) -> list[TrialOutcome]:
+    def run_rate(rate: float, as_the_tuner: bool = False) -> list[TrialOutcome]:
         nonlocal seen
         for seed in range(seeds):
             o = measure(plan, runner, seen, flags, rate, seed, band_size(plan, seen, flags, rate), False)
             seen = seen.add(o)
+            if as_the_tuner and not pool(plan, flags, rate, seen.measurements(flags, rate)).passed:
+                break  # the tuner stops a rate at its first failing seed (and sizes the band from what ran)
         return seen.measurements(flags, rate)
 
     for rate in rates:
         rung = size_band(plan, rate)
         if rung != rate and not seen.measurements(flags, rung):
-            out.extend(run_rate(rung))  # the band's size, as the tuner's ladder sets it
+            out.extend(run_rate(rung, as_the_tuner=True))  # the band's size, as the tuner's ladder sets it
         here = run_rate(rate)
         out.extend(here)
         fails = 0 if pool(plan, flags, rate, here).passed else fails + 1

@@ -207,18 +207,19 @@ def judge_cell(plan: TuningPlan, runner: SimTrialRunner, seen: CampaignState, fl
 def measure(plan: TuningPlan, runner: SimTrialRunner, seen: CampaignState, flags: dict[str, Any], level: Level,
             seed: int, size: tuple[int, int] | None, checklist: bool) -> TrialOutcome:
     """One seed of (flags, level) at ``size`` (else sized from ``seen``), re-run once bigger when INVALID."""
-    o = None
+    o, known = None, seen
     for _attempt in range(1 + plan.repeats.invalid_retries):
         if size is not None and o is None:
             requests, warmup, how = size[0], size[1], "the level's size"
-        else:
-            requests, warmup, how = size_trial(plan, seen, flags, level, "ramp", resize_from=o)
+        else:  # sized as the tuner sizes a re-run: from all it knows, the INVALID attempts included
+            requests, warmup, how = size_trial(plan, known, flags, level, "ramp", resize_from=o)
         spec = TrialSpec(stage="refine", **plan.load_at(level), flags=flags, requests=requests, warmup=warmup,
                          reason="grid", sizing=how, seed_offset=seed)
         rep = runner.run(spec, experiment_id="grid")
         if checklist:
             check_trial(plan, rep.result)
         o = TrialOutcome.from_result(spec, rep.result, gpu_seconds=rep.gpu_seconds, restarted=rep.restarted)
+        known = known.add(o)
         if o.valid or judge(o, plan.sla).kind == "overload":
             break
     assert o is not None
