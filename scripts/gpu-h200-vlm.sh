@@ -8,6 +8,8 @@
 #   bash scripts/gpu-h200-vlm.sh wait SECONDS       wait for a detached run to end, at most SECONDS, then archive
 #        what is done into $OUT (the next call, made within the machine's 30 s warm window, waits on)
 #   touch $ST/STOP (or STOP=1 ... wait S): the detached run starts no new trial or server
+#   CAUTION: on 2026-12-04 a `wait` sent at once after a `detach` call found a fresh machine: the machine was given
+#   back between the calls and the campaign was lost with it. Prefer self-contained calls (CONFIG... under 600 s).
 # A CONFIG is one server (started once with `servetune serve --engine sglang`) and the trials run against it:
 #   on       SGLang's defaults (radix cache on, chunked prefill 8192 on an H200):
 #            vlm-radix-r90, vlm-radix-r50, vlm-scenario1, vlm-position-text, vlm-position-system

@@ -215,31 +215,33 @@ def tables(data: dict) -> str:
                     f" | {f(x['window_s'], 1)} | {x['completions_in_window']} | {f(x['throughput_mismatch'], 1, True)}"
                     f" | {f(x['in_flight_mean'], 1)} | {f(x['client_lag_p99_ms'], 1)} |")
 
-    add("\n### (b) Scenario 1: closed loop 64, 1 in 6 requests with four 896x896 images (4,096 image tokens)\n")
-    add("| config | n | req/s | output tok/s | text TTFT p50 / p99 ms | text TPOT p50 / p99 ms | text max-ITL p50 / p99 ms"
-        " | image-req TTFT p50 / p99 ms | image-req TPOT p50 ms | goodput req/s |")
-    add("|---|---|---|---|---|---|---|---|---|---|")
-    for cfg in ("on", "chunk1k", "mixed"):
-        t = data.get(cfg, {}).get("vlm-scenario1")
-        if not t:
-            continue
-        add(f"| {config_label(cfg)} | {len(t)} | {fr(t, 'req_s', nd=2)} | {fr(t, 'out_tok_s')}"
-            f" | {fr(t, 'ttft_p50', 'text')} / {fr(t, 'ttft_p99', 'text')} | {fr(t, 'tpot_p50', 'text', 1)} / {fr(t, 'tpot_p99', 'text', 1)}"
-            f" | {fr(t, 'max_itl_p50', 'text')} / {fr(t, 'max_itl_p99', 'text')}"
-            f" | {fr(t, 'ttft_p50', 'image')} / {fr(t, 'ttft_p99', 'image')} | {fr(t, 'tpot_p50', 'image', 1)}"
-            f" | {fr(t, 'goodput_rps', nd=2)} |")
+    if any(data.get(c, {}).get("vlm-scenario1") for c in data):  # only where the run has scenario 1
+        add("\n### (b) Scenario 1: closed loop 64, 1 in 6 requests with four 896x896 images (4,096 image tokens)\n")
+        add("| config | n | req/s | output tok/s | text TTFT p50 / p99 ms | text TPOT p50 / p99 ms | text max-ITL p50 / p99 ms"
+            " | image-req TTFT p50 / p99 ms | image-req TPOT p50 ms | goodput req/s |")
+        add("|---|---|---|---|---|---|---|---|---|---|")
+        for cfg in ("on", "chunk1k", "mixed"):
+            t = data.get(cfg, {}).get("vlm-scenario1")
+            if not t:
+                continue
+            add(f"| {config_label(cfg)} | {len(t)} | {fr(t, 'req_s', nd=2)} | {fr(t, 'out_tok_s')}"
+                f" | {fr(t, 'ttft_p50', 'text')} / {fr(t, 'ttft_p99', 'text')} | {fr(t, 'tpot_p50', 'text', 1)} / {fr(t, 'tpot_p99', 'text', 1)}"
+                f" | {fr(t, 'max_itl_p50', 'text')} / {fr(t, 'max_itl_p99', 'text')}"
+                f" | {fr(t, 'ttft_p50', 'image')} / {fr(t, 'ttft_p99', 'image')} | {fr(t, 'tpot_p50', 'image', 1)}"
+                f" | {fr(t, 'goodput_rps', nd=2)} |")
 
-    add("\n### (c) Images before the shared system prompt vs after it (1,024-token system prompt, unique images)\n")
-    add("| position | n | prefix hit rate (usage) | hit rate (server counters) | cached tokens / request | prompt tokens / request"
-        " | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |")
-    add("|---|---|---|---|---|---|---|---|---|---|---|")
-    for w, pos in (("vlm-position-text", "before_text"), ("vlm-position-system", "before_system")):
-        t = data.get("on", {}).get(w)
-        if not t:
-            continue
-        add(f"| {pos} | {len(t)} | {fr(t, 'hit_rate_usage', nd=1, pctg=True)} | {fr(t, 'hit_rate_server', nd=1, pctg=True)}"
-            f" | {fr(t, 'cached_tokens_mean')} | {fr(t, 'prompt_tokens_mean')} | {fr(t, 'req_s', nd=2)} | {fr(t, 'out_tok_s')}"
-            f" | {fr(t, 'ttft_p50')} | {fr(t, 'ttft_p99')} | {fr(t, 'tpot_p50', nd=1)} |")
+    if any(data.get("on", {}).get(w) for w in ("vlm-position-text", "vlm-position-system")):
+        add("\n### (c) Images before the shared system prompt vs after it (1,024-token system prompt, unique images)\n")
+        add("| position | n | prefix hit rate (usage) | hit rate (server counters) | cached tokens / request | prompt tokens / request"
+            " | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |")
+        add("|---|---|---|---|---|---|---|---|---|---|---|")
+        for w, pos in (("vlm-position-text", "before_text"), ("vlm-position-system", "before_system")):
+            t = data.get("on", {}).get(w)
+            if not t:
+                continue
+            add(f"| {pos} | {len(t)} | {fr(t, 'hit_rate_usage', nd=1, pctg=True)} | {fr(t, 'hit_rate_server', nd=1, pctg=True)}"
+                f" | {fr(t, 'cached_tokens_mean')} | {fr(t, 'prompt_tokens_mean')} | {fr(t, 'req_s', nd=2)} | {fr(t, 'out_tok_s')}"
+                f" | {fr(t, 'ttft_p50')} | {fr(t, 'ttft_p99')} | {fr(t, 'tpot_p50', nd=1)} |")
 
     add("\n### (d) GPU memory during the trials (NVML, 100 ms samples; GiB of 140.4)\n")
     add("| config | workload | n | lowest | mean | peak | peak - lowest | KV pool use max (server) | image tokens / image request |")
