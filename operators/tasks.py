@@ -25,12 +25,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Stage task (a DAG task id) -> the decision stages it runs (servetune.tuning.state.Stage names them).
-STAGES: dict[str, tuple[Stage, ...]] = {
+# Stage task (a DAG task id) -> the decision stages it runs (servetune.tuning.state.Stage names them): its
+# own and every earlier one, since a later stage can re-open an earlier one's measurement (a re-run that grows
+# a level's trial size makes the ramp's trials there stale), and the earlier tasks have already ended.
+_OWN: dict[str, tuple[Stage, ...]] = {
     "correctness": ("correctness",),
     "baseline": ("baseline",),
     "ramp": ("ramp", "bisect"),
     "refine": ("refine", "robustness"),
+}
+STAGES: dict[str, tuple[Stage, ...]] = {
+    task: tuple(s for earlier in list(_OWN)[: i + 1] for s in _OWN[earlier]) for i, task in enumerate(_OWN)
 }
 
 
