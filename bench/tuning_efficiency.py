@@ -253,7 +253,7 @@ def on_seeds(plan: TuningPlan, staged: list[TrialOutcome], flags: dict[str, Any]
                       (ref.requests, ref.warmup) if ref else None, checklist)
     runner.close()
     mine = [o for o in seen.measurements(flags, level) if _sized(o, ref)]
-    extra = [o for o in seen.outcomes[len(staged):]]
+    extra = seen.outcomes[len(staged):]
     return pool(plan, flags, level, _first_seeds(plan, mine, seeds)), sum(o.gpu_seconds for o in extra)
 
 

@@ -35,6 +35,15 @@ def radix_configs(data: dict) -> list[str]:
     return [c for c in ("on", "off") if c in data] + mmw
 
 
+def radix_cells(data: dict):
+    """(reuse, config, trials by seed) of the radix experiment, in table order, cells with trials only."""
+    for w, reuse in RADIX:
+        for cfg in radix_configs(data):
+            t = data.get(cfg, {}).get(w)
+            if t:
+                yield reuse, cfg, t
+
+
 def pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -168,16 +177,12 @@ def tables(data: dict) -> str:
     add("| reuse | server | seeds | valid | req/s | output tok/s | goodput req/s (TTFT<=2 s, TPOT<=40 ms) | TTFT p50 ms"
         " | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | prefix hit rate (usage) | image-token share |")
     add("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for w, reuse in RADIX:
-        for cfg in radix_configs(data):
-            t = data.get(cfg, {}).get(w)
-            if not t:
-                continue
-            nv = sum(1 for x in t.values() if x["valid"])
-            add(f"| {reuse} | {config_label(cfg)} | {','.join(map(str, sorted(t)))} | {nv}/{len(t)} | {fr(t, 'req_s', nd=2)}"
-                f" | {fr(t, 'out_tok_s')} | {fr(t, 'goodput_rps', nd=2)}"
-                f" | {fr(t, 'ttft_p50')} | {fr(t, 'ttft_p99')} | {fr(t, 'tpot_p50', nd=1)} | {fr(t, 'tpot_p99', nd=1)}"
-                f" | {fr(t, 'hit_rate_usage', nd=1, pctg=True)} | {f(med(t, 'image_token_share'), 0, True)} |")
+    for reuse, cfg, t in radix_cells(data):
+        nv = sum(1 for x in t.values() if x["valid"])
+        add(f"| {reuse} | {config_label(cfg)} | {','.join(map(str, sorted(t)))} | {nv}/{len(t)} | {fr(t, 'req_s', nd=2)}"
+            f" | {fr(t, 'out_tok_s')} | {fr(t, 'goodput_rps', nd=2)}"
+            f" | {fr(t, 'ttft_p50')} | {fr(t, 'ttft_p99')} | {fr(t, 'tpot_p50', nd=1)} | {fr(t, 'tpot_p99', nd=1)}"
+            f" | {fr(t, 'hit_rate_usage', nd=1, pctg=True)} | {f(med(t, 'image_token_share'), 0, True)} |")
     add("")
     for w, reuse in RADIX:
         on = data.get("on", {}).get(w)
@@ -194,15 +199,11 @@ def tables(data: dict) -> str:
     add("| reuse | server | GPU util mean % | running in the scheduler (of 64 in flight) | scheduler queue"
         " | TTFT p50 ms text-only | image hit | image miss | image hits / image requests |")
     add("|---|---|---|---|---|---|---|---|---|")
-    for w, reuse in RADIX:
-        for cfg in radix_configs(data):
-            t = data.get(cfg, {}).get(w)
-            if not t:
-                continue
-            hits = med({k: {"x": v["image_hit"]["n"] / max(v["image"]["n"], 1)} for k, v in t.items()}, "x")
-            add(f"| {reuse} | {cfg} | {fr(t, 'gpu_util_mean')} | {fr(t, 'server_running_mean')} | {fr(t, 'server_queue_mean', nd=1)}"
-                f" | {fr(t, 'ttft_p50', 'text')} | {fr(t, 'ttft_p50', 'image_hit')} | {fr(t, 'ttft_p50', 'image_miss')}"
-                f" | {f(hits, 0, True)} |")
+    for reuse, cfg, t in radix_cells(data):
+        hits = med({k: {"x": v["image_hit"]["n"] / max(v["image"]["n"], 1)} for k, v in t.items()}, "x")
+        add(f"| {reuse} | {cfg} | {fr(t, 'gpu_util_mean')} | {fr(t, 'server_running_mean')} | {fr(t, 'server_queue_mean', nd=1)}"
+            f" | {fr(t, 'ttft_p50', 'text')} | {fr(t, 'ttft_p50', 'image_hit')} | {fr(t, 'ttft_p50', 'image_miss')}"
+            f" | {f(hits, 0, True)} |")
 
     add("\nValidity per trial (servetune's rules; the token mismatch is |arrived / completed - 1|, limit 15%):\n")
     add("| server | workload | seed | valid | measured | window s | completions in window | token mismatch"
