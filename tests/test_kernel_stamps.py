@@ -80,13 +80,14 @@ def _close(pairs: list[tuple[socket.socket, socket.socket]], reader: stamps.Read
         s.close()
 
 
-@linux
-async def test_a_kernel_stamp_stays_on_the_arrival_while_the_loop_is_blocked() -> None:
-    reader = stamps.Reader()
+async def _blocked_loop_reads(reader: stamps.Reader) -> tuple[int, int, list[tuple[bytes, int]], list[tuple[bytes, int]]]:
+    """One segment to a stamped and an unstamped socket while the loop is blocked for 50 ms: (before, after, the
+    stamped socket's reads, the unstamped one's)."""
     pairs = list(_pairs(1)) + list(_pairs(1, kernel=False))
     stamped, unstamped = _wrap(pairs, reader)
     try:
         await _warm(pairs, [stamped, unstamped], reader)
+        reader.clock_steps = 0
         before = time.perf_counter_ns()
         for _, server in pairs:
             server.send(b"data: 1\n\n")
@@ -97,11 +98,43 @@ async def test_a_kernel_stamp_stays_on_the_arrival_while_the_loop_is_blocked() -
                 await asyncio.sleep(0.001)
     finally:
         _close(pairs, reader)
-    (data, t), (_, t_late) = stamped.got[0], unstamped.got[0]
+    return before, after, stamped.got, unstamped.got
+
+
+@linux
+async def test_a_kernel_stamp_stays_on_the_arrival_while_the_loop_is_blocked() -> None:
+    for _ in range(3):  # a run in which the host stepped CLOCK_REALTIME judges nothing (the next test covers it)
+        reader = stamps.Reader()
+        before, after, got, got_late = await _blocked_loop_reads(reader)
+        if reader.clock_steps == 0:
+            break
+    assert reader.clock_steps == 0, "CLOCK_REALTIME stepped in each of three runs"
+    (data, t), (_, t_late) = got[0], got_late[0]
     assert data == b"data: 1\n\n"
     assert before - 50_000 <= t <= after + 50_000, (t - before, after - t)  # on the send (clock offset: us)
     assert t_late - after >= 50_000_000  # without the kernel's stamp: when the loop got to it
     assert reader.unstamped == 1  # that one read, counted
+
+
+@linux
+async def test_a_clock_step_before_a_pass_stamps_its_reads_as_read_and_counts_them(monkeypatch) -> None:
+    """CLOCK_REALTIME set 0.5 ms ahead while the loop is blocked (as a VM's host or NTP does): the kernel's stamp
+    of the waiting segment would map 0.5 ms before its send; the pass sees the step and stamps it as read."""
+    measure = stamps._bracketed_offset
+    reader = stamps.Reader()
+    real_sleep = time.sleep
+
+    def step_while_blocked(s: float) -> None:
+        real_sleep(s)
+        monkeypatch.setattr(stamps, "_bracketed_offset", lambda: (measure()[0] + 500_000, 0))
+
+    monkeypatch.setattr(time, "sleep", step_while_blocked)
+    before, after, got, _ = await _blocked_loop_reads(reader)
+    monkeypatch.undo()
+    (_, t) = got[0]
+    assert reader.clock_steps == 1
+    assert t - after >= 50_000_000  # stamped when the loop read it, not 0.5 ms before its send
+    assert reader.unstamped == 2  # that read and the unstamped socket's, counted
 
 
 @linux

@@ -5,9 +5,13 @@ A chunk stamped when the event loop gets to it is late by however busy the loop 
 stamp no longer depends on when the client read it, and the client can read in batches: one wake-up
 reads every socket that has data, instead of one wake-up (and often a context switch) per chunk.
 The kernel stamps in CLOCK_REALTIME; the reader maps that onto ``perf_counter_ns`` (CLOCK_MONOTONIC, the
-load's clock) with an offset it re-measures as it goes (every 10 ms at most), so an NTP slew cannot drift it.
-A read the kernel did not stamp (Linux turns receive stamps on a moment after the first socket asks) is
-stamped when it is read, and counted (``Reader.unstamped``), so a result can say its stamps were mixed.
+load's clock) with an offset it re-measures on every pass. A slew moves both clocks alike; a step (a clock
+set by NTP or by a VM's host, seen as 0.5 ms jumps in a CI sandbox) moves only CLOCK_REALTIME, and a stamp
+taken before it would map off by the step. So a pass that finds the offset moved (``STEP_NS``) stamps its
+reads when it reads them and counts the step (``Reader.clock_steps``).
+A read the kernel did not stamp (Linux turns receive stamps on a moment after the first socket asks, or a
+step made its stamp ambiguous) is stamped when it is read, and counted (``Reader.unstamped``), so a result
+can say its stamps were mixed.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import Any, Protocol
 SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
 ANCILLARY_BYTES = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
 READ_BYTES = 1 << 16
-REFRESH_NS = 10_000_000  # the clocks' offset is re-measured every 10 ms at most (a 500 ppm slew: 5 us)
+STEP_NS = 20_000  # the offset moved more than this between passes: CLOCK_REALTIME was stepped
+BRACKET_NS = 20_000  # an offset read whose bracket is wider than this (the thread was preempted) is not used
 _timespec = struct.Struct("@qq").unpack_from  # the ancillary data's first 16 bytes, no copy
 _perf = time.perf_counter_ns
 
@@ -42,9 +47,14 @@ def enable(sock: socket.socket) -> bool:
 
 def realtime_offset_ns() -> int:
     """CLOCK_REALTIME minus perf_counter_ns, from the tighter of two brackets (within a microsecond)."""
+    return _bracketed_offset()[0]
+
+
+def _bracketed_offset() -> tuple[int, int]:
+    """(offset, bracket width): the tighter of two reads of CLOCK_REALTIME between two of perf_counter_ns."""
     a, r, b = _perf(), time.time_ns(), _perf()
     c, r2, d = _perf(), time.time_ns(), _perf()
-    return r - (a + b) // 2 if b - a <= d - c else r2 - (c + d) // 2
+    return (r - (a + b) // 2, b - a) if b - a <= d - c else (r2 - (c + d) // 2, d - c)
 
 
 class Readable(Protocol):
@@ -67,12 +77,13 @@ class Reader:
     def __init__(self, batch_s: float = 0.0) -> None:
         self.batch_ns = int(batch_s * 1e9)
         self.passes = 0
-        self.unstamped = 0  # reads that came without the kernel's stamp
+        self.unstamped = 0  # reads that came without the kernel's stamp, or whose stamp a step made ambiguous
+        self.clock_steps = 0  # passes that found CLOCK_REALTIME stepped since the one before
         self.offset_ns = realtime_offset_ns()
+        self._trust = True  # False for one pass after a step: its stamps may be from either side of it
         self._last = 0
         self._conns: dict[int, Readable] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._refreshed = _perf()
         self._epoll = select.epoll() if hasattr(select, "epoll") else None
 
     def add(self, fd: int, conn: Readable) -> None:
@@ -108,7 +119,7 @@ class Reader:
             time.sleep(wait / 1e9)
         self._last = _perf()
         self.passes += 1
-        self._refresh(self._last)
+        self._refresh()
         conns, read = self._conns, self._read
         for fd, _ in self._epoll.poll(0, len(conns) + 1):  # type: ignore[union-attr]
             conn = conns.get(fd)
@@ -116,16 +127,23 @@ class Reader:
                 read(conn)
 
     def _read_now(self, conn: Readable) -> None:
-        self._refresh(_perf())
+        self._refresh()
         self._read(conn)
 
-    def _refresh(self, now: int) -> None:
-        if now - self._refreshed > REFRESH_NS:
-            self.offset_ns, self._refreshed = realtime_offset_ns(), now
+    def _refresh(self) -> None:
+        """Re-measure the offset (two clock reads, well under a microsecond); a jump means a step."""
+        offset, width = _bracketed_offset()
+        if width > BRACKET_NS:
+            return  # preempted between the reads: keep the last offset rather than trust this one
+        self._trust = abs(offset - self.offset_ns) <= STEP_NS
+        if not self._trust:
+            self.clock_steps += 1
+        self.offset_ns = offset
 
     def _read(self, conn: Readable) -> None:
         """Read ``conn`` until a read comes back short (a large body fills several reads)."""
-        offset, kind_ns, level_socket = self.offset_ns, SO_TIMESTAMPNS, socket.SOL_SOCKET
+        offset, level_socket = self.offset_ns, socket.SOL_SOCKET
+        kind_ns = SO_TIMESTAMPNS if self._trust else None  # after a step: stamped (and counted) as read
         while True:
             try:
                 data, ancillary, _, _ = conn.recvmsg(READ_BYTES, ANCILLARY_BYTES)
