@@ -38,6 +38,7 @@ from servetune.telemetry.scheduler_log import capture as scheduler_capture
 from servetune.telemetry.server_info import fetch_server_info
 from servetune.telemetry.simgpu import SimulatedGpuSampler
 from servetune.validity import ValidityRules
+from servetune.loadgen.priming import primers_for, priming_load
 from servetune.workload import build_requests, load_tokenizer
 from servetune.workload.spec import WorkloadSpec
 
@@ -196,6 +197,7 @@ async def _run_trial(
     tok_path = req.tokenizer or req.workload.tokenizer
     tokenizer = load_tokenizer(tok_path) if tok_path else None
     batch = build_requests(req.workload, req.total_requests, tokenizer=tokenizer)
+    first = primers_for(batch.requests, req.load)
     await check_reachable(req.target)
 
     result = TrialResult(
@@ -203,7 +205,7 @@ async def _run_trial(
         experiment_id=req.experiment_id,
         target=req.target.model_dump(mode="json"),
         server_config=dict(req.server_config),
-        load=req.load.model_dump(mode="json") | {"requests": req.num_requests},
+        load=req.load.model_dump(mode="json") | {"requests": req.num_requests, "primers": len(first)},
         sla=req.sla.model_dump(mode="json", exclude_none=True) if req.sla else {},
         workload=batch.describe(),
     )
@@ -220,6 +222,8 @@ async def _run_trial(
     if interrupt is not None and interrupt.received is not None:
         return _failed(result, interrupt.reason(req.total_requests), req, batch.lengths_exact)
 
+    if first:
+        result.load["primer_errors"] = await _prime(req, first)
     log_tail = LogTail(req.server_log)  # the lines the engine logs from here on belong to this trial
     t0_ns = time.perf_counter_ns()
     result.t0_unix = time.time()
@@ -277,6 +281,16 @@ async def _run_trial(
         if reason:
             result.status, result.failure_reason = "failed", reason
     return result
+
+
+async def _prime(req: TrialRequest, first: list[Any]) -> int:
+    """Send the primers (servetune/loadgen/priming.py) before the trial's clock starts; how many failed
+    (a primer that fails leaves its part cold, and the trial's own requests meet the same error)."""
+    out = await run_load(req.target, first, priming_load(req.load, len(first)), t0_ns=time.perf_counter_ns())
+    failed = sum(1 for r in out.records if not r.ok)
+    if failed:
+        log.warning("%d of %d cache primers failed", failed, len(first))
+    return failed
 
 
 def _failed(result: TrialResult, reason: str, req: TrialRequest, lengths_exact: bool) -> TrialResult:

@@ -218,6 +218,8 @@ def bench(
         list[str] | None, typer.Option(help="per-request bound, e.g. ttft_ms=500 (repeat)")
     ] = None,
     warmup: Annotated[int, typer.Option(help="warm-up requests before the measured ones")] = 1,
+    prime: Annotated[bool, typer.Option(help="before the warm-up, one short request per shared system prompt and"
+                                             " pooled image the measured requests use (a warm prefix cache)")] = True,
     tokenizer: Annotated[
         str | None, typer.Option(help="tokenizer.json or model dir: exact prompt lengths")
     ] = None,
@@ -289,6 +291,7 @@ def bench(
                         "burstiness": burstiness,
                         "exact_rate": exact_rate and rate is not None and arrival != "trace",
                         "warmup_requests": warmup,
+                        "prime_cache": prime,
                         "seed": spec.seed,
                     },
                     "workload": spec,
@@ -348,6 +351,7 @@ _CLI_NAMES = {
     "load.arrival": "--arrival",
     "load.burstiness": "--burstiness",
     "load.warmup_requests": "--warmup",
+    "load.prime_cache": "--prime/--no-prime",
     "target.url": "--url",
     "target.endpoint": "--endpoint",
     "target.timeout_s": "--timeout-s",

@@ -101,6 +101,9 @@ class LoadConfig(BaseModel):
         default=False, description="rescale the sampled gaps so the schedule's mean rate is exactly ``rate``"
                                    " (the gaps keep their shape); the tuner's levels are rates, so it sets it")
     warmup_requests: int = Field(default=0, ge=0)
+    prime_cache: bool = Field(default=True, description="before the warm-up, one short request per shared system"
+                                                        " prompt and pooled image the measured requests use"
+                                                        " (servetune/loadgen/priming.py)")
     seed: int = 0
 
     @field_validator("rate")

@@ -50,6 +50,12 @@ class SimTelemetry:
         self.before = parse_exposition(self.metrics.exposition().decode())
         self.max_extend: list[tuple[float, float, int]] = []
 
+    def restart(self, t: float) -> None:
+        """The trial starts at ``t`` (after the cache was primed): counters and samples count from here."""
+        self.before = parse_exposition(self.metrics.exposition().decode())
+        self.samples.clear()
+        self.next_sample = t
+
     def on_request_sent(self, r: SimRequest) -> None:  # noqa: ARG002 - hook kept for symmetry with the server
         return None
 
@@ -104,13 +110,14 @@ class SimTelemetry:
             },
         }
 
-    def gpu_curve(self, iterations: list[Iteration], end: float, interval_ms: float) -> dict[str, Any]:
-        """Samples every ``interval_ms`` per TP rank: memory (preallocated + activations), util, power."""
+    def gpu_curve(self, iterations: list[Iteration], end: float, interval_ms: float, start: float = 0.0) -> dict[str, Any]:
+        """Samples every ``interval_ms`` per TP rank from ``start``: memory (preallocated + activations), util,
+        power."""
         a, g = self.args, self.args.gpu
         total = a.gpu_memory_bytes
         static = gpu_static_bytes(a)
         step = interval_ms / 1000.0
-        grid = np.arange(0.0, end + step, step)
+        grid = np.arange(start, end + step, step)
         if iterations:
             starts = np.fromiter((it.start for it in iterations), float, len(iterations))
             durs = np.fromiter((it.end - it.start for it in iterations), float, len(iterations))

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from servetune.loadgen.config import LoadConfig
+from servetune.loadgen.priming import primers_for, priming_load
 from servetune.loadgen.sessions import load_units
 from servetune.loadgen.strategies import arrival_offsets_s
 from servetune.records import ErrorClass, TokenCountSource
@@ -68,7 +69,8 @@ def simulate(
         )
     sim_args = server_args_from_flags(args)
     wall0 = time.perf_counter()
-    run = _Run(sim_args, list(requests), load, endpoint, seed, scrape_interval_s)
+    first = primers_for(requests, load)
+    run = _Run(sim_args, first + list(requests), load, endpoint, seed, scrape_interval_s, primers=len(first))
     run.execute()
     return run.result(sla, rules, gpu_interval_ms, time.perf_counter() - wall0)
 
@@ -84,15 +86,19 @@ class _Run:
         endpoint: str,
         seed: int,
         scrape_interval_s: float,
+        primers: int = 0,
     ):
+        """``primers``: how many of ``requests`` (the first ones) prime the cache before the trial."""
         self.args = args
         self.requests = requests
         self.load = load
+        self.primers = primers
+        self.t_start = 0.0  # when the trial's own load starts (after the primers)
         self.endpoint = endpoint
         self.seed = seed
         self.sched = Scheduler(args)
         self.tel = SimTelemetry(args, self.sched, scrape_interval_s)
-        n_warm = load.warmup_requests
+        n_warm = primers + load.warmup_requests
         self.records = [r.new_record(i < n_warm) for i, r in enumerate(requests)]
         self.sent_at: dict[int, float] = {}
         self.unsent: set[int] = set()  # a session's turns after a failed one
@@ -104,12 +110,19 @@ class _Run:
     def execute(self) -> None:
         c = self.load.concurrency
         units = load_units(self.requests)  # warm-up first, in the same load (as the loadgen)
+        t = 0.0
+        if self.primers:  # one request each, before the trial: its telemetry starts after them
+            t = self._phase(units[:self.primers], t, closed=True,
+                            conc=priming_load(self.load, self.primers).concurrency)
+            units = units[self.primers:]
+            self.tel.restart(t)
+        self.t_start = t
         if self.load.mode == "rate":
             load = self.load if self.load.seed or not self.seed else self.load.model_copy(update={"seed": self.seed})
             offsets = arrival_offsets_s(load, len(units), [self.requests[u[0]] for u in units])
-            t = self._phase(units, 0.0, closed=False, conc=c, offsets=offsets)
+            t = self._phase(units, t, closed=False, conc=c, offsets=offsets)
         else:  # a closed loop, or waves of c (static batching: the next c once the last c are all done)
-            t = self._phase(units, 0.0, closed=True, conc=c, waves=self.load.mode == "waves")
+            t = self._phase(units, t, closed=True, conc=c, waves=self.load.mode == "waves")
         self.drain_end = t
 
     def _phase(
@@ -261,11 +274,12 @@ class _Run:
         from servetune.metrics import summarize
 
         args, load = self.args, self.load
-        gpu = self.tel.gpu_curve(self.iterations, self.drain_end, gpu_interval_ms)
+        gpu = self.tel.gpu_curve(self.iterations, self.drain_end, gpu_interval_ms, start=self.t_start)
         server = self.tel.server_telemetry(self.drain_end)
         load_d = load.model_dump(mode="json")
-        load_d.update(requests=len(self.requests) - load.warmup_requests, seed_sim=self.seed)
-        records = [r for i, r in enumerate(self.records) if i not in self.unsent]
+        load_d.update(requests=len(self.requests) - self.primers - load.warmup_requests, seed_sim=self.seed,
+                      primers=self.primers)
+        records = [r for i, r in enumerate(self.records) if i >= self.primers and i not in self.unsent]
         summary = summarize(
             records,
             load=load_d,

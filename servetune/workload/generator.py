@@ -154,27 +154,30 @@ class _Generator:
             return -1
         return int(rng.choice(sp.num_prefixes, p=self.prefix_p))
 
-    def images(self, index: int) -> list[str]:
+    def images(self, index: int) -> tuple[list[str], int]:
         """Data URLs for request ``index``: unique per request and spec, or (a ``reuse_ratio`` of them)
-        drawn from a pool of ``distinct`` images (rendered once per batch) so the server's image cache can hit."""
+        drawn from a pool of ``distinct`` images (rendered once per batch) so the server's image cache can hit;
+        and how many of the leading ones came from the pool (the part another request can share)."""
         im = self.spec.images
         if im is None:
-            return []
+            return [], 0
         rng = _rng(self.seed, _S_REQUEST_IMAGES, index)
         if rng.random() >= im.ratio:
-            return []
+            return [], 0
         spec_key = int(self.fingerprint[:8], 16)
         size = (im.width, im.height, im.format)
-        urls = []
+        urls: list[str] = []
+        pooled = 0
         for j in range(im.count):
             if im.distinct and (im.reuse_ratio >= 1 or rng.random() < im.reuse_ratio):
                 k = int(rng.integers(im.distinct))
                 if k not in self._image_pool:
                     self._image_pool[k] = image_data_url((self.seed, _S_IMAGE, 1, spec_key, k), *size)
                 urls.append(self._image_pool[k])
+                pooled += pooled == j  # still a run of pooled images from the first
             else:
                 urls.append(image_data_url((self.seed, _S_IMAGE, 0, spec_key, index, j), *size))
-        return urls
+        return urls, pooled
 
     def _user_piece(
         self, rng: np.random.Generator, target_total: int, context: str, index: int
@@ -219,6 +222,7 @@ class _Generator:
     ) -> WorkloadRequest:
         group, system, target, output, text_rng, draft = plan or self._single_turn_plan(index)
         user, input_tokens = self._checked(index, target, *self.text.finish(text_rng, draft, measured))
+        images, pooled = self.images(index)
         return WorkloadRequest(
             index=index,
             system=system,
@@ -226,7 +230,8 @@ class _Generator:
             input_tokens=input_tokens,
             output_tokens=output,
             prefix_group=group,
-            images=self.images(index),
+            images=images,
+            pooled_images=pooled,
             image_position=self.image_position,
             arrival_s=self.trace.arrival_s(index) if self.trace is not None else None,
         )
@@ -313,6 +318,7 @@ class _Generator:
         user = c.messages[2 * turn]["content"]
         mt = self.spec.multi_turn
         assert mt is not None
+        images, pooled = self.images(index)
         think = 0.0
         if mt.mode == "sessions" and turn and mt.think_time_s:
             think = float(_rng(self.seed, _S_THINK, conv, turn).exponential(mt.think_time_s))
@@ -323,7 +329,8 @@ class _Generator:
             input_tokens=c.prompt_tokens[turn],
             output_tokens=c.outputs[turn],
             prefix_group=c.group,
-            images=self.images(index),
+            images=images,
+            pooled_images=pooled,
             history=history,
             conversation=conv,
             turn=turn,

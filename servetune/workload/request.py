@@ -17,6 +17,7 @@ class WorkloadRequest:
     output_tokens: int  # requested max_tokens (with ignore_eos: exact)
     prefix_group: int = -1  # which shared system prompt (-1: none)
     images: list[str] = field(default_factory=list)  # data: URLs (base64 PNG/JPEG)
+    pooled_images: int = 0  # how many of the leading images come from the workload's pool of repeated ones
     history: list[dict[str, str]] = field(default_factory=list)  # earlier turns, chat messages
     conversation: int = -1  # the session (multi-turn conversation) it belongs to (-1: none)
     turn: int = 0
