@@ -4,11 +4,12 @@ sent before the trial's clock, in virtual time and against the simulated server 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from aiohttp.test_utils import TestServer
 
 from servetune.loadgen import LoadConfig, Target
-from servetune.loadgen.priming import PRIMER_INDEX, primers, primers_for, shared_part
+from servetune.loadgen.priming import PRIMER_INDEX, primers, primers_for, shared_segments
 from servetune.sim import server_args_from_flags, simulate
 from servetune.sim.server import SimServer
 from servetune.trial import TrialRequest, run_trial
@@ -25,33 +26,51 @@ def _vlm_spec(position: str = "before_text", reuse: float = 1.0) -> WorkloadSpec
                                       position=position))
 
 
-def test_one_primer_per_shared_part_in_order_of_first_use() -> None:
+def _heads(reqs: list) -> set:
+    """Every request's shared head (system prompt, leading pooled images)."""
+    return {segs for r in reqs if (segs := shared_segments(r))}
+
+
+def test_one_primer_per_shared_head_in_order_of_first_use() -> None:
     reqs = build_requests(_vlm_spec(), 200).requests
     first = primers(reqs)
-    parts = {shared_part(r) for r in reqs} - {(None, ())}
-    assert len(first) == len(parts) and {shared_part(p) for p in first} == parts  # each once, all of them
+    heads = [shared_segments(p) for p in first]
+    assert len(set(heads)) == len(heads) and set(heads) <= _heads(reqs)
+    begins = [shared_segments(r) for r in reqs]
+    for segs in begins:  # every request's head is primed as far as another request shares it
+        k = max((k for k in range(1, len(segs) + 1) if sum(b[:k] == segs[:k] for b in begins) >= 2), default=0)
+        assert any(h[:k] == segs[:k] for h in heads) if k else True
+    assert any(len(h) == 2 for h in heads)  # system prompt and image, primed together
     assert [p.index for p in first] == list(range(PRIMER_INDEX, PRIMER_INDEX + len(first)))
     assert all(p.output_tokens == 1 and p.history == [] and p.conversation == -1 for p in first)
-    order = list(dict.fromkeys(k for r in reqs if (k := shared_part(r)) != (None, ())))
-    assert [shared_part(p) for p in first] == order
+    order = list(dict.fromkeys(shared_segments(r) for r in reqs if shared_segments(r) in set(heads)))
+    assert heads == order
 
 
 def test_images_after_the_text_or_unique_ones_share_nothing_but_the_system_prompt() -> None:
     after = build_requests(_vlm_spec("after_text"), 100).requests
-    assert {shared_part(p)[1] for p in primers(after)} == {()}  # the user's text comes first: images never shared
+    assert {p.images == [] and p.system is not None for p in primers(after)} == {True}
     unique = build_requests(_vlm_spec(reuse=0.0), 100).requests
-    assert all(r.pooled_images == 0 for r in unique) and {shared_part(p)[1] for p in primers(unique)} == {()}
+    assert all(r.pooled_images == 0 for r in unique) and all(p.images == [] for p in primers(unique))
     ahead = build_requests(_vlm_spec("before_system", reuse=0.5), 200).requests
     for r in ahead:  # an unpooled image ahead of the system prompt: nothing after it is shared
-        assert shared_part(r) == ((r.system, tuple(r.images)) if r.pooled_images == len(r.images)
-                                  else (None, tuple(r.images[: r.pooled_images])))
+        segs = shared_segments(r)
+        assert [k for k, _ in segs] == ["image"] * r.pooled_images + (["system"] * (r.system is not None)
+                                                                       if r.pooled_images == len(r.images) else [])
+
+
+def test_a_head_no_other_request_shares_is_not_primed() -> None:
+    """A nonce inside the system prompt: every prompt differs from its first words, nothing to warm."""
+    reqs = build_requests(_vlm_spec().model_copy(update={"images": None}), 60).requests
+    own = [replace(r, system=f"nonce {r.index}. {r.system}") if r.system else r for r in reqs]
+    assert primers(own) == [] and len(primers(reqs)) == 2  # the two real system prompts
 
 
 def test_a_trace_or_a_load_that_says_so_is_not_primed() -> None:
     reqs = build_requests(_vlm_spec(), 50).requests
     assert primers_for(reqs, LoadConfig(concurrency=4, prime_cache=False)) == []
     assert primers_for(reqs, LoadConfig(mode="rate", arrival="trace", concurrency=4)) == []
-    assert len(primers_for(reqs, LoadConfig(concurrency=4, warmup_requests=10))) == len(primers(reqs[10:]))
+    assert primers_for(reqs, LoadConfig(concurrency=4, warmup_requests=10)) == primers(reqs[10:], reqs)
 
 
 def _missed(records: list) -> int:
@@ -65,7 +84,7 @@ def test_a_primed_virtual_trial_meets_no_first_use_and_its_records_hold_no_prime
     load = LoadConfig(concurrency=8, warmup_requests=4)
     cold = simulate(args, reqs, load.model_copy(update={"prime_cache": False}))
     warm = simulate(args, reqs, load)
-    n = len(primers(reqs[4:]))
+    n = len(primers(reqs[4:], reqs))
     assert cold.load["primers"] == 0 and warm.load["primers"] == n > 4
     assert len(warm.records) == len(cold.records) == 140  # the primers are not records of the trial
     assert all(r.request_id < PRIMER_INDEX for r in warm.records)
@@ -87,7 +106,8 @@ async def test_a_live_trial_primes_the_server_before_its_clock_starts() -> None:
         result = await asyncio.to_thread(run_trial, req)
     finally:
         await server.close()
-    n = len(primers(build_requests(spec, 42).requests[2:]))
+    batch = build_requests(spec, 42).requests
+    n = len(primers(batch[2:], batch))
     assert result.status == "ok" and result.load["primers"] == n and result.load["primer_errors"] == 0
     assert len(result.records) == 42 and all(r.request_id < PRIMER_INDEX for r in result.records)
     assert _missed(result.records) == 0  # every measured request found its system prompt cached
