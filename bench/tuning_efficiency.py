@@ -36,7 +36,7 @@ from servetune.plan import Level, TuningPlan, parse_plan
 from servetune.tuning.campaign import dry_run
 from servetune.validation.campaign import check_trial
 from servetune.tuning.ceiling import judge, ramp_levels
-from servetune.tuning.evidence import Evidence, current, pool
+from servetune.tuning.evidence import Evidence, current, pool, unsettled
 from servetune.tuning.runner import SimTrialRunner
 from servetune.tuning.sizing import size_trial
 from servetune.tuning.state import CampaignState, TrialOutcome, TrialSpec, config_key
@@ -206,11 +206,16 @@ def judge_cell(plan: TuningPlan, runner: SimTrialRunner, seen: CampaignState, fl
 
 def measure(plan: TuningPlan, runner: SimTrialRunner, seen: CampaignState, flags: dict[str, Any], level: Level,
             seed: int, size: tuple[int, int] | None, checklist: bool) -> TrialOutcome:
-    """One seed of (flags, level) at ``size`` (else sized from ``seen``), re-run once bigger when INVALID."""
-    o, known = None, seen
-    for _attempt in range(1 + plan.repeats.invalid_retries):
-        if size is not None and o is None:
+    """One seed of (flags, level) at ``size`` (else sized from ``seen``), re-run once bigger when INVALID, and
+    once at the tuner's settled size when its p99 verdict is unsettled (evidence.unsettled)."""
+    o, known, grow = None, seen, None
+    for _attempt in range(2 + plan.repeats.invalid_retries):
+        if grow is not None:
+            requests, warmup, how = grow[0], o.warmup, grow[1]  # type: ignore[union-attr]
+        elif size is not None and o is None:
             requests, warmup, how = size[0], size[1], "the level's size"
+        elif o is not None and o.valid:
+            break
         else:  # sized as the tuner sizes a re-run: from all it knows, the INVALID attempts included
             requests, warmup, how = size_trial(plan, known, flags, level, "ramp", resize_from=o)
         spec = TrialSpec(stage="refine", **plan.load_at(level), flags=flags, requests=requests, warmup=warmup,
@@ -218,9 +223,11 @@ def measure(plan: TuningPlan, runner: SimTrialRunner, seen: CampaignState, flags
         rep = runner.run(spec, experiment_id="grid")
         if checklist:
             check_trial(plan, rep.result)
+        was_grown = grow is not None
         o = TrialOutcome.from_result(spec, rep.result, gpu_seconds=rep.gpu_seconds, restarted=rep.restarted)
         known = known.add(o)
-        if o.valid or judge(o, plan.sla).kind == "overload":
+        grow = None if was_grown or not o.valid else unsettled(plan, o)
+        if (o.valid and grow is None) or judge(o, plan.sla).kind == "overload":
             break
     assert o is not None
     return o

@@ -20,6 +20,7 @@ from servetune.per_turn import by_turn
 from servetune.records import RequestRecord
 from servetune.result import Percentiles, TrialSummary
 from servetune.sla import SLA
+from servetune.stats import quantile_interval
 from servetune.validity import SteadyWindow, ValidityRules, assess, load_mode, steady_window
 
 log = logging.getLogger(__name__)
@@ -110,10 +111,12 @@ def summarize(
     s.completions_in_window = len(in_set)
 
     # latency distributions over the successful requests that completed in the window
-    s.ttft_ms = percentiles(r.ttft_ms for r in ok if r.ttft_ms is not None)
+    bounded = {"ttft": [r.ttft_ms for r in ok if r.ttft_ms is not None],  # what an SLA's p99 can bound
+               "tpot": [t for r in ok if (t := r.tpot_ms()) is not None],
+               "e2e": [r.e2e_ms for r in ok if r.e2e_ms is not None]}
+    s.ttft_ms, s.tpot_ms, s.e2e_ms = (percentiles(bounded[k]) for k in ("ttft", "tpot", "e2e"))
     s.itl_ms = percentiles(Chunks.of(ok).itl_gaps_ms())
-    s.tpot_ms = percentiles(t for r in ok if (t := r.tpot_ms()) is not None)
-    s.e2e_ms = percentiles(r.e2e_ms for r in ok if r.e2e_ms is not None)
+    s.p99_interval_ms = {k: list(ci) for k, v in bounded.items() if (ci := quantile_interval(v)) is not None}
     s.queue_ms = percentiles(r.queue_ms for r in ok)
     # lengths as the server counted them (usage); requested lengths stay in the records
     s.input_len = percentiles(r.prompt_tokens for r in ok if r.prompt_tokens is not None)

@@ -86,6 +86,8 @@ class TrialSummary(BaseModel):
     input_len: Percentiles = Percentiles()
     output_len: Percentiles = Percentiles()
     cached_len: Percentiles = Percentiles()
+    # each p99's 95% interval (order statistics, servetune.stats.quantile_interval): ttft/tpot/e2e -> [lo, hi]
+    p99_interval_ms: dict[str, list[float]] = {}
     lengths_exact: bool = False  # prompts built with the model's tokenizer
     token_count_sources: dict[str, int] = {}
     # throughput over the window

@@ -12,6 +12,7 @@ crashed one re-run as it was, the seeds a decision needs.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,6 +25,27 @@ from servetune.tuning.verdict import judge
 
 #: checklist items about the window's length: a trial they reject is re-run bigger, others at its size
 WINDOW_ITEMS = ("steady_window", "window_completions", "one_window", "min_measured", "measured")
+#: a p99 whose 95% interval holds its bound is re-measured where this many requests lie above it (1,000)
+TAIL_REQUESTS = 10
+P99_SETTLED = round(TAIL_REQUESTS / 0.01)
+
+
+def unsettled(plan: TuningPlan, o: TrialOutcome) -> tuple[int, str] | None:
+    """(requests, why) when ``o``'s SLA verdict rests on a p99 whose 95% interval holds its bound and fewer
+    than ``P99_SETTLED`` requests: a bigger trial on the same seed could turn it. A p99 of 250 requests rests
+    on 2-3 of them (its interval's upper end is the maximum), so near the bound its verdict moves with the
+    trial's length; at 1,000 the interval is the 4th-16th largest. None when settled (or not a p99 verdict)."""
+    s, cap = o.summary, plan.budget.max_requests_per_trial
+    if not o.valid or judge(o, plan.sla).kind not in ("pass", "sla") or s.completions_in_window >= P99_SETTLED:
+        return None
+    for name in ("ttft", "tpot", "e2e"):
+        bound, ci = getattr(plan.sla, f"p99_{name}_ms"), s.p99_interval_ms.get(name)
+        if bound is not None and ci and ci[0] <= bound < ci[1] and o.requests < cap:
+            grown = min(cap, math.ceil(o.requests * P99_SETTLED / max(s.completions_in_window, 1) * 1.1))
+            p99 = getattr(s, f"{name}_ms").p99
+            return grown, (f"p99 {name.upper()} {p99:.1f} ms with 95% interval {ci[0]:.1f}-{ci[1]:.1f} around its bound"
+                           f" {bound:g} at {s.completions_in_window} requests: re-measured at {grown}")
+    return None
 
 
 class Evidence(BaseModel):
@@ -159,6 +181,10 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *
     now = [o for o in everything if _sized(o, ref)]
     ev = current(plan, state, flags, level)
     wanted = max(repeats, plan.repeats.max if ev.marginal else repeats)  # seeds that disagree: up to max
+    for o in ev.outcomes:  # a verdict that could turn with more requests: this seed again, bigger
+        if (grow := unsettled(plan, o)) is not None:
+            return _spec(plan, stage, flags, level, o.seed_offset, grow[0], o.warmup,
+                         f"{reason}: trial {o.trial_id[:8]} unsettled on the same seed", grow[1])
     if plan.rate_mode and ev.n and not ev.passed:
         return ev  # a rate fails once any seed fails: no more seeds needed
     for k in range(wanted):
@@ -253,5 +279,5 @@ def settle(plan: TuningPlan, state: CampaignState, a: tuple[Flags, Level, str, s
         n = min(max(ev_a.n, ev_b.n, n + 1), plan.repeats.max)
 
 
-__all__ = ["Evidence", "RESIZE", "campaign_noise", "config_key", "current", "gather", "level_size", "pool", "settle",
-           "size_band"]
+__all__ = ["Evidence", "P99_SETTLED", "RESIZE", "campaign_noise", "config_key", "current", "gather", "level_size", "pool",
+           "settle", "size_band", "unsettled"]
