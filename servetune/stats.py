@@ -159,7 +159,8 @@ def quantile_interval(values: Sequence[float] | np.ndarray, q: float = 0.99,
                       confidence: float = CONFIDENCE) -> tuple[float, float] | None:
     """Distribution-free interval for the ``q`` quantile of what ``values`` were drawn from: the order
     statistics whose ranks bound Binomial(n, q) at ``confidence``. At 250 values the upper end of a p99's is
-    the maximum (the p99 rests on 2-3 requests); at 1,000 it is the fifth largest. None without values."""
+    the maximum (the p99 rests on 2-3 requests); at 1,000 it is the 4th largest (its bottom the 18th). None
+    without values."""
     x = np.sort(np.asarray(values, dtype=np.float64))
     n = x.size
     if n == 0:

@@ -34,7 +34,7 @@ def unsettled(plan: TuningPlan, o: TrialOutcome) -> tuple[int, str] | None:
     """(requests, why) when ``o``'s SLA verdict rests on a p99 whose 95% interval holds its bound and fewer
     than ``P99_SETTLED`` requests: a bigger trial on the same seed could turn it. A p99 of 250 requests rests
     on 2-3 of them (its interval's upper end is the maximum), so near the bound its verdict moves with the
-    trial's length; at 1,000 the interval is the 4th-16th largest. None when settled (or not a p99 verdict)."""
+    trial's length; at 1,000 the interval is the 18th to 4th largest. None when settled (or not a p99 verdict)."""
     s, cap = o.summary, plan.budget.max_requests_per_trial
     if not o.valid or judge(o, plan.sla).kind not in ("pass", "sla") or s.completions_in_window >= P99_SETTLED:
         return None
