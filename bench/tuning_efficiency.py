@@ -6,8 +6,8 @@ level, max-running unset or = the level, as vLLM's auto_tune or SGLang's tune_se
 run against ``servetune.sim.simulate``; the grid ramps each config until its first failing level.
 Both see the same deterministic simulator and the same validity rules (servetune.validity, the
 GPU defaults: a 20 s steady window, max(200, 4 x streams) completions), and both size their
-trials with servetune.tuning.sizing (the grid re-runs an INVALID trial once, bigger, as the tuner
-does); a trial that stays INVALID counts for neither side. Both are judged on the same workload seeds
+trials with servetune.tuning.sizing (the grid re-runs an INVALID trial once, bigger, and an unsettled p99
+verdict once at the settled size, as the tuner does); a trial that stays INVALID counts for neither side. Both are judged on the same workload seeds
 (``--seeds``, default 3: the grid runs every config and level on each, a level passing by majority, and
 one whose seeds disagree gets seeds up to ``repeats.max``, as the tuner's; the staged campaign runs with
 ``repeats.count`` = that many, as on a live engine, and its answer's config and level are measured on the
