@@ -1,5 +1,5 @@
 """The campaign as an Airflow task group: prepare -> provision -> protocols -> stages -> recommend -> validate ->
-load -> report, with teardown always last. One group per GPU runner, mapped over that runner's plans.
+load -> report -> outcome (red unless the campaign concluded), with teardown always last. One group per GPU runner, mapped over that runner's plans.
 
 Every task of a runner's group sits in the runner's pool (one slot: no two trials share a GPU) and on
 its Celery queue (one queue per GPU type, a worker on each GPU host).
@@ -114,6 +114,13 @@ def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
     def report(exp: dict[str, Any]) -> str:
         return tasks.report(exp)
 
+    @task(trigger_rule="all_done", retries=0)
+    def outcome(exp: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return tasks.outcome(exp)
+        except tasks.CampaignFailed as exc:  # the run goes red with the reason; retrying cannot change it
+            raise AirflowFailException(str(exc)) from None
+
     @task(**where, retries=2)
     def teardown(exp: dict[str, Any]) -> dict[str, Any]:
         return tasks.teardown(exp)
@@ -127,11 +134,12 @@ def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
         checked = validate(exp)
         stored = load(exp)
         html = report(exp)
+        verdict = outcome(exp)
         end = teardown(exp)
         ready >> steps[0]
         for a, b in zip(steps, steps[1:], strict=False):
             a >> b
-        steps[-1] >> done >> checked >> stored >> html >> end
+        steps[-1] >> done >> checked >> stored >> html >> verdict >> end
         end.as_teardown(setups=ready)
 
     return campaign

@@ -170,6 +170,25 @@ def report(exp: dict[str, Any]) -> str:
     return str(write_report(load_campaign(str(folder.path)), folder.report_dir).html_path)
 
 
+class CampaignFailed(RuntimeError):
+    """The campaign ended without an answer: its DAG run must be red (Airflow's alerts and callbacks fire)."""
+
+
+def outcome(exp: dict[str, Any]) -> dict[str, Any]:
+    """The campaign's end state, after its results are validated, loaded and reported: raises
+    ``CampaignFailed`` with the one-line reason unless it concluded ``done``."""
+    folder = ResultFolder(_exp_dir(exp))
+    data = folder.read_experiment() if folder.has_experiment() else {}
+    status = data.get("status") or "never started"
+    if status != "done":
+        reason = data.get("status_reason") or ("the DAG run ended before the campaign concluded"
+                                               if status == "running" else "no reason recorded")
+        name = (data.get("plan") or {}).get("name") or exp.get("experiment_id")
+        raise CampaignFailed(f"campaign {name} {status}: {reason}")
+    log.info("campaign %s done", (data.get("plan") or {}).get("name"))
+    return {"status": status}
+
+
 def teardown(exp: dict[str, Any]) -> dict[str, Any]:
     """Always runs: no server of this experiment may outlive the run, and an unfinished one is marked failed."""
     from servetune.runners.sweep import sweep

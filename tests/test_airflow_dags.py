@@ -49,6 +49,7 @@ def test_weekly_campaign_runs_validates_and_loads(airflow_setup):
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "Task failed with exception" not in proc.stdout
     assert _task_states(airflow_setup, "teardown") == {"success"}  # a failed teardown would not fail the run
+    assert _task_states(airflow_setup, "outcome") == {"success"}
     (exp_dir,) = [p.parent for p in airflow_setup.results_dir.glob("*/experiment.json")]
     exp = orjson.loads((exp_dir / "experiment.json").read_bytes())
     assert exp["status"] == "done" and exp["trigger"] == "manual", exp.get("status_reason")
@@ -142,6 +143,12 @@ def test_failing_trial_still_tears_down_and_is_recorded(airflow_setup):
     assert _rows(airflow_setup.warehouse_url, "select status from experiments where experiment_id = :e",
                  e=exp["experiment_id"]) == [("failed",)]
     assert _task_states(airflow_setup, "teardown") == {"success"}
+    # the run is red: the outcome task fails with the campaign's reason, after the report and the load ran
+    assert _task_states(airflow_setup, "outcome") == {"failed"}
+    assert _task_states(airflow_setup, "report") == _task_states(airflow_setup, "load") == {"success"}
+    with psycopg.connect(localdb.libpq_dsn(airflow_setup.metadata_url)) as conn:
+        assert {r[0] for r in conn.execute("select state from dag_run").fetchall()} == {"failed"}
+    assert f"campaign tiny-sim failed: {exp['status_reason']}" in proc.stdout + (proc.stderr or '')
     assert "cuda_oom" in " ".join(r[1] for r in rows).lower() or "out of memory" in " ".join(r[1] for r in rows)
     assert not [p for p in psutil.process_iter(["cmdline"]) if "sglang.launch_server" in (p.info["cmdline"] or [])]
 
