@@ -55,7 +55,10 @@ def test_demo_campaign_over_http_in_real_time(tmp_path: Path) -> None:
     # one refinement flag (the rest of the walk is the virtual campaigns' business): a few minutes of real time
     refine = plan.stages.refine.model_copy(update={"grid": {"chunked-prefill-size": [1024]},
                                                    "set_max_running": False})
-    plan = plan.model_copy(update={"stages": plan.stages.model_copy(update={"refine": refine})})
+    # trials capped at 240 requests: an unsettled p99 at the edge is re-measured at 1,000+ (a minute each in real
+    # time, docs/tuning.md); the settling rule is the virtual campaigns' business too
+    budget = plan.budget.model_copy(update={"max_requests_per_trial": 240})
+    plan = plan.model_copy(update={"stages": plan.stages.model_copy(update={"refine": refine}), "budget": budget})
     procs = Recording(plan, tmp_path / "logs")
     t0 = time.monotonic()
     campaign = Campaign(plan, LiveTrialRunner(plan, provisioner=procs), tmp_path / "out")
