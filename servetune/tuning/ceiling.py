@@ -202,9 +202,9 @@ def _bisect(plan: TuningPlan, state: CampaignState, flags: Flags, best: Evidence
     if lo_ev is not None:
         lo_ev = current(plan, state, flags, lo_ev.level)
     hi_ev = current(plan, state, flags, hi_ev.level)
-    if lo_ev is not None and lo_ev.passed and (best is None or (lo_ev.level > best.level and gains(
-            lo_ev, current(plan, state, flags, best.level), plan.stages.ramp.min_gain))):
-        best = lo_ev  # a bisected level above the best that still gains
+    if lo_ev is not None and lo_ev.passed and (best is None or (lo_ev.level > best.level and (plan.rate_mode or gains(
+            lo_ev, current(plan, state, flags, best.level), plan.stages.ramp.min_gain)))):
+        best = lo_ev  # a bisected level above the best that still gains; an open loop's capacity: the highest pass
     elif best is not None:
         best = current(plan, state, flags, best.level)
     v = hi_ev.verdict
