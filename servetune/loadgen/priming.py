@@ -3,12 +3,11 @@
 A workload with shared system prompts or a pool of repeated images has a fixed number of first uses:
 each one misses the cache, however long the trial. Left in the window they are a size-dependent tail:
 on a simulated 8B VLM (two system prompts x 32 pooled images, 56 streams) p99 TTFT was 2,839 ms at 354
-measured requests and 162 ms at 1,000, the same config (392 and 132 ms primed). A service that has run for a while has seen its
-shared parts (the cache evicts what it cannot keep), so before the warm-up the load sends one short
-request (one output token) per shared head that a measured request uses: its system prompt and the run
-of pooled images it starts with, where they sit in the prompt, as far as at least two of the trial's
-requests share them. They go as a phase of their own
-before the trial's clock starts (their completions, all at once, would otherwise open a closed loop's
+measured requests and 162 ms at 1,000, the same config (392 and 132 ms primed). A service that has run
+for a while has seen its shared parts (the cache evicts what it cannot keep), so before the warm-up the
+load sends one short request (one output token) per shared head that a measured request uses: its system
+prompt and the run of pooled images it starts with, where they sit in the prompt, as far as at least two
+of the trial's requests share them. They go as a phase of their own before the trial's clock starts (their completions, all at once, would otherwise open a closed loop's
 window early), and the result counts them (``load.primers``). A timed trace replays its own requests as
 recorded: it is not primed.
 """
