@@ -163,26 +163,35 @@ def _open_loop(rate: float, *, ttft: float, valid: bool = True) -> TrialSummary:
         invalid_reasons=[] if valid else ["steady window 8.0 s < 20 s"], sustained=True)
 
 
+def _drive_rate(plan, surface, max_steps: int = 300):
+    """Run a rate-mode campaign on ``surface(spec, state) -> TrialSummary``: (final decision, state)."""
+    state = CampaignState()
+    for i in range(max_steps):
+        d = next_trials(plan, state)
+        if d.done:
+            return d, state
+        (spec,) = d.trials
+        state = state.add(TrialOutcome(trial_id=f"t{i}", stage=spec.stage, concurrency=spec.concurrency, rate=spec.rate,
+                                       requests=spec.requests, warmup=spec.warmup, seed_offset=spec.seed_offset,
+                                       summary=surface(spec, state), gpu_seconds=60))
+    raise AssertionError("campaign did not finish")
+
+
 def test_capacity_holds_on_every_seed_and_an_invalid_seed_is_re_run_on_itself() -> None:
     """Under bursts seed 0 breaks the TTFT bound from 6 req/s on, seeds 1 and 2 only from 12. Seed 0's first
     trial at 8 req/s is INVALID (a short window): re-run on seed 0, bigger, it fails. Redrawing the seed
     would have passed it. The capacity is the highest rate that passes on all three seeds (5 req/s)."""
     plan = _rate_plan()
-    state = CampaignState()
-    for i in range(200):
-        d = next_trials(plan, state)
-        if d.done:
-            break
-        (spec,) = d.trials
+
+    def surface(spec, state):
         rate = spec.rate
         assert rate is not None
         tried = [o for o in state.outcomes if o.rate == rate and o.seed_offset == spec.seed_offset]
         edge = 6 if spec.seed_offset == 0 else 12
-        s = _open_loop(rate, ttft=1500 if rate >= edge else 400, valid=not (rate == 8 and spec.seed_offset == 0
-                                                                            and not tried))
-        state = state.add(TrialOutcome(trial_id=f"t{i}", stage=spec.stage, concurrency=spec.concurrency, rate=rate,
-                                       requests=spec.requests, warmup=spec.warmup, seed_offset=spec.seed_offset,
-                                       summary=s, gpu_seconds=60))
+        return _open_loop(rate, ttft=1500 if rate >= edge else 400, valid=not (rate == 8 and spec.seed_offset == 0
+                                                                               and not tried))
+
+    d, state = _drive_rate(plan, surface, max_steps=200)
     assert d.done and d.recommendation is not None
     assert 5 <= d.recommendation.rate < 6 and d.ceiling is not None and d.ceiling.level == d.recommendation.rate
     rerun = [o for o in state.outcomes if o.rate == 8 and o.seed_offset == 0]
@@ -201,12 +210,8 @@ def test_a_p99_verdict_inside_its_interval_is_re_measured_on_its_seed_at_the_set
     by 2-3 requests (its interval's top is the maximum). Its trial is re-run on seed 2 at the size where the
     p99 rests on 10 requests, and that verdict (a fail) decides; the band's other trials follow to its size."""
     plan = _rate_plan()
-    state = CampaignState()
-    for i in range(300):
-        d = next_trials(plan, state)
-        if d.done:
-            break
-        (spec,) = d.trials
+
+    def surface(spec, state):
         rate = spec.rate
         s = _open_loop(rate, ttft=400 if rate < 12 else 1500)
         s.completions_in_window = round(spec.requests * 0.95)
@@ -216,9 +221,9 @@ def test_a_p99_verdict_inside_its_interval_is_re_measured_on_its_seed_at_the_set
             s.p99_interval_ms = {"tpot": [53.0, 58.0] if big else [44.0, 70.0]}
         else:
             s.p99_interval_ms = {"tpot": [15.0, 30.0]}
-        state = state.add(TrialOutcome(trial_id=f"t{i}", stage=spec.stage, concurrency=spec.concurrency, rate=rate,
-                                       requests=spec.requests, warmup=spec.warmup, seed_offset=spec.seed_offset,
-                                       summary=s, gpu_seconds=60))
+        return s
+
+    d, state = _drive_rate(plan, surface)
     assert d.done and d.recommendation is not None
     assert 4 <= d.recommendation.rate < 5  # not 8 or above, which the 250-request verdicts would have passed
     grown = [o for o in state.outcomes if o.seed_offset == 2 and o.summary.completions_in_window >= P99_SETTLED]
