@@ -6,7 +6,7 @@ the capacity, not the flag walk) through ``servetune.tuning`` (the code `servetu
 exhaustive grid runs the same default config at every rate from the ladder's lowest to its highest
 in steps of ``--step`` (5%, geometric), each trial sized by the tuner's own rule
 (servetune.tuning.sizing, one size per ladder rung's band), re-run once on the same seed, bigger, when INVALID,
-and once at the tuner's settled size when a p99 verdict's interval holds its bound (evidence.unsettled). Both judge a trial with
+and once at the tuner's settled size when a p99 or latency-growth interval holds its bound (evidence.unsettled). Both judge a trial with
 the same verdict (SLA p99s, errors, memory, and whether the server kept up: servetune.tuning.verdict) and a
 rate with the same rule: it passes only when it passes on every one of ``--seeds`` workload and arrival
 seeds (the plan's ``repeats.count``, the same seeds on both sides), and a capacity is the highest rate

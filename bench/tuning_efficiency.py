@@ -6,8 +6,8 @@ level, max-running unset or = the level, as vLLM's auto_tune or SGLang's tune_se
 run against ``servetune.sim.simulate``; the grid ramps each config until its first failing level.
 Both see the same deterministic simulator and the same validity rules (servetune.validity, the
 GPU defaults: a 20 s steady window, max(200, 4 x streams) completions), and both size their
-trials with servetune.tuning.sizing (the grid re-runs an INVALID trial once, bigger, and an unsettled p99
-verdict once at the settled size, as the tuner does); a trial that stays INVALID counts for neither side. Both are judged on the same workload seeds
+trials with servetune.tuning.sizing (the grid re-runs an INVALID trial once, bigger, and an unsettled p99 or
+latency-growth verdict once at the settled size, as the tuner does); a trial that stays INVALID counts for neither side. Both are judged on the same workload seeds
 (``--seeds``, default 3: the grid runs every config and level on each, a level passing by majority, and
 one whose seeds disagree gets seeds up to ``repeats.max``, as the tuner's; the staged campaign runs with
 ``repeats.count`` = that many, as on a live engine, and its answer's config and level are measured on the
@@ -207,7 +207,7 @@ def judge_cell(plan: TuningPlan, runner: SimTrialRunner, seen: CampaignState, fl
 def measure(plan: TuningPlan, runner: SimTrialRunner, seen: CampaignState, flags: dict[str, Any], level: Level,
             seed: int, size: tuple[int, int] | None, checklist: bool) -> TrialOutcome:
     """One seed of (flags, level) at ``size`` (else sized from ``seen``), re-run once bigger when INVALID, and
-    once at the tuner's settled size when its p99 verdict is unsettled (evidence.unsettled)."""
+    once at the tuner's settled size when its p99 or latency-growth verdict is unsettled (evidence.unsettled)."""
     o, known, grow = None, seen, None
     for _attempt in range(2 + plan.repeats.invalid_retries):
         if grow is not None:
@@ -227,7 +227,7 @@ def measure(plan: TuningPlan, runner: SimTrialRunner, seen: CampaignState, flags
         o = TrialOutcome.from_result(spec, rep.result, gpu_seconds=rep.gpu_seconds, restarted=rep.restarted)
         known = known.add(o)
         grow = None if was_grown or not o.valid else unsettled(plan, o)
-        if (o.valid and grow is None) or judge(o, plan.sla).kind == "overload":
+        if grow is None and (o.valid or judge(o, plan.sla).kind == "overload"):
             break
     assert o is not None
     return o

@@ -261,6 +261,7 @@ def _validity(s: TrialSummary, records: Sequence[RequestRecord], steady: SteadyW
                                 if a.in_flight_min is not None and a.in_flight_target else None)
     s.dispatch_fraction, s.scheduled_rate = a.dispatch_fraction, a.scheduled_rate
     s.completion_fraction, s.sustained, s.latency_growth = a.completion_fraction, a.sustained, a.latency_growth
+    s.latency_growth_interval = list(a.latency_growth_interval) if a.latency_growth_interval else None
     s.throughput_mismatch, s.client_lag_p99_ms = a.throughput_mismatch, a.client_lag_p99_ms
 
 

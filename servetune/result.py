@@ -73,6 +73,7 @@ class TrialSummary(BaseModel):
     scheduled_rate: float | None = None  # open loop: the arrival schedule's own rate over the trial
     completion_fraction: float | None = None  # open loop: completions / arrivals in the window
     latency_growth: float | None = None  # open loop: E2E per token, last quarter of arrivals / the second
+    latency_growth_interval: list[float] | None = None  # its 95% interval [lo, hi] (each median's order statistics)
     sustained: bool | None = None  # open loop: the server kept up (completions and latency growth within the rules)
     tokens_per_request: float | None = None  # output_tokens_per_s / request_throughput: the set's mean output
     throughput_mismatch: float | None = None  # output_tokens_per_s_arrived / output_tokens_per_s - 1

@@ -31,6 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune.records import RequestRecord
+from servetune.stats import quantile_interval
 
 IN_FLIGHT_BINS = 20
 MIN_BIN_S = 0.05
@@ -220,6 +221,7 @@ class Assessment(BaseModel):
     scheduled_rate: float | None = None
     completion_fraction: float | None = None
     latency_growth: float | None = None
+    latency_growth_interval: tuple[float, float] | None = None
     sustained: bool | None = None
     throughput_mismatch: float | None = None
     client_lag_p99_ms: float | None = None
@@ -310,7 +312,8 @@ def _open_loop(records: Sequence[RequestRecord], ws: float, we: float, rules: Va
                            " it could not hold the load")
     if sent.size:
         out.completion_fraction = _completion_fraction(records, ws, we, sent.size)
-        out.latency_growth, growing = _latency_growth(records, ws, we, rules.max_latency_growth)
+        out.latency_growth, out.latency_growth_interval = _latency_growth(records, ws, we)
+        growing = out.latency_growth is not None and out.latency_growth > rules.max_latency_growth
         held_back = (out.dispatch_fraction or 1.0) < rules.min_dispatch_fraction and cap_full(out.in_flight_mean, cap)
         # the latency trend decides when it can be read; the completion count one latency later is the
         # fallback (it swings with where a burst of arrivals falls against the window's edges)
@@ -319,15 +322,17 @@ def _open_loop(records: Sequence[RequestRecord], ws: float, we: float, rules: Va
         out.sustained = keeps_up and not held_back
 
 
-def _latency_growth(records: Sequence[RequestRecord], ws: float, we: float,
-                    limit: float) -> tuple[float | None, bool]:
-    """(median E2E per output token of the window's last quarter of arrivals / of its second, growing?).
+def _latency_growth(records: Sequence[RequestRecord], ws: float,
+                    we: float) -> tuple[float | None, tuple[float, float] | None]:
+    """(median E2E per output token of the window's last quarter of arrivals / of its second, its 95% interval).
 
     A server short of the offered rate accumulates the excess, queued or in ever larger batches
     that each run slower: either way a later arrival takes longer per token than an earlier one,
     where a sustained load keeps it level. Per output token, so the lengths drawn do not move it;
     the second quarter, not the first, so a warm-up still filling the pipeline does not; latency,
-    not the in-flight count, so a lull in the arrivals (a Poisson draw's quiet spell) does not."""
+    not the in-flight count, so a lull in the arrivals (a Poisson draw's quiet spell) does not.
+    The interval (each median's order-statistic interval, the ratio of their far ends) says how far a
+    verdict near the limit can be trusted: a few hundred arrivals per quarter leave it wide."""
     quarter = (we - ws) / 4
 
     def per_token(lo: float, hi: float) -> list[float]:
@@ -336,9 +341,10 @@ def _latency_growth(records: Sequence[RequestRecord], ws: float, we: float,
 
     early, late = per_token(ws + quarter, ws + 2 * quarter), per_token(we - quarter, we)
     if len(early) < 5 or len(late) < 5:
-        return None, False
+        return None, None
     growth = float(np.median(late)) / float(np.median(early))
-    return growth, growth > limit
+    (early_lo, early_hi), (late_lo, late_hi) = quantile_interval(early, 0.5), quantile_interval(late, 0.5)  # type: ignore[misc]
+    return growth, (late_lo / early_hi, late_hi / early_lo)
 
 
 def _completion_fraction(records: Sequence[RequestRecord], ws: float, we: float, arrivals: int) -> float:

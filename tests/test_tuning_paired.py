@@ -13,7 +13,7 @@ import numpy as np
 from servetune.plan import parse_plan
 from servetune.result import Percentiles, TrialSummary
 from servetune.stats import compare, paired_compare, quantile_interval, spread
-from servetune.tuning.evidence import P99_SETTLED, unsettled
+from servetune.tuning.evidence import GROWTH_SETTLED, P99_SETTLED, unsettled
 from servetune.tuning import CampaignState, TrialOutcome, next_trials
 from test_tuning_decisions import make_plan, summary
 from test_tuning_noise import drive
@@ -231,6 +231,36 @@ def test_a_p99_verdict_inside_its_interval_is_re_measured_on_its_seed_at_the_set
     assert grown and grown[0].rate == first.rate and first.summary.completions_in_window < P99_SETTLED
     assert all(unsettled(plan, o) is None for o in state.outcomes if o.summary.completions_in_window >= P99_SETTLED)
     assert not any(o.requests >= grown[0].requests for o in state.outcomes if o.rate < 4)  # clear ones stay small
+
+
+def test_an_overload_verdict_inside_its_growth_interval_is_re_measured_on_its_seed_at_the_settled_size() -> None:
+    """From 8 req/s seed 1's latency growth reads x1.55 at a few hundred requests, its interval x1.2-x1.95
+    holding the x1.5 limit: an overload verdict a noise flip could make. Re-measured on seed 1 at 2,000
+    requests it reads x1.1 (x1.0-x1.2): kept up. The capacity is where the TTFT bound breaks on every seed
+    (12 req/s), not below 8."""
+    plan = _rate_plan()
+
+    def surface(spec, state):
+        rate = spec.rate
+        s = _open_loop(rate, ttft=400 if rate < 12 else 1500)
+        s.completions_in_window = round(spec.requests * 0.95)
+        s.in_flight_mean, s.offered_concurrency = 10.0, 512
+        big = s.completions_in_window >= GROWTH_SETTLED
+        if spec.seed_offset == 1 and rate >= 8 and not big:
+            s.latency_growth, s.latency_growth_interval, s.sustained = 1.55, [1.2, 1.95], False
+        else:
+            s.latency_growth, s.latency_growth_interval = 1.1 if rate >= 8 else 1.0, [1.0, 1.2]
+        return s
+
+    d, state = _drive_rate(plan, surface)
+    assert d.done and d.recommendation is not None
+    assert 11 <= d.recommendation.rate < 12, d.recommendation.rate
+    first = next(o for o in state.outcomes if o.seed_offset == 1 and o.rate == 8)
+    assert first.summary.sustained is False and unsettled(plan, first) is not None
+    grown = [o for o in state.outcomes if o.seed_offset == 1 and o.rate == 8 and o is not first]
+    assert grown and grown[-1].summary.completions_in_window >= GROWTH_SETTLED and grown[-1].summary.sustained
+    assert all(unsettled(plan, o) is None for o in state.outcomes if o.summary.completions_in_window >= GROWTH_SETTLED)
+    assert not any(o.requests >= grown[-1].requests for o in state.outcomes if o.rate < 4)  # clear ones stay small
 
 
 def test_a_p99_interval_covers_the_true_p99_and_tightens_with_the_count() -> None:

@@ -324,3 +324,19 @@ def test_a_refined_config_that_fails_bursts_gives_way_to_the_ramps(tmp_path: Pat
     assert not mine[0]["passed"] and theirs[0]["passed"], step.checks
     assert step.fallback is not None and step.fallback.trial_id == ramp.trial_id
     assert "recommending the ramp's config" in step.notes[-1]
+
+
+def test_the_latency_growth_interval_holds_its_ratio_and_tightens_with_the_arrivals() -> None:
+    """A sustained load whose E2E scatters (lognormal, sigma 0.6) around a level median: the growth ratio's 95%
+    interval holds the estimate and 1.0; at 400 arrivals it reaches past x1.2 or below x0.8, at 4,000 it is
+    under a third as wide (each quarter's median rests on ten times the requests)."""
+    rng = np.random.default_rng(11)
+    widths = {}
+    for n in (400, 4000):
+        recs = [_req(i, i / 10.0, float(rng.lognormal(0.0, 0.6))) for i in range(n)]
+        s = summarize(recs, load={"mode": "rate", "rate": 10.0, "concurrency": 100_000}, rules=RULES, sla=None,
+                      gpu=None, server=None, lengths_exact=True)
+        lo, hi = s.latency_growth_interval
+        assert lo <= s.latency_growth <= hi and lo < 1.0 < hi, (n, lo, s.latency_growth, hi)
+        widths[n] = hi - lo
+    assert widths[400] > 0.4 and widths[4000] < widths[400] / 3, widths

@@ -22,30 +22,45 @@ from servetune.stats import Comparison, Spread, paired_compare, spread
 from servetune.tuning.sizing import RESIZE, size_trial
 from servetune.tuning.state import UNPAIRED, CampaignState, Flags, TrialOutcome, TrialSpec, Verdict, config_key
 from servetune.tuning.verdict import judge
+from servetune.validity import cap_full
 
 #: checklist items about the window's length: a trial they reject is re-run bigger, others at its size
 WINDOW_ITEMS = ("steady_window", "window_completions", "one_window", "min_measured", "measured")
 #: a p99 whose 95% interval holds its bound is re-measured where this many requests lie above it (1,000)
 TAIL_REQUESTS = 10
 P99_SETTLED = round(TAIL_REQUESTS / 0.01)
+#: an open loop's latency growth whose interval holds its limit is re-measured at this many requests
+GROWTH_SETTLED = 2 * P99_SETTLED
 
 
 def unsettled(plan: TuningPlan, o: TrialOutcome) -> tuple[int, str] | None:
-    """(requests, why) when ``o``'s SLA verdict rests on a p99 whose 95% interval holds its bound and fewer
-    than ``P99_SETTLED`` requests: a bigger trial on the same seed could turn it. A p99 of 250 requests rests
-    on 2-3 of them (its interval's upper end is the maximum), so near the bound its verdict moves with the
-    trial's length; at 1,000 the interval is the 18th to 4th largest. None when settled (or not a p99 verdict)."""
+    """(requests, why) when a bigger trial on the same seed could turn ``o``'s verdict: an SLA verdict resting
+    on a p99 whose 95% interval holds its bound, with fewer than ``P99_SETTLED`` requests (a p99 of 250
+    requests rests on 2-3 of them, its interval's upper end the maximum; at 1,000 it is the 18th to 4th
+    largest); or a kept-up/overloaded verdict whose latency growth's interval holds its limit, with fewer than
+    ``GROWTH_SETTLED`` (a quarter of 250 arrivals leaves the ratio of two medians wide, and a backlog shows
+    more plainly the longer it grows). The biggest size any of them needs; None when settled."""
     s, cap = o.summary, plan.budget.max_requests_per_trial
-    if not o.valid or judge(o, plan.sla).kind not in ("pass", "sla") or s.completions_in_window >= P99_SETTLED:
+    kind = judge(o, plan.sla).kind if o.valid and o.requests < cap else None
+    needs: list[tuple[int, str]] = []
+    if kind in ("pass", "sla") and s.completions_in_window < P99_SETTLED:
+        for name in ("ttft", "tpot", "e2e"):
+            bound, ci = getattr(plan.sla, f"p99_{name}_ms"), s.p99_interval_ms.get(name)
+            if bound is not None and ci and ci[0] <= bound < ci[1]:
+                p99 = getattr(s, f"{name}_ms").p99
+                needs.append((P99_SETTLED, f"p99 {name.upper()} {p99:.1f} ms with 95% interval {ci[0]:.1f}-{ci[1]:.1f}"
+                                           f" around its bound {bound:g}"))
+                break
+    limit, ci = (s.validity_rules or {}).get("max_latency_growth", 1.5), s.latency_growth_interval
+    if kind in ("pass", "sla", "overload") and ci and ci[0] <= limit < ci[1] and s.completions_in_window < GROWTH_SETTLED \
+            and not cap_full(s.in_flight_mean, s.offered_concurrency):
+        needs.append((GROWTH_SETTLED, f"latency growth x{s.latency_growth:.2f} with 95% interval"
+                                      f" x{ci[0]:.2f}-x{ci[1]:.2f} around its limit x{limit:g}"))
+    if not needs:
         return None
-    for name in ("ttft", "tpot", "e2e"):
-        bound, ci = getattr(plan.sla, f"p99_{name}_ms"), s.p99_interval_ms.get(name)
-        if bound is not None and ci and ci[0] <= bound < ci[1] and o.requests < cap:
-            grown = min(cap, math.ceil(o.requests * P99_SETTLED / max(s.completions_in_window, 1) * 1.1))
-            p99 = getattr(s, f"{name}_ms").p99
-            return grown, (f"p99 {name.upper()} {p99:.1f} ms with 95% interval {ci[0]:.1f}-{ci[1]:.1f} around its bound"
-                           f" {bound:g} at {s.completions_in_window} requests: re-measured at {grown}")
-    return None
+    target, why = max(needs)
+    grown = min(cap, math.ceil(o.requests * target / max(s.completions_in_window, 1) * 1.1))
+    return grown, f"{why} at {s.completions_in_window} requests: re-measured at {grown}"
 
 
 class Evidence(BaseModel):
@@ -279,5 +294,5 @@ def settle(plan: TuningPlan, state: CampaignState, a: tuple[Flags, Level, str, s
         n = min(max(ev_a.n, ev_b.n, n + 1), plan.repeats.max)
 
 
-__all__ = ["Evidence", "P99_SETTLED", "RESIZE", "campaign_noise", "config_key", "current", "gather", "level_size", "pool",
+__all__ = ["Evidence", "GROWTH_SETTLED", "P99_SETTLED", "RESIZE", "campaign_noise", "config_key", "current", "gather", "level_size", "pool",
            "settle", "size_band", "unsettled"]
