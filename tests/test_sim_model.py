@@ -113,6 +113,47 @@ def test_radix_match_insert_split_and_lru_eviction() -> None:
     assert t.evict(100) == 3 and t.total_size == 0
 
 
+def test_a_chunked_prefill_walked_on_from_its_own_node_builds_the_same_tree() -> None:
+    """Requests sharing heads, each cached a chunk at a time: inserting from the request's own locked node
+    (``start``, ``end``) and moving its lock down (``move_lock``) leave the same tree, sizes, locks and
+    access times as inserting from the root and locking the whole path again, evictions in between."""
+    rng = np.random.default_rng(3)
+    heads = [list(rng.integers(0, 50, 40)) for _ in range(3)]
+    prompts = [heads[k % 3][: rng.integers(10, 40)] + list(rng.integers(0, 50, rng.integers(5, 60))) for k in range(40)]
+
+    def shape(t: RadixCache) -> list:
+        out, stack = [], [(t.root, ())]
+        while stack:
+            node, path = stack.pop()
+            out.append((path, tuple(node.key), node.lock, node.last, node.depth))
+            stack.extend((c, (*path, k)) for k, c in node.children.items())
+        return sorted(out) + [t.evictable_size, t.protected_size]
+
+    trees = []
+    for walk_on in (False, True):
+        t, nodes = RadixCache(), {}
+        for k, tokens in enumerate(prompts):
+            node, done = t.match_prefix(tokens)
+            t.inc_lock(node)
+            while done < len(tokens):
+                done = min(len(tokens), done + 7)
+                if walk_on:
+                    new, _ = t.insert(tokens, start=node, end=done)
+                    t.move_lock(node, new)
+                else:
+                    new, _ = t.insert(tokens[:done])
+                    t.inc_lock(new)
+                    t.dec_lock(node)
+                node = new
+            nodes[k] = node
+            if k % 5 == 4:  # some finish; the cache makes room
+                for j in range(k - 4, k - 1):
+                    t.dec_lock(nodes.pop(j))
+                t.evict(30)
+        trees.append(shape(t))
+    assert trees[0] == trees[1] and trees[0][-1] > 0
+
+
 # --- plausibility (the load-curve shape docs/method.md describes and the SGLang tuning guide) ---------------------------------
 
 

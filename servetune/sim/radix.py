@@ -14,10 +14,11 @@ from collections.abc import Sequence
 
 
 class Node:
-    __slots__ = ("key", "children", "parent", "lock", "last", "uid")
+    __slots__ = ("key", "children", "parent", "lock", "last", "uid", "depth")
 
     def __init__(self, key: list, parent: Node | None, uid: int):
         self.key = key
+        self.depth = (parent.depth if parent is not None else 0) + len(key)  # tokens from the root to its end
         self.children: dict = {}
         self.parent = parent
         self.lock = 0
@@ -25,12 +26,12 @@ class Node:
         self.uid = uid
 
 
-def _common(key: list, tokens: Sequence, i: int) -> int:
-    """Length of the common prefix of ``key`` and ``tokens[i:]`` (C-speed when the edge matches)."""
-    n = len(key)
-    if tokens[i : i + n] == key:
-        return n
-    m = min(n, len(tokens) - i)
+def _common(key: list, tokens: Sequence, i: int, n: int) -> int:
+    """Length of the common prefix of ``key`` and ``tokens[i:n]`` (C-speed when the edge matches)."""
+    k = len(key)
+    if i + k <= n and tokens[i : i + k] == key:
+        return k
+    m = min(k, n - i)
     j = 0
     while j < m and key[j] == tokens[i + j]:
         j += 1
@@ -63,7 +64,7 @@ class RadixCache:
         """Split ``child``'s edge after ``m`` tokens; returns the new upper node."""
         parent = child.parent
         assert parent is not None
-        upper = self._node(child.key[:m], parent)
+        upper = self._node(child.key[:m], parent)  # child's depth (where its edge ends) stays
         upper.lock = child.lock
         upper.last = child.last
         child.key = child.key[m:]
@@ -82,7 +83,7 @@ class RadixCache:
             if child is None:
                 break
             child.last = tick
-            m = _common(child.key, tokens, i)
+            m = _common(child.key, tokens, i, n)
             if m < len(child.key):
                 child = self._split(child, m)
                 node, i = child, i + m
@@ -90,15 +91,22 @@ class RadixCache:
             node, i = child, i + m
         return node, i
 
-    def insert(self, tokens: Sequence) -> tuple[Node, int]:
-        """Cache ``tokens``; returns the last node and how many tokens were new to the tree."""
+    def insert(self, tokens: Sequence, start: Node | None = None, end: int | None = None) -> tuple[Node, int]:
+        """Cache ``tokens[:end]``; returns the last node and how many tokens were new to the tree. ``start`` is
+        a node on their path (a chunked request's own, locked, so never evicted): the walk goes on from it
+        instead of from the root, whose path a small chunk at a time would otherwise retrace each step."""
         self._tick += 1
         tick = self._tick
-        node, i, n = self.root, 0, len(tokens)
+        node = start if start is not None else self.root
+        up = node
+        while up is not self.root:  # the path's access times, as a walk from the root sets them
+            up.last = tick
+            up = up.parent  # type: ignore[assignment]
+        i, n = node.depth, len(tokens) if end is None else end
         while i < n:
             child = node.children.get(tokens[i])
             if child is None:
-                leaf = self._node(list(tokens[i:]), node)
+                leaf = self._node(list(tokens[i:n]), node)
                 leaf.last = tick
                 node.children[tokens[i]] = leaf
                 self.leaves.add(leaf)
@@ -107,11 +115,25 @@ class RadixCache:
                 self.evictable_size += added  # new nodes start unlocked
                 return leaf, added
             child.last = tick
-            m = _common(child.key, tokens, i)
+            m = _common(child.key, tokens, i, n)
             if m < len(child.key):
                 child = self._split(child, m)
             node, i = child, i + m
         return node, 0
+
+    def move_lock(self, old: Node, new: Node) -> None:
+        """``inc_lock(new)`` then ``dec_lock(old)``: where ``old`` is on ``new``'s path (a request's lock moving
+        down as its prefill goes on) only the nodes between them change."""
+        node = new
+        while node is not old:
+            if node is self.root:  # old is not above new: the two walks in full
+                self.dec_lock(old)
+                return
+            if node.lock == 0:
+                self.evictable_size -= len(node.key)
+                self.protected_size += len(node.key)
+            node.lock += 1
+            node = node.parent  # type: ignore[assignment]
 
     def inc_lock(self, node: Node) -> None:
         while node is not self.root:

@@ -308,12 +308,10 @@ class Scheduler:
 
     def _cache_progress(self, r: SimRequest, upto: int) -> None:
         """SGLang's cache_unfinished_req: the computed tokens go into the tree; lock moves down."""
-        node, _ = self.tree.insert(r.fill[:upto])
+        node, _ = self.tree.insert(r.fill, start=r.node, end=upto)
         self._own -= r.own
         r.own = 0  # those slots now belong to the tree (duplicates freed)
-        self.tree.inc_lock(node)
-        if r.node is not None and r.node is not self.tree.root:
-            self.tree.dec_lock(r.node)
+        self.tree.move_lock(r.node or self.tree.root, node)
         r.node = node
 
     def _finish(self, r: SimRequest, t: float) -> None:
