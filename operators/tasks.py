@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from operators.config import results_dir, runner_of
+from operators.task_logs import quiet_libraries
 from servetune.experiment import ResultFolder
 from servetune.plan import PlanError, TuningPlan, load_plan, parse_plan
 from servetune.plan_protocols import deep_merge
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from servetune.tuning.state import Stage
 
 log = logging.getLogger(__name__)
+quiet_libraries()  # imported by every task process before its body runs
 
 # Stage task (a DAG task id) -> the decision stages it runs (servetune.tuning.state.Stage names them): its
 # own and every earlier one, since a later stage can re-open an earlier one's measurement (a re-run that grows
@@ -105,13 +107,18 @@ def _campaign(exp: dict[str, Any]):
     from servetune.tuning.campaign import Campaign
     from servetune.tuning.live import LiveTrialRunner
 
+    from servetune.tuning.progress import line_printer
+
     plan = _plan(exp)
     if exp.get("clock") == "virtual":
         runner = SimTrialRunner.for_plan(plan)
     else:
         runner = LiveTrialRunner(plan, log_dir=_exp_dir(exp) / "logs", owner=exp["experiment_id"])
-    return Campaign.resume(plan, runner, _exp_dir(exp), trigger=exp["trigger"], dag_run_id=exp["run_id"],
-                           experiment_id=exp["experiment_id"])
+    campaign: Campaign | None = None
+    progress = line_printer(plan, lambda line: log.info("%s", line), lambda: campaign.state)  # type: ignore[union-attr]
+    campaign = Campaign.resume(plan, runner, _exp_dir(exp), trigger=exp["trigger"], dag_run_id=exp["run_id"],
+                               experiment_id=exp["experiment_id"], progress=progress)
+    return campaign
 
 
 def run_protocols(exp: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +132,11 @@ def run_protocols(exp: dict[str, Any]) -> dict[str, Any]:
 def run_stage(exp: dict[str, Any], task: str) -> dict[str, Any]:
     """Run the trials the decisions ask for while they belong to this stage task."""
     campaign = _campaign(exp)
+    before = len(campaign.state.outcomes)
     decision = campaign.advance(stages=STAGES[task])
+    ran = len(campaign.state.outcomes) - before
+    log.info("stage %s: %d trial(s) run here, %d in the campaign; next: %s (%s)", task, ran,
+             len(campaign.state.outcomes), "done" if decision.done else decision.stage, decision.reason)
     return {"stage": task, "trials": len(campaign.state.outcomes), "next": decision.stage,
             "reason": decision.reason}
 
@@ -135,6 +146,8 @@ def recommend(exp: dict[str, Any]) -> dict[str, Any]:
     campaign = _campaign(exp)
     decision = campaign.conclude()
     rec = decision.recommendation.model_dump(mode="json") if decision.recommendation else None
+    log.info("campaign %s: %s (%s)", campaign.plan.name, campaign.experiment["status"],
+             campaign.experiment.get("status_reason") or decision.reason)
     return {"status": campaign.experiment["status"], "reason": campaign.experiment.get("status_reason"),
             "recommendation": rec}
 

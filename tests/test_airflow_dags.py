@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import orjson
@@ -68,6 +69,14 @@ def test_weekly_campaign_runs_validates_and_loads(airflow_setup):
                    e=exp["experiment_id"])
     assert stored == [(str(rec["concurrency"]),)]
     assert (exp_dir / "report" / "report.html").is_file()
+    # the task logs (INFO) hold one line per trial end and each stage's outcome, as the CLI prints them,
+    # and none of the libraries' chatter (GX loads its context once per trial)
+    ends = [line for line in proc.stdout.splitlines() if re.search(r"#\d+ .*level .* s GPU  (pass|fail)", line)
+            or re.search(r"#\d+ +correctness .*(sane output|fail)", line)]
+    assert len(ends) == len(on_disk), proc.stdout[-4000:]
+    assert re.search(r"stage ramp: \d+ trial\(s\) run here", proc.stdout)
+    assert f"campaign {exp['plan']['name']}: done" in proc.stdout
+    assert "Loading 'datasources'" not in proc.stdout and "HTTP Request:" not in proc.stdout
 
     # a retried load task leaves no duplicates
     from operators import tasks

@@ -70,7 +70,8 @@ class AirflowSetup:
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": meta.render_as_string(hide_password=False),
             "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING"),
+            # INFO: a task's log holds a line per trial and per stage (operators/task_logs.py keeps library chatter out)
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO"),
             "AIRFLOW_CONN_SERVETUNE_WAREHOUSE": wh.render_as_string(hide_password=False),
             "SERVETUNE_PLANS_DIR": str(self.plans_dir),
             "SERVETUNE_RESULTS_DIR": str(self.results_dir),

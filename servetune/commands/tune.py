@@ -22,6 +22,7 @@ from servetune.experiment import EXPERIMENT_FILE, RECOMMENDATION_FILE, ResultFol
 from servetune.logs import console as _console
 from servetune.plan import PlanError, TuningPlan, load_plan
 from servetune.redact import redact
+from servetune.tuning.progress import fmt_s
 
 BAD_INPUT = 2
 PAUSED = 75  # EX_TEMPFAIL: stopped by --stop-after, resumable
@@ -29,49 +30,22 @@ INTERRUPTED = 130
 console = _console(stderr=True)  # all human text (--json: stdout holds the document alone)
 
 
-def _fmt_s(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+_TONES = {"info": "", "good": "green", "warn": "yellow", "bad": "red"}
 
 
 def _progress_printer(plan: TuningPlan, state_of: Any = None) -> Any:
-    """One line per trial start and end on stderr: stage, trial n of at most N, level, GPU time, ETA."""
-    from servetune.tuning.campaign import Progress, remaining_trials_upper_bound
-    from servetune.tuning.decisions import correctness_ok
-    from servetune.tuning.verdict import judge
+    """One line per trial start and end on stderr (servetune.tuning.progress), the verdict coloured."""
+    from servetune.tuning.progress import TrialLine, line_printer
 
-    def show(p: Progress) -> None:
-        s = p.spec
-        level = f"{s.rate:>6g} req/s" if s.rate is not None else f"{s.concurrency:>4}"
-        head = f"[bold]#{p.index}[/bold] {s.stage:<11} level {level}"
-        if s.stage == "protocol":  # run once before the campaign, outside its count
-            head = f"[bold]{escape(s.protocol or '?')}[/bold] protocol    level {level}"
-        elif state_of is not None and p.event == "start":  # the walk usually stops before the bound
-            most = max(p.index, p.index - 1 + remaining_trials_upper_bound(plan, state_of(), s.stage))
-            head = f"[bold]#{p.index}[/bold] of <= {most} {s.stage:<11} level {level}"
-        if p.event == "start":
-            console.print(f"{head}  start  ({escape(s.reason)})  GPU so far {_fmt_s(p.spent_s)},"
-                          f" ETA <= {_fmt_s(p.eta_s)}", highlight=False)
-            return
-        o = p.outcome
-        assert o is not None
-        if o.status == "failed":
-            console.print(f"{head}  [red]failed[/red]: {escape(o.failure_reason or '?')}", highlight=False)
-            return
-        sm = o.summary
-        if o.stage == "correctness":  # sane output, not a measurement: no window to judge
-            ok, why = correctness_ok(o)
-            mark = "[green]sane output[/green]" if ok else "[red]fail[/red]: " + escape(why)
-        else:
-            verdict = judge(o, plan.sla)
-            mark = ("[green]pass[/green]" if verdict.passed
-                    else "[yellow]fail[/yellow]: " + escape("; ".join(verdict.reasons)))
-        console.print(
-            f"{head}  goodput {sm.goodput_rps or 0:.2f} req/s, p99 TTFT {sm.ttft_ms.p99 or 0:.0f} ms,"
-            f" p99 TPOT {sm.tpot_ms.p99 or 0:.1f} ms, {o.gpu_seconds:.0f} s GPU  {mark}", highlight=False)
+    def emit(line: TrialLine) -> None:
+        mark = escape(line.mark)
+        if line.mark and (colour := _TONES[line.tone]):
+            word, sep, rest = mark.partition(":")
+            mark = f"[{colour}]{word}[/{colour}]{sep}{rest}"
+        head = f"[bold]{escape(line.head.split(' ', 1)[0])}[/bold] {escape(line.head.split(' ', 1)[1])}"
+        console.print("  ".join(part for part in (head, escape(line.body), mark) if part), highlight=False)
 
-    return show
+    return line_printer(plan, emit, state_of)
 
 
 def _load(plan_path: Path) -> TuningPlan:
@@ -123,7 +97,7 @@ def _print_dry_run(plan: TuningPlan) -> None:
                    "recommendation": _shown(decision.recommendation), "reason": decision.reason})
     rules = plan.validation
     repeats = plan.repeats.count or runner.default_repeats
-    console.print(f"{len(specs)} trials, estimated GPU time {_fmt_s(total)} (budget {plan.budget.max_gpu_minutes:g} min,"
+    console.print(f"{len(specs)} trials, estimated GPU time {fmt_s(total)} (budget {plan.budget.max_gpu_minutes:g} min,"
                   f" restart cost {plan.budget.restart_cost_s:g} s each); the simulator's estimate, not a measurement.")
     if plan.protocols:
         console.print(f"Before them, once each, the plan's protocols: {', '.join(p.name for p in plan.protocols)}"
@@ -265,7 +239,7 @@ def tune(
         console.print(f"interrupted after {len(campaign.state.outcomes)} trials: engine torn down; go on with:"
                       f" servetune tune {plan_path} --out {campaign.out} --resume", highlight=False, soft_wrap=True)
         raise typer.Exit(INTERRUPTED) from None
-    spent = f"({len(campaign.state.outcomes)} trials, {_fmt_s(campaign.state.gpu_seconds)} GPU)"
+    spent = f"({len(campaign.state.outcomes)} trials, {fmt_s(campaign.state.gpu_seconds)} GPU)"
     _emit(campaign, "paused" if not decision.done else "failed" if decision.failed else "done", decision)
     if not decision.done:
         console.print(f"paused before the next {decision.stage} trial: --stop-after {stop_after:g} s {spent};"
