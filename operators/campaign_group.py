@@ -15,6 +15,7 @@ from airflow.sdk import Param, get_current_context, task, task_group
 from airflow.sdk.exceptions import AirflowFailException
 
 from operators import tasks
+from operators.alerts import notify_failure
 from operators.config import WAREHOUSE_CONN_ID, GpuRunner, plan_files, plans_dir, runner_of
 from servetune.plan import PlanError, load_plan
 
@@ -114,7 +115,7 @@ def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
     def report(exp: dict[str, Any]) -> str:
         return tasks.report(exp)
 
-    @task(trigger_rule="all_done", retries=0)
+    @task(trigger_rule="all_done", retries=0, on_failure_callback=notify_failure)
     def outcome(exp: dict[str, Any]) -> dict[str, Any]:
         try:
             return tasks.outcome(exp)

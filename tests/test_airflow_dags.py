@@ -5,20 +5,35 @@ from __future__ import annotations
 import json
 import re
 import sys
+from email import message_from_bytes, policy
+from email.message import Message
 
 import orjson
 import psutil
 import psycopg
 import pytest
+from aiosmtpd.controller import Controller as SMTPController
 from sqlalchemy import create_engine, text
 
 from airflow_fixtures import template_file, write_plan
 from fake_engines.helpers import FAKE_ENGINES
 from servetune import localdb
+from servetune.runners.preflight import free_port
 
 pytestmark = pytest.mark.slow
 
 DAG_IDS = {"servetune_weekly", "servetune_on_change", "servetune_watch"}
+
+
+class Sink:
+    """An SMTP handler that keeps what it receives (aiosmtpd: a real SMTP server)."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's hook name
+        self.messages.append(message_from_bytes(envelope.original_content, policy=policy.default))
+        return "250 OK"
 
 
 def _rows(url: str, sql: str, **params):
@@ -142,7 +157,22 @@ def test_failing_trial_still_tears_down_and_is_recorded(airflow_setup):
     write_plan(airflow_setup.plans_dir, "broken", model="/models/fake",
                engine={"kind": "sglang", "model": "/models/fake", "python": sys.executable, "ready_timeout_s": 30,
                        "env": {"PYTHONPATH": str(FAKE_ENGINES), "FAKE_ENGINE_MODE": "oom"}})
-    proc = airflow_setup.airflow("dags", "test", "servetune_weekly", check=False)
+    # the operator's notifiers (an Airflow Variable): a real SMTP server on loopback, and a broken one that
+    # must not silence it
+    mails = Sink()
+    smtp = SMTPController(mails, hostname="127.0.0.1", port=free_port())
+    smtp.start()
+    airflow_setup.extra_env.update({
+        "AIRFLOW_CONN_SMTP_DEFAULT": json.dumps({"conn_type": "smtp", "host": "127.0.0.1", "port": smtp.port,
+                                                 "extra": {"disable_tls": True, "disable_ssl": True}}),
+        "AIRFLOW_VAR_SERVETUNE_NOTIFIERS": json.dumps([
+            {"notifier": "no_such_pkg.Notifier"},
+            {"notifier": "smtp", "args": {"to": "oncall@example.com", "from_email": "airflow@example.com"}}]),
+    })
+    try:
+        proc = airflow_setup.airflow("dags", "test", "servetune_weekly", check=False)
+    finally:
+        smtp.stop()
     (exp_dir,) = [p.parent for p in airflow_setup.results_dir.glob("*/experiment.json")]
     exp = orjson.loads((exp_dir / "experiment.json").read_bytes())
     assert exp["status"] == "failed", proc.stdout[-3000:]
@@ -158,6 +188,11 @@ def test_failing_trial_still_tears_down_and_is_recorded(airflow_setup):
     with psycopg.connect(localdb.libpq_dsn(airflow_setup.metadata_url)) as conn:
         assert {r[0] for r in conn.execute("select state from dag_run").fetchall()} == {"failed"}
     assert f"campaign tiny-sim failed: {exp['status_reason']}" in proc.stdout + (proc.stderr or '')
+    # one mail, to the configured address, whose subject is the one-line reason; the broken notifier is logged
+    (mail,) = mails.messages
+    assert mail["To"] == "oncall@example.com"
+    assert "servetune servetune_weekly" in mail["Subject"] and "campaign tiny-sim failed" in mail["Subject"]
+    assert "notifier no_such_pkg.Notifier failed" in proc.stdout or "cannot be imported" in proc.stdout
     assert "cuda_oom" in " ".join(r[1] for r in rows).lower() or "out of memory" in " ".join(r[1] for r in rows)
     assert not [p for p in psutil.process_iter(["cmdline"]) if "sglang.launch_server" in (p.info["cmdline"] or [])]
 

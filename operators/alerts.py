@@ -1,0 +1,88 @@
+"""Who hears that a campaign failed: Airflow notifiers the operator configures, called on failure.
+
+The ``outcome`` task fails (one line: ``campaign NAME failed: reason``) exactly when a campaign ended
+without an answer, and its ``on_failure_callback`` is ``notify_failure``. That reads the Airflow Variable
+``servetune_notifiers`` (UI, CLI, or ``AIRFLOW_VAR_SERVETUNE_NOTIFIERS``) when it fires, a JSON list of
+Airflow notifiers, each by a short name or a class path, with its arguments:
+
+    [{"notifier": "slack", "args": {"slack_conn_id": "slack_api_default", "channel": "#serving"}},
+     {"notifier": "smtp", "args": {"to": "oncall@example.com", "from_email": "airflow@example.com"}},
+     {"notifier": "my_pkg.alerts.PagerNotifier", "args": {...}}]
+
+Credentials stay in Airflow connections (``slack_conn_id``, ``smtp_conn_id``), never in the Variable.
+A notifier left without a message gets servetune's one line. A notifier that fails is logged and the
+others still run: the task is already red.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+VARIABLE = "servetune_notifiers"
+SHORT = {
+    "slack": "airflow.providers.slack.notifications.slack.SlackNotifier",
+    "smtp": "airflow.providers.smtp.notifications.smtp.SmtpNotifier",
+    "apprise": "airflow.providers.apprise.notifications.apprise.AppriseNotifier",
+}
+LINE = "servetune {{ dag.dag_id }} {{ run_id }}: {{ exception }}"
+# the message argument of each short kind, filled with LINE unless the operator wrote one
+MESSAGE = {"slack": {"text": LINE}, "smtp": {"subject": LINE, "html_content": "<p>" + LINE + "</p>"},
+           "apprise": {"body": LINE, "title": "servetune campaign failed"}}
+
+
+class NotifierConfigError(ValueError):
+    """The Variable does not describe a list of notifiers."""
+
+
+def parse(raw: str | None) -> list[dict[str, Any]]:
+    """The Variable's notifier specs, checked: ``[{"notifier": name-or-class-path, "args": {...}}, ...]``."""
+    if not raw or not raw.strip():
+        return []
+    try:
+        specs = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise NotifierConfigError(f"{VARIABLE}: not JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(specs, list):
+        raise NotifierConfigError(f"{VARIABLE}: a JSON list of notifiers, got {type(specs).__name__}")
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, dict) or not isinstance(spec.get("notifier"), str):
+            raise NotifierConfigError(f"{VARIABLE}[{i}]: an object with a \"notifier\" (slack, smtp, apprise or a"
+                                      " class path)")
+        if not isinstance(spec.get("args", {}), dict):
+            raise NotifierConfigError(f"{VARIABLE}[{i}].args: an object of the notifier's arguments")
+    return specs
+
+
+def build(spec: dict[str, Any]) -> Any:
+    """One notifier instance (an ``airflow.sdk.BaseNotifier``) from its spec."""
+    name = spec["notifier"]
+    path = SHORT.get(name, name)
+    module, _, attr = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        hint = f" (pip install apache-airflow-providers-{name})" if name in SHORT else ""
+        raise NotifierConfigError(f"{VARIABLE}: notifier {name!r} cannot be imported: {exc}{hint}") from None
+    return cls(**{**MESSAGE.get(name, {}), **spec.get("args", {})})
+
+
+def notify_failure(context: Any) -> None:
+    """``on_failure_callback``: every configured notifier, each on its own."""
+    from airflow.sdk import Variable
+
+    try:
+        specs = parse(Variable.get(VARIABLE, default=None))
+    except NotifierConfigError as exc:
+        log.error("no failure notification sent: %s", exc)
+        return
+    for spec in specs:
+        try:
+            build(spec)(context)
+            log.info("failure notified through %s", spec["notifier"])
+        except Exception as exc:  # noqa: BLE001 - one broken notifier must not silence the others
+            log.error("notifier %s failed: %s", spec["notifier"], exc)
