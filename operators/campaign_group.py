@@ -77,12 +77,14 @@ def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
     def prepare(plan_file: str) -> dict[str, Any]:
         ctx = get_current_context()
         try:
-            return tasks.prepare(plan_file, trigger=trigger or _trigger(), run_id=ctx["run_id"],
-                                 overrides=ctx["params"].get("overrides") or {},
-                                 load_mode=ctx["params"].get("load_mode") or "plan",
-                                 clock=ctx["params"].get("clock") or "live")
+            exp = tasks.prepare(plan_file, trigger=trigger or _trigger(), run_id=ctx["run_id"],
+                                overrides=ctx["params"].get("overrides") or {},
+                                load_mode=ctx["params"].get("load_mode") or "plan",
+                                clock=ctx["params"].get("clock") or "live")
         except PlanError as exc:  # a bad plan stays bad: no retry, the message names the field
             raise AirflowFailException(str(exc)) from None
+        tasks.find_previous(exp, warehouse_url())  # the answer this week's is compared with
+        return exp
 
     @task(**where)
     def provision(exp: dict[str, Any]) -> dict[str, Any]:

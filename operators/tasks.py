@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from operators.config import results_dir, runner_of
 from operators.task_logs import quiet_libraries
 from servetune.experiment import ResultFolder
@@ -83,6 +85,34 @@ def prepare(plan_file: str, *, trigger: str, run_id: str, overrides: dict[str, A
             "trigger": trigger, "run_id": run_id, "runner": runner_of(plan).name, "clock": clock}
 
 
+PREVIOUS_FILE = "previous.json"
+
+
+def find_previous(exp: dict[str, Any], warehouse_url: str) -> dict[str, Any]:
+    """The last accepted answer for the same service (servetune.warehouse.previous), kept beside the plan for
+    the campaign to diff against. A warehouse that cannot answer leaves the campaign without one, said in
+    the log: the measurement matters more than the comparison."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from servetune.warehouse.db import WarehouseUnavailable
+    from servetune.warehouse.previous import last_accepted
+
+    plan = _plan(exp)
+    try:
+        prev = last_accepted(plan, warehouse_url, exclude=exp["experiment_id"])
+    except (WarehouseUnavailable, SQLAlchemyError) as exc:
+        log.warning("not compared with a previous answer: the warehouse did not answer (%s)",
+                    str(exc).splitlines()[0][:300])
+        return {"previous": None}
+    if prev is None:
+        log.info("no accepted answer for %s in the warehouse yet: this campaign is the first", plan.model)
+        return {"previous": None}
+    (_exp_dir(exp) / PREVIOUS_FILE).write_bytes(orjson.dumps(prev.as_previous()))
+    alike = "like for like" if not prev.changed else "not like for like: " + ", ".join(prev.changed) + " differ"
+    log.info("compared with experiment %s of %s (%s)", prev.experiment_id, prev.started_at, alike)
+    return {"previous": prev.experiment_id, "changed": prev.changed}
+
+
 def provision(exp: dict[str, Any]) -> dict[str, Any]:
     """The clean-environment preflight of the plan's GPU runner: a dirty runner fails here, before trials.
 
@@ -114,10 +144,12 @@ def _campaign(exp: dict[str, Any]):
         runner = SimTrialRunner.for_plan(plan)
     else:
         runner = LiveTrialRunner(plan, log_dir=_exp_dir(exp) / "logs", owner=exp["experiment_id"])
+    previous_file = _exp_dir(exp) / PREVIOUS_FILE
+    previous = orjson.loads(previous_file.read_bytes()) if previous_file.is_file() else None
     campaign: Campaign | None = None
     progress = line_printer(plan, lambda line: log.info("%s", line), lambda: campaign.state)  # type: ignore[union-attr]
     campaign = Campaign.resume(plan, runner, _exp_dir(exp), trigger=exp["trigger"], dag_run_id=exp["run_id"],
-                               experiment_id=exp["experiment_id"], progress=progress)
+                               experiment_id=exp["experiment_id"], progress=progress, previous=previous)
     return campaign
 
 

@@ -123,6 +123,38 @@ def test_the_load_mode_param_runs_the_campaign_as_an_open_loop(airflow_setup):
     assert modes == [("rate",)]
 
 
+def test_the_second_weekly_run_is_compared_with_the_first_from_the_warehouse(airflow_setup):
+    """Two weekly runs of one plan (virtual time): the first finds no accepted answer and says it is the first;
+    the second reads the first's from the warehouse (same model, workload, SLA, load, engine, GPU: like for
+    like), and its recommendation, report and warehouse row name it and show what moved."""
+    conf = json.dumps({"clock": "virtual"})
+    ids = []
+    for day in ("2026-11-23", "2026-11-30"):
+        proc = airflow_setup.airflow("dags", "test", "servetune_weekly", day, "--conf", conf, check=False)
+        assert proc.returncode == 0, proc.stdout[-4000:]
+        done = sorted(airflow_setup.results_dir.glob("*/experiment.json"), key=lambda p: p.stat().st_mtime)
+        exp = orjson.loads(done[-1].read_bytes())
+        assert exp["status"] == "done" and exp["experiment_id"] not in ids
+        ids.append(exp["experiment_id"])
+        if day == "2026-11-23":
+            assert "this campaign is the first" in proc.stdout
+    first, second = ids
+    exp_dir = airflow_setup.results_dir / second
+    rec = orjson.loads((exp_dir / "recommendation.json").read_bytes())
+    against = rec["diff_from_previous"]["against"]
+    assert against["experiment_id"] == first and against["changed"] == []
+    assert set(rec["diff_from_previous"]["figures"]) >= {"goodput_rps", "p99_ttft_ms"}
+    assert f"compared with experiment {first}" in proc.stdout and "(like for like)" in proc.stdout
+    html = (exp_dir / "report" / "report.html").read_text()
+    assert 'id="diff-against"' in html and first[:12] in html and "the same model, workload, SLA" in html
+    assert 'id="diff-none"' not in html
+    stored = _rows(airflow_setup.warehouse_url, "select recommendation->'diff_from_previous'->'against'->>'experiment_id'"
+                   " from experiments where experiment_id = :e", e=second)
+    assert stored == [(first,)]
+    first_html = (airflow_setup.results_dir / first / "report" / "report.html").read_text()
+    assert 'id="diff-none"' in first_html
+
+
 def test_the_demo_story_runs_in_virtual_time_with_both_protocols_beside_the_answer(airflow_setup):
     """What `servetune demo` runs: plans/weekly/demo.yaml with `clock: virtual`. Engineer A's protocol (fixed
     512-token prompts, static batches, radix cache off) and engineer B's run first on the same simulated

@@ -101,7 +101,10 @@ def diff_recommendations(previous: dict[str, Any], current: Recommendation) -> d
         if isinstance(old, int | float) and isinstance(new, int | float) and old:
             entry["change"] = new / old - 1
         figures[name] = entry
-    return {"config": changed, "figures": figures, "same_config": not changed}
+    out: dict[str, Any] = {"config": changed, "figures": figures, "same_config": not changed}
+    if previous.get("experiment_id"):  # from the warehouse (servetune.warehouse.previous): say which, and how alike
+        out["against"] = {k: previous.get(k) for k in ("experiment_id", "started_at", "changed")}
+    return out
 
 
 __all__ = ["recommend", "diff_recommendations", "goodput"]
