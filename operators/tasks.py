@@ -219,9 +219,14 @@ class CampaignFailed(RuntimeError):
     """The campaign ended without an answer: its DAG run must be red (Airflow's alerts and callbacks fire)."""
 
 
+class CampaignRegressed(CampaignFailed):
+    """The answer fell behind the last accepted one beyond the noise: red too, so the alert hook fires."""
+
+
 def outcome(exp: dict[str, Any]) -> dict[str, Any]:
     """The campaign's end state, after its results are validated, loaded and reported: raises
-    ``CampaignFailed`` with the one-line reason unless it concluded ``done``."""
+    ``CampaignFailed`` with the one-line reason unless it concluded ``done``, and ``CampaignRegressed`` when
+    its answer fell behind the last accepted one beyond the noise (servetune.tuning.regressions)."""
     folder = ResultFolder(_exp_dir(exp))
     data = folder.read_experiment() if folder.has_experiment() else {}
     status = data.get("status") or "never started"
@@ -230,7 +235,14 @@ def outcome(exp: dict[str, Any]) -> dict[str, Any]:
                                                if status == "running" else "no reason recorded")
         name = (data.get("plan") or {}).get("name") or exp.get("experiment_id")
         raise CampaignFailed(f"campaign {name} {status}: {reason}")
-    log.info("campaign %s done", (data.get("plan") or {}).get("name"))
+    name = (data.get("plan") or {}).get("name")
+    diff = (data.get("recommendation") or {}).get("diff_from_previous") or {}
+    if found := diff.get("regressions"):
+        against = (diff.get("against") or {}).get("experiment_id") or "the previous answer"
+        raise CampaignRegressed(f"campaign {name} regressed against {against}: "
+                                + "; ".join(r["why"] for r in found))
+    log.info("campaign %s done%s", name, ", no regression against " + diff["against"]["experiment_id"]
+             if diff.get("against") else "")
     return {"status": status}
 
 

@@ -123,21 +123,37 @@ def test_the_load_mode_param_runs_the_campaign_as_an_open_loop(airflow_setup):
     assert modes == [("rate",)]
 
 
-def test_the_second_weekly_run_is_compared_with_the_first_from_the_warehouse(airflow_setup):
+def test_the_second_weekly_run_is_compared_with_the_first_and_a_goodput_drop_alerts(airflow_setup):
     """Two weekly runs of one plan (virtual time): the first finds no accepted answer and says it is the first;
     the second reads the first's from the warehouse (same model, workload, SLA, load, engine, GPU: like for
-    like), and its recommendation, report and warehouse row name it and show what moved."""
-    conf = json.dumps({"clock": "virtual"})
-    ids = []
-    for day in ("2026-11-23", "2026-11-30"):
-        proc = airflow_setup.airflow("dags", "test", "servetune_weekly", day, "--conf", conf, check=False)
-        assert proc.returncode == 0, proc.stdout[-4000:]
-        done = sorted(airflow_setup.results_dir.glob("*/experiment.json"), key=lambda p: p.stat().st_mtime)
-        exp = orjson.loads(done[-1].read_bytes())
-        assert exp["status"] == "done" and exp["experiment_id"] not in ids
-        ids.append(exp["experiment_id"])
-        if day == "2026-11-23":
-            assert "this campaign is the first" in proc.stdout
+    like), and its recommendation, report and warehouse row name it and show what moved. The first week's
+    goodput is planted 50% higher in the warehouse: the second run is red, its one-line reason the goodput
+    regression, the notifier sends it, and it is a row of the `regressions` view."""
+    mails = Sink()
+    smtp = SMTPController(mails, hostname="127.0.0.1", port=free_port())
+    smtp.start()
+    airflow_setup.extra_env.update({
+        "AIRFLOW_CONN_SMTP_DEFAULT": json.dumps({"conn_type": "smtp", "host": "127.0.0.1", "port": smtp.port,
+                                                 "extra": {"disable_tls": True, "disable_ssl": True}}),
+        "AIRFLOW_VAR_SERVETUNE_NOTIFIERS": json.dumps([
+            {"notifier": "smtp", "args": {"to": "oncall@example.com", "from_email": "airflow@example.com"}}]),
+    })
+    wh, conf, ids = airflow_setup.warehouse_url, json.dumps({"clock": "virtual"}), []
+    try:
+        for day in ("2026-11-23", "2026-11-30"):
+            proc = airflow_setup.airflow("dags", "test", "servetune_weekly", day, "--conf", conf, check=False)
+            done = sorted(airflow_setup.results_dir.glob("*/experiment.json"), key=lambda p: p.stat().st_mtime)
+            exp = orjson.loads(done[-1].read_bytes())
+            assert exp["status"] == "done" and exp["experiment_id"] not in ids, proc.stdout[-4000:]
+            ids.append(exp["experiment_id"])
+            if day == "2026-11-23":
+                assert proc.returncode == 0 and "this campaign is the first" in proc.stdout and not mails.messages
+                with create_engine(wh).begin() as conn:  # the plant: last week's goodput 50% higher
+                    conn.execute(text("update experiments set recommendation = jsonb_set(recommendation,"
+                                      " '{goodput_rps}', to_jsonb((recommendation->>'goodput_rps')::float * 1.5))"
+                                      " where experiment_id = :e"), {"e": exp["experiment_id"]})
+    finally:
+        smtp.stop()
     first, second = ids
     exp_dir = airflow_setup.results_dir / second
     rec = orjson.loads((exp_dir / "recommendation.json").read_bytes())
@@ -147,12 +163,17 @@ def test_the_second_weekly_run_is_compared_with_the_first_from_the_warehouse(air
     assert f"compared with experiment {first}" in proc.stdout and "(like for like)" in proc.stdout
     html = (exp_dir / "report" / "report.html").read_text()
     assert 'id="diff-against"' in html and first[:12] in html and "the same model, workload, SLA" in html
-    assert 'id="diff-none"' not in html
-    stored = _rows(airflow_setup.warehouse_url, "select recommendation->'diff_from_previous'->'against'->>'experiment_id'"
-                   " from experiments where experiment_id = :e", e=second)
-    assert stored == [(first,)]
+    assert 'id="diff-none"' not in html and 'id="regressions"' in html
     first_html = (airflow_setup.results_dir / first / "report" / "report.html").read_text()
-    assert 'id="diff-none"' in first_html
+    assert 'id="diff-none"' in first_html and 'id="regressions"' not in first_html
+    # the regression: the run is red with it, the notifier sent it, the warehouse holds it
+    assert _task_states(airflow_setup, "outcome") == {"success", "failed"}
+    assert f"campaign tiny-sim regressed against {first}: goodput_rps" in proc.stdout
+    (mail,) = mails.messages
+    assert "regressed" in mail["Subject"] and "goodput_rps" in mail["Subject"]
+    rows = _rows(wh, "select experiment_id, against_experiment_id, figure, change, threshold from regressions")
+    assert [(r[0], r[1], r[2]) for r in rows] == [(second, first, "goodput_rps")]
+    assert rows[0][3] == pytest.approx(1 / 1.5 - 1, abs=0.01) and rows[0][4] == 0.05
 
 
 def test_the_demo_story_runs_in_virtual_time_with_both_protocols_beside_the_answer(airflow_setup):

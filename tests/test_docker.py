@@ -398,3 +398,47 @@ def test_postgres_init_script_gives_grafana_read_only_access(tmp_path: Path) -> 
         assert owners == {"airflow": "airflow", "servetune": "servetune"}
     finally:
         cluster.stop()
+
+
+def test_the_regression_alert_rule_counts_the_weeks_regressions(fresh_database_url: str, tmp_path: Path) -> None:
+    """The provisioned Grafana alert rule reads the warehouse's datasource, reduces and thresholds its own
+    query, and that query counts the `regressions` rows of the last 8 days: one planted goodput drop (the
+    rules of servetune.tuning.regressions on two answers) fires it, a week later it is quiet."""
+    from datetime import UTC, datetime, timedelta
+
+    from servetune.ingest import load_result
+    from servetune.tuning.regressions import regressions
+    from servetune.warehouse import migrate
+
+    rule_file = yaml.safe_load((DOCKER / "grafana/provisioning/alerting/servetune.yaml").read_text())
+    ds = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/warehouse.yaml").read_text())["datasources"][0]
+    (rule,) = rule_file["groups"][0]["rules"]
+    steps = {d["refId"]: d for d in rule["data"]}
+    assert steps["A"]["datasourceUid"] == ds["uid"] and rule["condition"] == "C"
+    assert steps["B"]["model"]["expression"] == "A" and steps["C"]["model"]["expression"] == "B"
+    assert steps["C"]["model"]["conditions"][0]["evaluator"] == {"type": "gt", "params": [0]}
+
+    migrate.upgrade(fresh_database_url)
+    start = datetime(2026, 10, 5, 3, 0, tzinfo=UTC)
+    ids = [load_result(fresh_database_url, write_campaign(tmp_path, started=start + timedelta(weeks=w)),
+                       validate=False).experiment_id for w in (0, 1)]
+    engine = create_engine(fresh_database_url)
+    try:
+        with engine.begin() as conn:
+            old = conn.execute(text("select recommendation from experiments where experiment_id = :e"),
+                               {"e": ids[0]}).scalar_one()
+            new = {**old, "goodput_rps": old["goodput_rps"] * 0.7}
+            found = regressions({**old, "experiment_id": ids[0], "changed": []}, new)
+            assert [r["figure"] for r in found] == ["goodput_rps"]
+            new["diff_from_previous"] = {"against": {"experiment_id": ids[0]}, "regressions": found}
+            conn.execute(text("update experiments set recommendation = cast(:r as jsonb) where experiment_id = :e"),
+                         {"r": json.dumps(new), "e": ids[1]})
+        sql = steps["A"]["model"]["rawSql"]
+        with engine.connect() as conn:
+            def count(at: datetime) -> float:
+                return conn.execute(text(sql.replace("now()", f"'{at.isoformat()}'::timestamptz"))).scalar_one()
+
+            assert count(start + timedelta(weeks=1, days=1)) == 1.0  # the week of the drop: fires
+            assert count(start + timedelta(weeks=3)) == 0.0  # later: quiet
+    finally:
+        engine.dispose()

@@ -89,7 +89,7 @@ def diff_rows(diff: dict[str, Any] | None) -> list[dict[str, str]] | None:
                      "change": f"{rel:+.1%}" if isinstance(rel, int | float) else ""})
 
     for name, change in diff.items():
-        if name == "against":  # which answer this is compared with, shown above the table
+        if name in ("against", "regressions"):  # shown above the table
             continue
         if isinstance(change, dict) and not _is_change(change):
             for sub, sub_change in change.items():  # a section: "config" flags, "figures"
@@ -245,6 +245,7 @@ def render_html(campaign: CampaignView, figures: list[ReportFigure], png_files: 
         "has_ties_field": bool(rec) and "ties" in rec, "ceiling_evidence": ceiling_evidence(campaign),
         "diff_rows": diff_rows(rec.get("diff_from_previous")) if rec else None,
         "diff_against": (rec.get("diff_from_previous") or {}).get("against") if rec else None,
+        "regressions": (rec.get("diff_from_previous") or {}).get("regressions") or [] if rec else [],
         "figures": [{"key": f.key, "title": f.title, "caption": f.caption, "png": f.png, "note": f.note,
                      "b64": base64.b64encode(f.png).decode() if f.png else "", "file": png_files.get(f.key, "")}
                     for f in figures],

@@ -9,6 +9,7 @@ from servetune.plan import TuningPlan
 from servetune.tuning import signals
 from servetune.tuning.evidence import current as current_evidence
 from servetune.tuning.refine import RefineResult, goodput
+from servetune.tuning.regressions import regressions
 from servetune.tuning.state import CampaignState, Ceiling, Recommendation, TrialOutcome
 
 
@@ -88,7 +89,8 @@ def implied_concurrency(chosen: TrialOutcome) -> int:
 
 
 def diff_recommendations(previous: dict[str, Any], current: Recommendation) -> dict[str, Any]:
-    """Flags added/removed/changed, the concurrency and the figures, old -> new."""
+    """Flags added/removed/changed, the concurrency and the figures, old -> new, and the figures that fell
+    behind beyond their noise (servetune.tuning.regressions)."""
     old_cfg: dict[str, Any] = previous.get("config") or {}
     new_cfg = current.config
     changed = {k: {"old": old_cfg.get(k), "new": new_cfg.get(k)}
@@ -101,7 +103,8 @@ def diff_recommendations(previous: dict[str, Any], current: Recommendation) -> d
         if isinstance(old, int | float) and isinstance(new, int | float) and old:
             entry["change"] = new / old - 1
         figures[name] = entry
-    out: dict[str, Any] = {"config": changed, "figures": figures, "same_config": not changed}
+    out: dict[str, Any] = {"config": changed, "figures": figures, "same_config": not changed,
+                           "regressions": regressions(previous, current.model_dump(mode="json"))}
     if previous.get("experiment_id"):  # from the warehouse (servetune.warehouse.previous): say which, and how alike
         out["against"] = {k: previous.get(k) for k in ("experiment_id", "started_at", "changed")}
     return out
