@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from email import message_from_bytes, policy
 from email.message import Message
@@ -58,6 +59,18 @@ def test_every_dag_imports_without_errors(airflow_setup):
     listed = airflow_setup.airflow("dags", "list", "--local", "-o", "json")
     ids = {d["dag_id"] for d in json.loads(listed.stdout.strip().splitlines()[-1])}
     assert DAG_IDS <= ids
+    # new DAGs start paused: a first start runs no campaign by itself (standalone --unpause asks otherwise)
+    with psycopg.connect(localdb.libpq_dsn(airflow_setup.metadata_url)) as conn:
+        paused = dict(conn.execute("select dag_id, is_paused from dag where dag_id like 'servetune_%'").fetchall())
+    assert paused == dict.fromkeys(DAG_IDS, True)
+    # `servetune airflow pools` (docker compose's airflow-init) creates each plan runner's pool
+    airflow_setup.airflow("pools", "delete", "servetune-local")
+    env = airflow_setup.env()
+    made = subprocess.run([sys.executable, "-m", "servetune", "airflow", "pools", "--plans-dir",
+                           str(airflow_setup.plans_dir)], env=env, capture_output=True, text=True, check=False)
+    assert made.returncode == 0 and "pool servetune-local: 1 slot" in made.stdout, made.stdout + made.stderr
+    pools = json.loads(airflow_setup.airflow("pools", "list", "-o", "json").stdout.strip().splitlines()[-1])
+    assert {p["pool"]: int(p["slots"]) for p in pools}.get("servetune-local") == 1
 
 
 def test_weekly_campaign_runs_validates_and_loads(airflow_setup):

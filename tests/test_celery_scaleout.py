@@ -93,6 +93,7 @@ def _run_on_celery(airflow_setup: AirflowSetup, tmp_path: Path) -> None:
               "--celery-hostname", "h200@servetune-test")
         time.sleep(20)
         run_id = f"manual__celery_{uuid.uuid4().hex[:8]}"
+        airflow_setup.airflow("dags", "unpause", "servetune_weekly")  # new DAGs start paused
         airflow_setup.airflow("dags", "trigger", "servetune_weekly", "--run-id", run_id)
         state = _wait_for_run(airflow_setup.metadata_url, run_id, timeout_s=420)
         tail = {n: "\n".join((logs / f"{n}.log").read_text().splitlines()[-15:]) for n in procs}

@@ -193,7 +193,7 @@ def test_servetune_entry_point_and_commands_exist() -> None:
     assert CliRunner().invoke(app, ["version"]).exit_code == 0
     commands = re.findall(r"&&\s+(servetune(?: [a-z][\w-]*)+)", COMPOSE.read_text()
                           + (DOCKER / "Dockerfile.airflow").read_text() + (DOCKER / "Dockerfile.runner").read_text())
-    assert {"servetune db upgrade", "servetune version"} <= set(commands)
+    assert {"servetune db upgrade", "servetune airflow pools", "servetune version"} <= set(commands)
     for line in commands:
         args = line.split()[1:]
         result = CliRunner().invoke(app, [*args, "--help"])

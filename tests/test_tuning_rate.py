@@ -219,8 +219,11 @@ def test_a_rate_mode_campaign_runs_open_loops_over_http(tmp_path: Path) -> None:
         workload={"seed": 3, "input": {"kind": "lognormal", "median": 256, "sigma": 0.5, "min": 32, "max": 1024},
                   "output": {"kind": "uniform", "min": 8, "max": 24}},
         stages={"correctness": {"requests": 1}, "baseline": {"rate": 10, "requests": 40, "warmup": 4},
-                "ramp": {"levels": [20, 40], "requests": 40, "warmup": 4}, "refine": {"enabled": False}},
+                "ramp": {"levels": [20, 40], "requests": 40, "warmup": 4, "bisect_min_step": 5},
+                "refine": {"enabled": False}},
         validation={"min_measured": 30, "min_window_s": 4, "min_completions": 30},
+        # real time: a verdict unsettled on 40-90 requests is re-measured at 200, not at the 1,000-2,000 of a GPU
+        budget={"max_gpu_minutes": 120, "restart_cost_s": 2, "max_requests_per_trial": 200},
         repeats={"count": 1})
     decision = Campaign(plan, LiveTrialRunner(plan), tmp_path).run()
     assert decision.done and not decision.failed, decision.reason

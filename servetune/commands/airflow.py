@@ -56,6 +56,7 @@ class AirflowSetup:
     plans_dir: Path
     results_dir: Path
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. the Celery executor's settings
+    paused: bool = True  # new DAGs start paused: a first start never runs last Monday's campaign by itself
 
     def env(self) -> dict[str, str]:
         meta = _make_url(self.metadata_url).set(drivername="postgresql+psycopg2")
@@ -66,7 +67,7 @@ class AirflowSetup:
             "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",  # the weekly schedule and assets are live
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": str(self.paused),
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": meta.render_as_string(hide_password=False),
             "AIRFLOW__API__HOST": "127.0.0.1",
@@ -159,7 +160,7 @@ def env_cmd(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow ho
         setup = AirflowSetup(state_dir / "airflow", _make_url(server_url).set(database="servetune_airflow")
                              .render_as_string(hide_password=False),
                              _make_url(server_url).set(database="servetune").render_as_string(hide_password=False),
-                             REPO / "plans", state_dir / "results")
+                             REPO / "plans" / "weekly", state_dir / "results")
         for k, v in sorted(setup.env().items()):
             if k.startswith(("AIRFLOW", "SERVETUNE")):
                 v = _localdb().redact(v) if "://" in v else v
@@ -171,19 +172,41 @@ def env_cmd(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow ho
 
 @app.command("standalone")
 def standalone(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow home and results"),
-               plans_dir: Path = typer.Option(REPO / "plans" / "weekly", help="plans the weekly DAG runs")) -> None:
+               plans_dir: Path = typer.Option(REPO / "plans" / "weekly", help="plans the weekly DAG runs"),
+               unpause: bool = typer.Option(False, help="start the DAGs unpaused: the weekly schedule, the watcher"
+                                                        " and its assets run at once (default: paused until you"
+                                                        " unpause them in the UI)")) -> None:
     """`airflow standalone` bound to 127.0.0.1 with servetune's DAGs and no example DAGs (Ctrl-C stops)."""
     server_url, cluster = _localdb().resolve_server()
     try:
         with _airflow_errors():
             results = (state_dir / "results").resolve()
-            setup = prepare(setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), results))
+            setup = setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), results)
+            setup.paused = not unpause
+            prepare(setup)
+            if unpause:  # DAGs created earlier keep their state: unpause them too
+                for dag_id in ("servetune_weekly", "servetune_on_change", "servetune_watch"):
+                    setup.airflow("dags", "unpause", dag_id, check=False)
             console.print("[bold]airflow standalone[/] on http://127.0.0.1:8080 (credentials in "
-                          f"{setup.home}/simple_auth_manager_passwords.json.generated)")
+                          f"{setup.home}/simple_auth_manager_passwords.json.generated); DAGs "
+                          + ("unpaused" if unpause else "paused (unpause them in the UI, or --unpause)"))
             setup.airflow("standalone", check=False, quiet=False)
     finally:
         if cluster:
             cluster.stop()
+
+
+@app.command("pools")
+def pools_cmd(plans_dir: Path = typer.Option(REPO / "plans" / "weekly", envvar="SERVETUNE_PLANS_DIR",
+                                             help="the plans whose GPU runners need a pool")) -> None:
+    """Create (or resize) the `servetune-<runner>` pools, one slot each, in the Airflow this environment points
+    at (docker compose runs it in airflow-init): Airflow schedules no task of a pool that does not exist."""
+    exe = shutil.which("airflow")
+    if exe is None:
+        raise typer.BadParameter("airflow is not installed in this environment (pip install 'servetune[airflow]')")
+    for pool, slots, what in runner_pools(plans_dir):
+        subprocess.run([exe, "pools", "set", pool, str(slots), what], check=True, stdout=subprocess.DEVNULL)
+        console.print(f"pool {pool}: {slots} slot ({what})")
 
 
 def demo(
@@ -226,6 +249,9 @@ def demo(
                 _print_outcome(folder, setup.warehouse_url)
             log = run_dir / "airflow-dags-test.log"
             console.print(f"done in {time.monotonic() - t_start:.0f} s; Airflow log: {log}")
+            console.print("the warehouse, for `servetune history`, `servetune query` and SQL (password redacted):\n"
+                          f"  export SERVETUNE_DATABASE_URL={_localdb().redact(setup.warehouse_url)}",
+                          highlight=False, soft_wrap=True)
     finally:
         if cluster:
             cluster.stop()

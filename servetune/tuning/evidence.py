@@ -18,6 +18,7 @@ from collections import Counter, defaultdict
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune.plan import Level, TuningPlan
+from servetune.result import TrialSummary
 from servetune.stats import Comparison, Spread, paired_compare, spread
 from servetune.tuning.sizing import RESIZE, size_trial
 from servetune.tuning.state import UNPAIRED, CampaignState, Flags, TrialOutcome, TrialSpec, Verdict, config_key
@@ -39,7 +40,8 @@ def unsettled(plan: TuningPlan, o: TrialOutcome) -> tuple[int, str] | None:
     requests rests on 2-3 of them, its interval's upper end the maximum; at 1,000 it is the 18th to 4th
     largest); or a kept-up/overloaded verdict whose latency growth's interval holds its limit, with fewer than
     ``GROWTH_SETTLED`` (a quarter of 250 arrivals leaves the ratio of two medians wide, and a backlog shows
-    more plainly the longer it grows). The biggest size any of them needs; None when settled."""
+    more plainly the longer it grows), where that could turn pass into fail or back (not a trial that fails
+    its SLA either way). The biggest size any of them needs; None when settled."""
     s, cap = o.summary, plan.budget.max_requests_per_trial
     kind = judge(o, plan.sla).kind if o.valid and o.requests < cap else None
     needs: list[tuple[int, str]] = []
@@ -52,7 +54,8 @@ def unsettled(plan: TuningPlan, o: TrialOutcome) -> tuple[int, str] | None:
                                            f" around its bound {bound:g}"))
                 break
     limit, ci = (s.validity_rules or {}).get("max_latency_growth", 1.5), s.latency_growth_interval
-    if kind in ("pass", "sla", "overload") and ci and ci[0] <= limit < ci[1] and s.completions_in_window < GROWTH_SETTLED \
+    could_turn = kind == "pass" or (kind == "overload" and not _fails_sla_anyway(plan, s))  # pass <-> fail
+    if could_turn and ci and ci[0] <= limit < ci[1] and s.completions_in_window < GROWTH_SETTLED \
             and not cap_full(s.in_flight_mean, s.offered_concurrency):
         needs.append((GROWTH_SETTLED, f"latency growth x{s.latency_growth:.2f} with 95% interval"
                                       f" x{ci[0]:.2f}-x{ci[1]:.2f} around its limit x{limit:g}"))
@@ -61,6 +64,18 @@ def unsettled(plan: TuningPlan, o: TrialOutcome) -> tuple[int, str] | None:
     target, why = max(needs)
     grown = min(cap, math.ceil(o.requests * target / max(s.completions_in_window, 1) * 1.1))
     return grown, f"{why} at {s.completions_in_window} requests: re-measured at {grown}"
+
+
+def _fails_sla_anyway(plan: TuningPlan, s: TrialSummary) -> bool:
+    """An overloaded trial whose errors or a p99 (its whole interval) already break the SLA: kept up or not,
+    it fails, so its latency growth needs no settling."""
+    if s.error_rate > plan.sla.max_error_rate:
+        return True
+    for name in ("ttft", "tpot", "e2e"):
+        bound, p99, ci = getattr(plan.sla, f"p99_{name}_ms"), getattr(s, f"{name}_ms").p99, s.p99_interval_ms.get(name)
+        if bound is not None and p99 is not None and p99 > bound and (not ci or ci[0] > bound):
+            return True
+    return False
 
 
 class Evidence(BaseModel):
