@@ -69,13 +69,23 @@ def _trigger() -> str:
     return "weekly" if "scheduled" in run_type else "manual"
 
 
+#: a mapped instance shows its plan's name in the UI, not [0], [1] (each task body sets ``plan_name``)
+NAMED = {"map_index_template": "{{ plan_name }}"}
+
+
+def _named(exp: dict[str, Any]) -> dict[str, Any]:
+    get_current_context()["plan_name"] = exp.get("plan_name") or Path(exp.get("plan_file", "?")).stem  # type: ignore[typeddict-unknown-key]
+    return exp
+
+
 def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
     """A task group factory for one GPU runner; call the result with ``.expand(plan_file=...)``."""
-    where: dict[str, Any] = {"pool": runner.pool, "queue": runner.queue}
+    where: dict[str, Any] = {"pool": runner.pool, "queue": runner.queue, **NAMED}
 
     @task(**where)
     def prepare(plan_file: str) -> dict[str, Any]:
         ctx = get_current_context()
+        _named({"plan_file": plan_file})
         try:
             exp = tasks.prepare(plan_file, trigger=trigger or _trigger(), run_id=ctx["run_id"],
                                 overrides=ctx["params"].get("overrides") or {},
@@ -84,49 +94,49 @@ def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
         except PlanError as exc:  # a bad plan stays bad: no retry, the message names the field
             raise AirflowFailException(str(exc)) from None
         tasks.find_previous(exp, warehouse_url())  # the answer this week's is compared with
-        return exp
+        return _named(exp)
 
     @task(**where)
     def provision(exp: dict[str, Any]) -> dict[str, Any]:
-        return tasks.provision(exp)
+        return tasks.provision(_named(exp))
 
     @task(**where)
     def protocols(exp: dict[str, Any]) -> dict[str, Any]:
-        return tasks.run_protocols(exp)
+        return tasks.run_protocols(_named(exp))
 
     def stage(name: str):
         @task(task_id=name, **where)
         def run(exp: dict[str, Any]) -> dict[str, Any]:
-            return tasks.run_stage(exp, name)
+            return tasks.run_stage(_named(exp), name)
 
         return run
 
     @task(**where, trigger_rule="all_done")
     def recommend(exp: dict[str, Any]) -> dict[str, Any]:
-        return tasks.recommend(exp)
+        return tasks.recommend(_named(exp))
 
-    @task(trigger_rule="all_done")
+    @task(trigger_rule="all_done", **NAMED)
     def validate(exp: dict[str, Any]) -> dict[str, int]:
-        return tasks.validate(exp)
+        return tasks.validate(_named(exp))
 
-    @task(trigger_rule="all_done")
+    @task(trigger_rule="all_done", **NAMED)
     def load(exp: dict[str, Any]) -> dict[str, Any]:
-        return tasks.load(exp, warehouse_url())
+        return tasks.load(_named(exp), warehouse_url())
 
-    @task(trigger_rule="all_done")
+    @task(trigger_rule="all_done", **NAMED)
     def report(exp: dict[str, Any]) -> str:
-        return tasks.report(exp)
+        return tasks.report(_named(exp))
 
-    @task(trigger_rule="all_done", retries=0, on_failure_callback=notify_failure)
+    @task(trigger_rule="all_done", retries=0, on_failure_callback=notify_failure, **NAMED)
     def outcome(exp: dict[str, Any]) -> dict[str, Any]:
         try:
-            return tasks.outcome(exp)
+            return tasks.outcome(_named(exp))
         except tasks.CampaignFailed as exc:  # the run goes red with the reason; retrying cannot change it
             raise AirflowFailException(str(exc)) from None
 
     @task(**where, retries=2)
     def teardown(exp: dict[str, Any]) -> dict[str, Any]:
-        return tasks.teardown(exp)
+        return tasks.teardown(_named(exp))
 
     @task_group(group_id=f"campaign_{runner.name.replace('-', '_')}")
     def campaign(plan_file: str) -> None:

@@ -79,6 +79,9 @@ def test_weekly_campaign_runs_validates_and_loads(airflow_setup):
     assert "Task failed with exception" not in proc.stdout
     assert _task_states(airflow_setup, "teardown") == {"success"}  # a failed teardown would not fail the run
     assert _task_states(airflow_setup, "outcome") == {"success"}
+    with psycopg.connect(localdb.libpq_dsn(airflow_setup.metadata_url)) as conn:  # mapped instances by plan name
+        names = {r[0] for r in conn.execute("select rendered_map_index from task_instance where map_index >= 0")}
+    assert names == {"tiny-sim"}, names
     (exp_dir,) = [p.parent for p in airflow_setup.results_dir.glob("*/experiment.json")]
     exp = orjson.loads((exp_dir / "experiment.json").read_bytes())
     assert exp["status"] == "done" and exp["trigger"] == "manual", exp.get("status_reason")
