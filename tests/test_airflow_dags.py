@@ -187,6 +187,8 @@ def test_the_second_weekly_run_is_compared_with_the_first_and_a_goodput_drop_ale
     assert f"campaign tiny-sim regressed against {first}: goodput_rps" in proc.stdout
     (mail,) = mails.messages
     assert "regressed" in mail["Subject"] and "goodput_rps" in mail["Subject"]
+    # one model identity: the virtual-clock trials carry the plan's model, not the simulator profile's name
+    assert _rows(wh, "select distinct model from trials") == [("llama-3.1-8b",)]
     rows = _rows(wh, "select experiment_id, against_experiment_id, figure, change, threshold from regressions")
     assert [(r[0], r[1], r[2]) for r in rows] == [(second, first, "goodput_rps")]
     assert rows[0][3] == pytest.approx(1 / 1.5 - 1, abs=0.01) and rows[0][4] == 0.05

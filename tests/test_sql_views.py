@@ -156,6 +156,10 @@ def test_query_cli_formats(year, monkeypatch):
     assert res.exit_code == 0 and "ceiling_last_month" in res.stdout
     res = runner.invoke(app, ["query", "nope"])
     assert res.exit_code == 2 and "no query named" in res.output
+    # a model the warehouse does not know by that name: no rows, and the names it does know
+    res = runner.invoke(app, ["query", "ceiling_last_month", "-p", "model=llama-8b-typo", "-f", "json"])
+    assert res.exit_code == 0 and orjson.loads(res.stdout) == []
+    assert f"no rows for model 'llama-8b-typo'; the warehouse knows: {MODEL}" in res.stderr
 
 
 @pytest.mark.skipif(shutil.which("psql") is None, reason="psql not installed")

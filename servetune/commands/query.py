@@ -65,6 +65,10 @@ def register(app: typer.Typer) -> None:
             given[key.strip()] = value
         with warehouse_errors("query"):
             columns, rows = queries.run(name, given, database_url=database_url)
+            if not rows and "model" in given:  # a model named otherwise: say which ones the warehouse knows
+                known = queries.known_models(database_url=database_url)
+                err.print(f"query {name}: no rows for model {escape(repr(given['model']))}; the warehouse knows: "
+                          + (", ".join(escape(m) for m in known) or "no model yet"))
         if fmt == "json":
             sys.stdout.write(orjson.dumps([dict(zip(columns, map(_plain, r))) for r in rows],
                                           option=orjson.OPT_INDENT_2).decode() + "\n")

@@ -150,6 +150,7 @@ class SimTrialRunner:
                           seed=self.plan.seed, endpoint=self.plan.endpoint)
         result.stage, result.experiment_id = spec.stage, experiment_id
         result.server_config = dict(spec.flags)
+        result.target["model"] = self.plan.model  # one identity, as a live trial of the plan says (the profile stays)
         return RunReport(result=result, gpu_seconds=virtual_duration_s(result) + restart, restarted=restarted)
 
     def close(self) -> None:

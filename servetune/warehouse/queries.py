@@ -108,3 +108,13 @@ def run(name: str, params: dict[str, str] | None = None, *, engine: Engine | Non
     finally:
         if engine is None:
             eng.dispose()
+
+
+def known_models(*, database_url: str | None = None) -> list[str]:
+    """The models the warehouse has experiments of: what a query that found none for a model names."""
+    eng = db.engine(database_url)
+    try:
+        with eng.connect() as conn:
+            return [r[0] for r in conn.execute(text("SELECT DISTINCT model FROM experiments ORDER BY model"))]
+    finally:
+        eng.dispose()
