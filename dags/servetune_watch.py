@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, task
 from airflow.sdk.exceptions import AirflowSkipException
 
-from operators.campaign_group import warehouse_url
+from operators.campaign_group import DEFAULT_ARGS, warehouse_url
 from operators.watch import check_asset, plan_assets
 
 with DAG(
@@ -22,6 +22,7 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
+    default_args=DEFAULT_ARGS,  # a check cut by a restart is retried once Airflow is back
     tags=["servetune"],
     doc_md=__doc__,
 ):

@@ -19,7 +19,11 @@ from operators.alerts import notify_failure
 from operators.config import WAREHOUSE_CONN_ID, GpuRunner, plan_files, plans_dir, runner_of
 from servetune.plan import PlanError, load_plan
 
-DEFAULT_ARGS = {"retries": 1, "retry_delay": timedelta(seconds=15)}
+# Retries that outlive an Airflow restart: a killed scheduler or worker orphans the running task, whose retry
+# must find the API server back (about 2 minutes on a small host), so 1, 2 then 4 minutes apart; a stage task
+# resumes from the campaign state on disk and a load is idempotent, so a retry never repeats a trial.
+DEFAULT_ARGS = {"retries": 3, "retry_delay": timedelta(minutes=1), "retry_exponential_backoff": 2.0,
+                "max_retry_delay": timedelta(minutes=10)}
 
 PARAMS = {
     "plans": Param([], type="array", items={"type": "string"},
