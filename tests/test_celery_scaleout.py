@@ -117,6 +117,12 @@ def _run_on_celery(airflow_setup: AirflowSetup, tmp_path: Path) -> None:
     # (the unpaused DAG also starts its latest scheduled run; the manual one is ours)
     exps = [json.loads(p.read_text()) for p in Path(airflow_setup.results_dir).glob("*/experiment.json")]
     assert [e["status"] for e in exps if e["dag_run_id"] == run_id] == ["done"]
+    # the stage tasks' logs (what the UI shows) hold one line per trial and the stage's outcome
+    task_logs = {p.parts[-3].split("=", 1)[1]: p.read_text() for p in
+                 (airflow_setup.home / "logs").glob(f"dag_id=servetune_weekly/run_id={run_id}/task_id=*/map_index=*/attempt=*.log")}
+    ramp = task_logs["campaign_local.ramp"]
+    assert "stage ramp:" in ramp and ("s GPU  pass" in ramp or "s GPU  fail" in ramp), ramp[-3000:]
+    assert "Loading 'datasources'" not in "".join(task_logs.values())
 
 
 def _executed(log: Path, run_id: str) -> set[str]:
