@@ -274,6 +274,7 @@ def test_watcher_emits_only_on_change_and_on_change_dag_runs(airflow_setup, tmp_
     template = template_file(tmp_path / "templates")
     write_plan(airflow_setup.plans_dir, "watched", prompt_template=str(template))
     airflow_setup.airflow("dags", "reserialize")  # what the dag-processor does when plans change
+    airflow_setup.airflow("dags", "unpause", "servetune_on_change")  # new DAGs start paused; a paused one is not queued
 
     def events() -> list[tuple[str, int]]:
         with psycopg.connect(localdb.libpq_dsn(airflow_setup.metadata_url)) as conn:
