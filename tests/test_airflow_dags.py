@@ -37,6 +37,16 @@ class Sink:
         return "250 OK"
 
 
+def _mail_sink(setup) -> tuple[Sink, SMTPController]:
+    """A real SMTP server on loopback, started, and the Airflow connection smtp_default pointing at it."""
+    mails = Sink()
+    smtp = SMTPController(mails, hostname="127.0.0.1", port=free_port())
+    smtp.start()
+    setup.extra_env["AIRFLOW_CONN_SMTP_DEFAULT"] = json.dumps(
+        {"conn_type": "smtp", "host": "127.0.0.1", "port": smtp.port, "extra": {"disable_tls": True, "disable_ssl": True}})
+    return mails, smtp
+
+
 def _rows(url: str, sql: str, **params):
     eng = create_engine(url)
     try:
@@ -145,12 +155,8 @@ def test_the_second_weekly_run_is_compared_with_the_first_and_a_goodput_drop_ale
     like), and its recommendation, report and warehouse row name it and show what moved. The first week's
     goodput is planted 50% higher in the warehouse: the second run is red, its one-line reason the goodput
     regression, the notifier sends it, and it is a row of the `regressions` view."""
-    mails = Sink()
-    smtp = SMTPController(mails, hostname="127.0.0.1", port=free_port())
-    smtp.start()
+    mails, smtp = _mail_sink(airflow_setup)
     airflow_setup.extra_env.update({
-        "AIRFLOW_CONN_SMTP_DEFAULT": json.dumps({"conn_type": "smtp", "host": "127.0.0.1", "port": smtp.port,
-                                                 "extra": {"disable_tls": True, "disable_ssl": True}}),
         "AIRFLOW_VAR_SERVETUNE_NOTIFIERS": json.dumps([
             {"notifier": "smtp", "args": {"to": "oncall@example.com", "from_email": "airflow@example.com"}}]),
     })
@@ -230,12 +236,8 @@ def test_failing_trial_still_tears_down_and_is_recorded(airflow_setup):
                        "env": {"PYTHONPATH": str(FAKE_ENGINES), "FAKE_ENGINE_MODE": "oom"}})
     # the operator's notifiers (an Airflow Variable): a real SMTP server on loopback, and a broken one that
     # must not silence it
-    mails = Sink()
-    smtp = SMTPController(mails, hostname="127.0.0.1", port=free_port())
-    smtp.start()
+    mails, smtp = _mail_sink(airflow_setup)
     airflow_setup.extra_env.update({
-        "AIRFLOW_CONN_SMTP_DEFAULT": json.dumps({"conn_type": "smtp", "host": "127.0.0.1", "port": smtp.port,
-                                                 "extra": {"disable_tls": True, "disable_ssl": True}}),
         "AIRFLOW_VAR_SERVETUNE_NOTIFIERS": json.dumps([
             {"notifier": "no_such_pkg.Notifier"},
             {"notifier": "smtp", "args": {"to": "oncall@example.com", "from_email": "airflow@example.com"}}]),
