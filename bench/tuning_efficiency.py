@@ -303,15 +303,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=200, help="measured requests per trial (default 200)")
     ap.add_argument("--seeds", type=int, default=3, help="workload seeds both sides are judged on (default 3)")
-    ap.add_argument("--only", default=None, help="run only scenarios whose name contains this")
-    ap.add_argument("--skip", default=None, help="leave out scenarios whose name contains this")
+    ap.add_argument("--only", default=None,
+                    help="run only scenarios whose name contains this (comma-separated: any of these)")
+    ap.add_argument("--skip", default=None,
+                    help="leave out scenarios whose name contains this (comma-separated: any of these)")
     ap.add_argument("--checklist", action="store_true",
                     help="every trial of both sides through the GX checklist (about 0.7 s a trial)")
     ap.add_argument("--jobs", type=int, default=1, help="scenarios run in parallel processes (default 1)")
     args = ap.parse_args()
     t_start = time.perf_counter()
-    picked = [sc for sc in SCENARIOS if (not args.only or args.only in sc.name)
-              and not (args.skip and args.skip in sc.name)]
+    only = [x for x in (args.only or "").split(",") if x]
+    skip = [x for x in (args.skip or "").split(",") if x]
+    picked = [sc for sc in SCENARIOS if (not only or any(x in sc.name for x in only))
+              and not any(x in sc.name for x in skip)]
     header = ("scenario", "staged trials", "grid trials", "INVALID staged/grid", "staged goodput (own seeds)",
               f"staged answer on the grid's {args.seeds} seeds", "grid best", "grid best CV across seeds",
               "goodput ratio", "staged GPU min", "grid GPU min", "GPU-time ratio", "rec. level (seeds)",

@@ -8,7 +8,8 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/python -m pip install -q --upgrade pip
 fi
 stamp=.venv/.servetune-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q -e ".[all,test]"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+  # ranges in pyproject.toml, held to the tested versions (constraints.txt)
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[all,test]"
   touch "$stamp"
 fi

@@ -1,7 +1,7 @@
 """GPU runners as the scheduler sees them: one per GPU host (or GPU set) that runs one trial at a time.
 
 A plan's runner section names its runner (kind, host, GPUs) and its GPU type picks a work queue; the
-Airflow side (operators/, dags/) turns each into a one-slot pool and a Celery queue, and `servetune demo`
+Airflow side (servetune_airflow) turns each into a one-slot pool and a Celery queue, and `servetune demo`
 creates the same pools, so both name them here.
 """
 

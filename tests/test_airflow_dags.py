@@ -120,7 +120,7 @@ def test_weekly_campaign_runs_validates_and_loads(airflow_setup):
     assert "Loading 'datasources'" not in proc.stdout and "HTTP Request:" not in proc.stdout
 
     # a retried load task leaves no duplicates
-    from operators import tasks
+    from servetune_airflow import tasks
 
     before = _rows(wh, "select count(*) from request_records")[0][0]
     exp_ref = {"experiment_id": exp["experiment_id"], "out_dir": str(exp_dir)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from operators.alerts import LINE, NotifierConfigError, build, parse
+from servetune_airflow.alerts import LINE, NotifierConfigError, build, parse
 
 
 @pytest.mark.parametrize(("raw", "says"), [

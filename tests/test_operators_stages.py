@@ -10,7 +10,7 @@ from typing import get_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from operators.tasks import STAGES  # noqa: E402
+from servetune_airflow.tasks import STAGES  # noqa: E402
 from servetune.tuning.state import Stage  # noqa: E402
 
 

@@ -247,7 +247,7 @@ def test_the_dags_load_mode_param_turns_a_plan_into_rate_mode(tmp_path: Path) ->
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from operators import tasks
+    from servetune_airflow import tasks
     from servetune.plan import load_plan
 
     plan_file = str(next((Path(__file__).resolve().parent.parent / "plans" / "weekly").glob("*.yaml")))

@@ -1,8 +1,8 @@
 """`servetune demo` (the main job) and `servetune airflow env|standalone`.
 
 These commands set up and drive a real Apache Airflow as a *subprocess*: the library never
-imports Airflow (operators/ and dags/ are the Airflow side). The environment they build points
-Airflow at this checkout's dags/, a PostgreSQL metadata database and the warehouse connection
+imports Airflow (the servetune_airflow package is the Airflow side). The environment they build points
+Airflow at that package's DAG files, a PostgreSQL metadata database and the warehouse connection
 ``servetune_warehouse``, with example DAGs off and servers bound to loopback.
 """
 
@@ -46,6 +46,16 @@ REPO = Path(__file__).resolve().parents[2]
 console = Console()
 
 
+def dags_folder() -> Path:
+    """The installed servetune_airflow package's DAG files, found without importing it (the library never does)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("servetune_airflow")
+    if spec is None or not spec.submodule_search_locations:
+        raise typer.BadParameter("servetune_airflow is not installed: pip install 'servetune[airflow]'")
+    return Path(list(spec.submodule_search_locations)[0]) / "dags"
+
+
 @dataclass
 class AirflowSetup:
     """Everything an Airflow subprocess needs to run servetune's DAGs against one Postgres."""
@@ -65,13 +75,13 @@ class AirflowSetup:
         env = dict(os.environ)
         env.update({
             "AIRFLOW_HOME": str(self.home),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder()),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": str(self.paused),
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": meta.render_as_string(hide_password=False),
             "AIRFLOW__API__HOST": "127.0.0.1",
-            # INFO: a task's log holds a line per trial and per stage (operators/task_logs.py keeps library chatter out)
+            # INFO: a task's log holds a line per trial and per stage (servetune_airflow/task_logs.py keeps library chatter out)
             "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO"),
             "AIRFLOW_CONN_SERVETUNE_WAREHOUSE": wh.render_as_string(hide_password=False),
             "SERVETUNE_PLANS_DIR": str(self.plans_dir),

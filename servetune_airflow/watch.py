@@ -10,7 +10,7 @@ from pathlib import Path
 
 from airflow.sdk import Asset
 
-from operators.config import plan_files, plans_dir, runner_of
+from servetune_airflow.config import plan_files, plans_dir, runner_of
 from servetune.fingerprint import Fingerprint, slug
 from servetune.plan import TuningPlan, load_plan
 

@@ -12,8 +12,8 @@ from datetime import datetime
 from airflow.sdk import DAG
 from airflow.sdk.definitions.timetables.trigger import CronTriggerTimetable
 
-from operators.campaign_group import DEFAULT_ARGS, PARAMS, campaign_group, list_plans
-from operators.config import runners
+from servetune_airflow.campaign_group import DEFAULT_ARGS, PARAMS, campaign_group, list_plans
+from servetune_airflow.config import runners
 
 with DAG(
     dag_id="servetune_weekly",

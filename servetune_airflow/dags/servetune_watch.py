@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, task
 from airflow.sdk.exceptions import AirflowSkipException
 
-from operators.campaign_group import DEFAULT_ARGS, warehouse_url
-from operators.watch import check_asset, plan_assets
+from servetune_airflow.campaign_group import DEFAULT_ARGS, warehouse_url
+from servetune_airflow.watch import check_asset, plan_assets
 
 with DAG(
     dag_id="servetune_watch",

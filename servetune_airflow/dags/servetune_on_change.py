@@ -10,9 +10,9 @@ from datetime import datetime
 
 from airflow.sdk import DAG, AssetAny, get_current_context, task
 
-from operators.campaign_group import DEFAULT_ARGS, PARAMS, campaign_group
-from operators.config import runners
-from operators.watch import plan_assets, plans_using
+from servetune_airflow.campaign_group import DEFAULT_ARGS, PARAMS, campaign_group
+from servetune_airflow.config import runners
+from servetune_airflow.watch import plan_assets, plans_using
 
 
 @task

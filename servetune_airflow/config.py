@@ -18,12 +18,23 @@ REPO = Path(__file__).resolve().parents[1]
 WAREHOUSE_CONN_ID = "servetune_warehouse"
 
 
+def _installed_home() -> Path | None:
+    """$AIRFLOW_HOME/servetune for an installed wheel (it has no plans/ beside it); None in a checkout."""
+    if (REPO / "pyproject.toml").is_file():
+        return None
+    return Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "servetune"
+
+
 def plans_dir() -> Path:
-    return Path(os.environ.get("SERVETUNE_PLANS_DIR", REPO / "plans" / "weekly"))
+    home = _installed_home()
+    default = home / "plans" if home else REPO / "plans" / "weekly"
+    return Path(os.environ.get("SERVETUNE_PLANS_DIR", default))
 
 
 def results_dir() -> Path:
-    return Path(os.environ.get("SERVETUNE_RESULTS_DIR", REPO / ".servetune" / "results"))
+    home = _installed_home()
+    default = home / "results" if home else REPO / ".servetune" / "results"
+    return Path(os.environ.get("SERVETUNE_RESULTS_DIR", default))
 
 
 def plan_files(folder: Path | None = None) -> list[Path]:

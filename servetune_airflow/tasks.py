@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from operators.config import results_dir, runner_of
-from operators.task_logs import quiet_libraries
+from servetune_airflow.config import results_dir, runner_of
+from servetune_airflow.task_logs import quiet_libraries
 from servetune.experiment import ResultFolder
 from servetune.plan import PlanError, TuningPlan, load_plan, parse_plan
 from servetune.plan_protocols import deep_merge

@@ -14,9 +14,9 @@ from typing import Any
 from airflow.sdk import Param, get_current_context, task, task_group
 from airflow.sdk.exceptions import AirflowFailException
 
-from operators import tasks
-from operators.alerts import notify_failure
-from operators.config import WAREHOUSE_CONN_ID, GpuRunner, plan_files, plans_dir, runner_of
+from servetune_airflow import tasks
+from servetune_airflow.alerts import notify_failure
+from servetune_airflow.config import WAREHOUSE_CONN_ID, GpuRunner, plan_files, plans_dir, runner_of
 from servetune.plan import PlanError, load_plan
 
 # Retries that outlive an Airflow restart: a killed scheduler or worker orphans the running task, whose retry
