@@ -52,10 +52,11 @@ def test_campaign_runs_on_the_worker_of_its_gpu_queue(pg_server_url, tmp_path):
                        "ramp": {"levels": [4], "requests": 10, "warmup": 1, "bisect": False},
                        "refine": {"enabled": False}})
     # the same runner, an engine that dies at start with a CUDA OOM (the fake SGLang, the real sglang argv path)
-    write_plan(plans, "broken-h200", name="broken-h200", model="/models/fake",
+    path = write_plan(plans, "broken-h200", model="/models/fake",
                runner={"kind": "local", "gpu_type": "h200"},
                engine={"kind": "sglang", "model": "/models/fake", "python": sys.executable, "ready_timeout_s": 30,
                        "env": {"PYTHONPATH": str(FAKE_ENGINES), "FAKE_ENGINE_MODE": "oom"}})
+    path.write_text(path.read_text().replace("name: tiny-sim", "name: broken-h200", 1))
     meta_url, wh_url = localdb.create_database(pg_server_url), localdb.create_database(pg_server_url)
     try:
         _run_on_celery(AirflowSetup(home=tmp_path / "airflow", metadata_url=meta_url, warehouse_url=wh_url,
@@ -122,6 +123,8 @@ def _run_on_celery(airflow_setup: AirflowSetup, tmp_path: Path) -> None:
     with psycopg.connect(localdb.libpq_dsn(airflow_setup.metadata_url)) as conn:
         rows = conn.execute("select task_id, queue, pool, state from task_instance where run_id = %s",
                             (run_id,)).fetchall()
+        runs = {r[0] for r in conn.execute("select run_id from dag_run where dag_id = 'servetune_weekly'")}
+    assert runs == {run_id, bad_id}  # unpausing started no campaign of its own (last Monday's)
     # the tasks that hold the GPU run on the GPU type's queue, in the runner's pool; the rest anywhere
     on_gpu = {"prepare", "provision", "protocols", "correctness", "baseline", "ramp", "refine", "recommend", "teardown"}
     campaign = {r[0].split(".", 1)[1]: r for r in rows if r[0].startswith("campaign_local.")}
@@ -131,7 +134,6 @@ def _run_on_celery(airflow_setup: AirflowSetup, tmp_path: Path) -> None:
     ran = {w: _executed(logs / f"worker-{w}.log", run_id) for w in ("h200", "default")}
     assert on_gpu <= ran["h200"] and not on_gpu & ran["default"], ran
     assert "load" in ran["default"] | ran["h200"]
-    # (the unpaused DAG also starts its latest scheduled run; the manual one is ours)
     exps = [json.loads(p.read_text()) for p in Path(airflow_setup.results_dir).glob("*/experiment.json")]
     assert [e["status"] for e in exps if e["dag_run_id"] == run_id] == ["done"]
     (bad,) = [e for e in exps if e["dag_run_id"] == bad_id]

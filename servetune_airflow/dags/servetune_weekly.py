@@ -7,8 +7,6 @@ Params form to run chosen plans or to override plan fields.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from airflow.sdk import DAG
 from airflow.sdk.definitions.timetables.trigger import CronTriggerTimetable
 
@@ -18,8 +16,9 @@ from servetune_airflow.config import runners
 with DAG(
     dag_id="servetune_weekly",
     description="Weekly staged tuning campaign per plan (SGLang and friends), results to the warehouse",
-    schedule=CronTriggerTimetable("0 4 * * 1", timezone="UTC"),
-    start_date=datetime(2026, 1, 1),
+    # no start_date and run_immediately=False: unpausing waits for the next Monday instead of starting last
+    # Monday's campaign at once (and holding a GPU nobody asked for)
+    schedule=CronTriggerTimetable("0 4 * * 1", timezone="UTC", run_immediately=False),
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
