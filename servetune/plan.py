@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from servetune.engines import EngineConfig, engine_class
 from servetune.engines.knobs import FlagValue, KnobError, engine_flags, with_flags
 from servetune.plan_load import LoadSection, check_trace
+from servetune.plan_modality import check_modality
 from servetune.plan_protocols import MeasurementProtocol, check_protocols
 from servetune.runners import LocalRunnerConfig, RunnerConfig
 from servetune.sla import SLA
@@ -247,8 +248,9 @@ class TuningPlan(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _trace_fits_the_load(self) -> TuningPlan:
+    def _workload_fits_load_and_model(self) -> TuningPlan:
         check_trace(self.load, self.workload)
+        check_modality(self.engine, self.workload)
         return self
 
     @model_validator(mode="after")
