@@ -64,7 +64,7 @@ def test_demo_campaign_over_http_in_real_time(tmp_path: Path) -> None:
     campaign = Campaign(plan, LiveTrialRunner(plan, provisioner=procs), tmp_path / "out")
     decision = campaign.run()
     elapsed = time.monotonic() - t0
-    assert elapsed < 210, f"the demo took {elapsed:.0f} s"  # 161 s alone on the 2-core box
+    assert elapsed < 300, f"the demo took {elapsed:.0f} s"  # 161 s alone on the 2-core box, 233 s beside a bench
 
     assert decision.done and not decision.failed, decision.reason
     exp = json.loads((tmp_path / "out" / "experiment.json").read_text())
