@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +135,29 @@ def provision(exp: dict[str, Any]) -> dict[str, Any]:
     return {"runner": exp["runner"], "preflight": {"ok": report.ok, "gpu": report.gpu, "problems": report.problems}}
 
 
+#: how long an attempt waits for an earlier one of the same campaign that outlived an Airflow restart (a killed
+#: scheduler leaves its task processes running): that one finishes its stage and exits, this one then resumes
+LOCK_WAIT_S = 6 * 3600.0
+
+
+@contextmanager
+def _sole_runner(exp: dict[str, Any]) -> Iterator[None]:
+    """The campaign folder's lock (servetune.campaign_lock), held while this task reads state and runs trials.
+    Holding it, no other attempt of this campaign lives: an engine it owns is a dead attempt's, and goes."""
+    from servetune.campaign_lock import campaign_lock
+    from servetune.runners.sweep import sweep
+
+    def waiting(holder: str) -> None:
+        log.warning("waiting for %s: an earlier attempt still runs this campaign (orphaned by a restart);"
+                    " this one resumes from what it finishes", holder)
+
+    with campaign_lock(_exp_dir(exp), wait_s=LOCK_WAIT_S, on_wait=waiting):
+        if stopped := sweep(exp["experiment_id"]):
+            log.warning("stopped the engine an earlier attempt left running (pids %s)",
+                        ", ".join(map(str, stopped)))
+        yield
+
+
 def _campaign(exp: dict[str, Any]):
     from servetune.tuning.campaign import Campaign
     from servetune.tuning.live import LiveTrialRunner
@@ -155,17 +180,18 @@ def _campaign(exp: dict[str, Any]):
 
 def run_protocols(exp: dict[str, Any]) -> dict[str, Any]:
     """The plan's other ways of measuring the same server, once each (none: nothing to do)."""
-    campaign = _campaign(exp)
-    results = campaign.run_protocols()
+    with _sole_runner(exp):
+        results = _campaign(exp).run_protocols()
     return {"protocols": [{"name": r.load.get("protocol", {}).get("name"), "trial_id": r.trial_id,
                            "status": r.status} for r in results]}
 
 
 def run_stage(exp: dict[str, Any], task: str) -> dict[str, Any]:
     """Run the trials the decisions ask for while they belong to this stage task."""
-    campaign = _campaign(exp)
-    before = len(campaign.state.outcomes)
-    decision = campaign.advance(stages=STAGES[task])
+    with _sole_runner(exp):
+        campaign = _campaign(exp)
+        before = len(campaign.state.outcomes)
+        decision = campaign.advance(stages=STAGES[task])
     ran = len(campaign.state.outcomes) - before
     log.info("stage %s: %d trial(s) run here, %d in the campaign; next: %s (%s)", task, ran,
              len(campaign.state.outcomes), "done" if decision.done else decision.stage, decision.reason)
@@ -175,8 +201,9 @@ def run_stage(exp: dict[str, Any], task: str) -> dict[str, Any]:
 
 def recommend(exp: dict[str, Any]) -> dict[str, Any]:
     """Close the campaign: the recommendation when the decisions are done, else a recorded failure."""
-    campaign = _campaign(exp)
-    decision = campaign.conclude()
+    with _sole_runner(exp):
+        campaign = _campaign(exp)
+        decision = campaign.conclude()
     rec = decision.recommendation.model_dump(mode="json") if decision.recommendation else None
     log.info("campaign %s: %s (%s)", campaign.plan.name, campaign.experiment["status"],
              campaign.experiment.get("status_reason") or decision.reason)

@@ -40,10 +40,11 @@ TINY_PLAN = {
 }
 
 
-def write_plan(folder: Path, name: str = "tiny", **changes) -> Path:
+def write_plan(folder: Path, file: str = "tiny", **changes) -> Path:
+    """``folder/<file>.yaml``: the tiny plan with ``changes`` (``name=`` renames the plan itself)."""
     plan = {**TINY_PLAN, **changes}
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.yaml"
+    path = folder / f"{file}.yaml"
     path.write_text(yaml.safe_dump(plan, sort_keys=False))
     return path
 

@@ -22,3 +22,26 @@ def test_each_stage_task_runs_its_stages_and_every_earlier_one() -> None:
     assert STAGES["ramp"][-2:] == ("ramp", "bisect") and "refine" not in STAGES["ramp"]
     # the last task can run any decision stage but the protocols (their own task, before the stages)
     assert set(STAGES["refine"]) == set(get_args(Stage)) - {"protocol"}
+
+
+def test_a_stage_task_waits_for_a_live_attempt_and_stops_a_dead_ones_engine(tmp_path) -> None:
+    """A retried stage task holds the campaign folder alone (servetune.campaign_lock); holding it, any engine
+    tagged with the experiment is a dead attempt's, and is stopped before a trial starts."""
+    import os
+    import subprocess
+
+    from servetune.runners.sweep import OWNER_ENV
+    from servetune_airflow import tasks
+
+    exp = {"experiment_id": "exp-" + os.urandom(4).hex(), "out_dir": str(tmp_path)}
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, OWNER_ENV: exp["experiment_id"]}, start_new_session=True)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with tasks._sole_runner(exp):
+            assert engine.wait(timeout=15) is not None  # stopped: no other attempt could be using it
+            assert bystander.poll() is None
+    finally:
+        for p in (engine, bystander):
+            p.kill()
+            p.wait()

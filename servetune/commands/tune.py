@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -228,12 +228,21 @@ def tune(
         from servetune.tuning.live import LiveTrialRunner
 
         runner = LiveTrialRunner(plan)
-    campaign = _open_campaign(plan, runner, out, resume=resume, trigger=trigger, dag_run_id=dag_run_id,
-                              previous=prev, virtual=virtual)
+    from servetune.campaign_lock import CampaignBusy, campaign_lock
+
     deadline = started + stop_after if stop_after is not None else None
     try:
-        with _signals_interrupt() as signalled:
-            decision = campaign.run(deadline=deadline, stop=lambda: bool(signalled))
+        with ExitStack() as held:  # one writer per campaign folder (servetune.campaign_lock)
+            if resume and out is not None:
+                held.enter_context(campaign_lock(out))
+            campaign = _open_campaign(plan, runner, out, resume=resume, trigger=trigger, dag_run_id=dag_run_id,
+                                      previous=prev, virtual=virtual)
+            if not resume:
+                held.enter_context(campaign_lock(campaign.out))
+            with _signals_interrupt() as signalled:
+                decision = campaign.run(deadline=deadline, stop=lambda: bool(signalled))
+    except CampaignBusy as exc:
+        _fail(f"--resume: {exc}; wait for it to end, or stop it first")
     except KeyboardInterrupt:
         _emit(campaign, "interrupted")
         console.print(f"interrupted after {len(campaign.state.outcomes)} trials: engine torn down; go on with:"

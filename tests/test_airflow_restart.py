@@ -1,0 +1,117 @@
+"""An Airflow restart mid-campaign is survived without a hand: the scheduler, its LocalExecutor workers and
+the running ramp task are killed (SIGKILL, no clean shutdown) together with the API server, Airflow comes
+back with the API server last (as a slow one does), and the run still finishes green with every trial once
+and no engine left behind."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+
+from airflow_fixtures import write_plan
+from airflow_procs import AirflowProcesses, answers, free_port, live_env, rest, task_states, trigger, wait_for_run  # noqa: E501
+from servetune import localdb
+from servetune.runners.sweep import OWNER_ENV
+
+pytestmark = pytest.mark.slow
+RAMP = "campaign_local.ramp"
+
+
+def test_a_killed_scheduler_and_task_mid_ramp_recover_on_their_own(airflow_setup, tmp_path):
+    # a ramp of four levels, each trial a few seconds of the simulated engine: long enough to be cut
+    write_plan(airflow_setup.plans_dir, "restart", name="restart-sim",
+               workload={"name": "restart", "seed": 1, "input": {"kind": "uniform", "min": 64, "max": 256},
+                         "output": {"kind": "fixed", "value": 48}},
+               stages={"correctness": {"requests": 1}, "baseline": {"concurrency": 2, "requests": 16, "warmup": 2},
+                       "ramp": {"levels": [4, 6, 8, 10], "requests": 40, "warmup": 2, "bisect": False},
+                       "refine": {"enabled": False}})
+    api_port = free_port()
+    # how soon the restarted scheduler gives up on the dead one's tasks (Airflow's defaults: 30 s and 5 min)
+    live_env(airflow_setup, api_port, AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+             AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD="5",
+             AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL="5")
+    meta, results = airflow_setup.metadata_url, Path(airflow_setup.results_dir)
+    health = f"http://127.0.0.1:{api_port}/api/v2/monitor/health"
+    af = AirflowProcesses(airflow_setup, tmp_path / "logs")
+    run_id = "manual__restart"
+    try:
+        af.start("api", "api-server", "--port", str(api_port))
+        af.start("scheduler", "scheduler")
+        af.start("dag-processor", "dag-processor")
+        af.wait_until(lambda: answers(health), 120)
+        api = f"http://127.0.0.1:{api_port}/api/v2"
+        rest(f"{api}/dags/servetune_weekly", {"is_paused": False}, "PATCH")
+        trigger(api, "servetune_weekly", run_id, {"plans": ["restart.yaml"]})
+
+        # mid-ramp: the ramp task is running and has finished at least one of its trials
+        af.wait_until(lambda: task_states(meta, run_id).get(RAMP) == "running" and _ramp_trials(results) >= 1, 300)
+        # the scheduler with its executor workers, task supervisors and the ramp's task process (a process
+        # group of its own, which a kill of the scheduler's group would miss); the engine goes with its task
+        engines = [p.pid for p in psutil.process_iter() if _owned(p)]
+        killed = af.kill("scheduler")
+        assert engines and len(killed) >= 3, (killed, engines)
+        af.kill("dag-processor")
+        af.kill("api")
+        before = _outcomes(results)
+        assert task_states(meta, run_id)[RAMP] == "running"  # what a crash leaves behind: an orphaned task
+
+        af.start("scheduler", "scheduler")
+        af.start("dag-processor", "dag-processor")
+        # the new scheduler resets the orphan and runs it again while the API server is still down: that
+        # attempt fails to reach it, and the retry's backoff outlasts the API server's start
+        af.wait_until(lambda: task_states(meta, run_id)[RAMP] in ("up_for_retry", "scheduled", "queued"), 120)
+        time.sleep(5)
+        af.start("api", "api-server", "--port", str(api_port))
+        state = wait_for_run(meta, run_id, timeout_s=480)
+        assert state == "success", af.tails()[-6000:]
+    finally:
+        af.stop_all()
+
+    with psycopg.connect(localdb.libpq_dsn(meta)) as conn:
+        tries = conn.execute("select try_number from task_instance where run_id = %s and task_id = %s",
+                             (run_id, RAMP)).fetchone()[0]
+    assert tries >= 2  # the ramp ran again after the crash, as a new attempt
+    after = _outcomes(results)
+    # every trial finished before the crash is kept as it was, and none was run twice
+    assert all(after.get(tid) == key for tid, key in before.items()), (before, after)
+    keys = list(after.values())
+    assert len(keys) == len(set(keys)), keys
+    assert sum(1 for k in keys if k[0] == "ramp") >= 4  # the ramp reached its last level after the restart
+    (exp,) = [json.loads(p.read_text()) for p in results.glob("*/experiment.json")]
+    assert exp["status"] == "done", exp.get("status_reason")
+    with psycopg.connect(localdb.libpq_dsn(airflow_setup.warehouse_url)) as conn:
+        stored = [r[0] for r in conn.execute("select trial_id from trials")]
+    assert sorted(stored) == sorted(after), (stored, list(after))  # no half-done trial of the killed attempt
+    assert not [p for p in psutil.process_iter() if _owned(p) and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _owned(proc: psutil.Process) -> bool:
+    """An engine a campaign started (servetune.runners.sweep tags it)."""
+    try:
+        return OWNER_ENV in proc.environ()
+    except psutil.Error:
+        return False
+
+
+def _states(results: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in results.glob("*/state.json")]
+
+
+def _ramp_trials(results: Path) -> int:
+    return sum(1 for key in _outcomes(results).values() if key[0] == "ramp")
+
+
+def _outcomes(results: Path) -> dict[str, tuple]:
+    """trial id -> what the trial measured (stage, level, flags, size, seed) from the campaign state."""
+    found = {}
+    for state in _states(results):
+        for o in state.get("outcomes", []):
+            found[o["trial_id"]] = (o["stage"], o.get("concurrency"), o.get("rate"),
+                                    json.dumps(o.get("flags"), sort_keys=True), o.get("requests"),
+                                    o.get("warmup"), o.get("seed_offset"))
+    return found
