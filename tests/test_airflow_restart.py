@@ -1,11 +1,12 @@
 """An Airflow restart mid-campaign is survived without a hand: the scheduler, its LocalExecutor workers and
 the running ramp task are killed (SIGKILL, no clean shutdown) together with the API server, Airflow comes
-back with the API server last (as a slow one does), and the run still finishes green with every trial once
-and no engine left behind."""
+back with the API server last (as a slow one does), and the run still finishes green with every trial once,
+a log line each, and no engine left behind; on the same scheduler a campaign whose engine dies is a red run."""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -15,11 +16,13 @@ import pytest
 
 from airflow_fixtures import write_plan
 from airflow_procs import AirflowProcesses, answers, free_port, live_env, rest, task_states, trigger, wait_for_run  # noqa: E501
+from fake_engines.helpers import FAKE_ENGINES
 from servetune import localdb
 from servetune.runners.sweep import OWNER_ENV
 
 pytestmark = pytest.mark.slow
 RAMP = "campaign_local.ramp"
+RUN_ID = "manual__restart"
 
 
 def test_a_killed_scheduler_and_task_mid_ramp_recover_on_their_own(airflow_setup, tmp_path):
@@ -30,6 +33,9 @@ def test_a_killed_scheduler_and_task_mid_ramp_recover_on_their_own(airflow_setup
                stages={"correctness": {"requests": 1}, "baseline": {"concurrency": 2, "requests": 16, "warmup": 2},
                        "ramp": {"levels": [4, 6, 8, 10], "requests": 40, "warmup": 2, "bisect": False},
                        "refine": {"enabled": False}})
+    write_plan(airflow_setup.plans_dir, "broken", name="broken", model="/models/fake",
+               engine={"kind": "sglang", "model": "/models/fake", "python": sys.executable, "ready_timeout_s": 30,
+                       "env": {"PYTHONPATH": str(FAKE_ENGINES), "FAKE_ENGINE_MODE": "oom"}})
     api_port = free_port()
     # how soon the restarted scheduler gives up on the dead one's tasks (Airflow's defaults: 30 s and 5 min)
     live_env(airflow_setup, api_port, AIRFLOW__CORE__EXECUTOR="LocalExecutor",
@@ -38,7 +44,7 @@ def test_a_killed_scheduler_and_task_mid_ramp_recover_on_their_own(airflow_setup
     meta, results = airflow_setup.metadata_url, Path(airflow_setup.results_dir)
     health = f"http://127.0.0.1:{api_port}/api/v2/monitor/health"
     af = AirflowProcesses(airflow_setup, tmp_path / "logs")
-    run_id = "manual__restart"
+    run_id = RUN_ID
     try:
         af.start("api", "api-server", "--port", str(api_port))
         af.start("scheduler", "scheduler")
@@ -69,6 +75,9 @@ def test_a_killed_scheduler_and_task_mid_ramp_recover_on_their_own(airflow_setup
         af.start("api", "api-server", "--port", str(api_port))
         state = wait_for_run(meta, run_id, timeout_s=480)
         assert state == "success", af.tails()[-6000:]
+        # on the same LocalExecutor: a campaign whose engine dies at start is a red run
+        trigger(api, "servetune_weekly", "manual__broken", {"plans": ["broken.yaml"]})
+        assert wait_for_run(meta, "manual__broken", timeout_s=300) == "failed", af.tails()[-6000:]
     finally:
         af.stop_all()
 
@@ -82,12 +91,21 @@ def test_a_killed_scheduler_and_task_mid_ramp_recover_on_their_own(airflow_setup
     keys = list(after.values())
     assert len(keys) == len(set(keys)), keys
     assert sum(1 for k in keys if k[0] == "ramp") >= 4  # the ramp reached its last level after the restart
-    (exp,) = [json.loads(p.read_text()) for p in results.glob("*/experiment.json")]
-    assert exp["status"] == "done", exp.get("status_reason")
+    exps = {e["dag_run_id"]: e for e in (json.loads(p.read_text()) for p in results.glob("*/experiment.json"))}
+    assert exps[run_id]["status"] == "done", exps[run_id].get("status_reason")
     with psycopg.connect(localdb.libpq_dsn(airflow_setup.warehouse_url)) as conn:
-        stored = [r[0] for r in conn.execute("select trial_id from trials")]
+        stored = [r[0] for r in conn.execute("select trial_id from trials join experiments using (experiment_id)"
+                                             " where dag_run_id = %s", (run_id,))]
     assert sorted(stored) == sorted(after), (stored, list(after))  # no half-done trial of the killed attempt
     assert not [p for p in psutil.process_iter() if _owned(p) and p.status() != psutil.STATUS_ZOMBIE]
+    logs = airflow_setup.home / "logs" / "dag_id=servetune_weekly"
+    ramp = "".join(p.read_text() for p in logs.glob(f"run_id={run_id}/task_id={RAMP}/map_index=*/attempt=*.log"))
+    assert all(f" ramp        level {c:>4}  goodput" in ramp for c in (4, 6, 8, 10)), ramp[-3000:]  # a line a trial
+    broken = task_states(meta, "manual__broken")
+    assert broken["campaign_local.outcome"] == "failed" and broken["campaign_local.report"] == "success", broken
+    (outcome,) = logs.glob("run_id=manual__broken/task_id=campaign_local.outcome/map_index=*/attempt=*.log")
+    bad = exps["manual__broken"]
+    assert bad["status"] == "failed" and f"campaign broken failed: {bad['status_reason']}" in outcome.read_text()
 
 
 def _owned(proc: psutil.Process) -> bool:
@@ -98,20 +116,19 @@ def _owned(proc: psutil.Process) -> bool:
         return False
 
 
-def _states(results: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in results.glob("*/state.json")]
-
-
-def _ramp_trials(results: Path) -> int:
-    return sum(1 for key in _outcomes(results).values() if key[0] == "ramp")
-
-
-def _outcomes(results: Path) -> dict[str, tuple]:
-    """trial id -> what the trial measured (stage, level, flags, size, seed) from the campaign state."""
+def _outcomes(results: Path, run_id: str = RUN_ID) -> dict[str, tuple]:
+    """trial id -> what the trial measured (stage, level, flags, size, seed), from the run's campaign state."""
     found = {}
-    for state in _states(results):
-        for o in state.get("outcomes", []):
+    for exp in results.glob("*/experiment.json"):
+        state = exp.with_name("state.json")
+        if json.loads(exp.read_text()).get("dag_run_id") != run_id or not state.is_file():
+            continue
+        for o in json.loads(state.read_text()).get("outcomes", []):
             found[o["trial_id"]] = (o["stage"], o.get("concurrency"), o.get("rate"),
                                     json.dumps(o.get("flags"), sort_keys=True), o.get("requests"),
                                     o.get("warmup"), o.get("seed_offset"))
     return found
+
+
+def _ramp_trials(results: Path) -> int:
+    return sum(1 for key in _outcomes(results).values() if key[0] == "ramp")
