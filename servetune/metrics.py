@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from servetune.multimodal import summarize_images
 from servetune.per_turn import by_turn
 from servetune.records import RequestRecord
 from servetune.result import Percentiles, TrialSummary
@@ -132,7 +133,7 @@ def summarize(
     s.prefix_hit_rate = prefix_hit_rate(measured)
     s.by_turn = by_turn(ok)
     _validity(s, records, steady, load, rules)
-    _server_signals(s, server)
+    s.multimodal = summarize_images(ok, _server_signals(s, server))
     _gpu(s, gpu)
     return s
 
@@ -301,21 +302,15 @@ def _goodput(s: TrialSummary, in_set: Sequence[RequestRecord], ok: Sequence[Requ
 
 def prefix_hit_rate(measured: Sequence[RequestRecord]) -> float | None:
     """sum(cached)/sum(prompt) over measured requests whose usage reported both; None if none did."""
-    cached = prompt = 0
-    seen = False
-    for r in measured:
-        if r.cached_tokens is not None and r.prompt_tokens is not None:
-            seen = True
-            cached += r.cached_tokens
-            prompt += r.prompt_tokens
-    if not seen or prompt == 0:
-        return None
-    return cached / prompt
+    both = [(r.cached_tokens, r.prompt_tokens) for r in measured
+            if r.cached_tokens is not None and r.prompt_tokens is not None]
+    prompt = sum(p for _, p in both)
+    return sum(c for c, _ in both) / prompt if prompt else None
 
 
-def _server_signals(s: TrialSummary, server: dict[str, Any] | None) -> None:
+def _server_signals(s: TrialSummary, server: dict[str, Any] | None) -> dict[str, Any] | None:
     if not server:
-        return
+        return None
     if server.get("scheduler_log"):
         from servetune.telemetry.scheduler_log import signals
 
@@ -334,6 +329,7 @@ def _server_signals(s: TrialSummary, server: dict[str, Any] | None) -> None:
     s.server_retractions = sig.get("retractions")
     s.server_samples = int(sig.get("samples") or 0)
     s.server_samples_in_window = int(sig.get("samples_in_window") or 0)
+    return sig
 
 
 # --- GPU memory curve ---------------------------------------------------------------------

@@ -57,6 +57,8 @@ class RequestRecord:
     requested_output_tokens: int | None = None
     prefix_group: int | None = None  # which shared system prompt the request used (-1: none)
     n_images: int = 0
+    text_before_images: int | None = None  # requested text tokens ahead of the images (None: no images)
+    payload_bytes: int | None = None  # the request body as sent (base64 images make it large)
     turn: int = 0
     session: int = -1  # multi-turn sessions: the user's session (the load unit) the turn belongs to (-1: none)
     warmup: bool = False

@@ -41,10 +41,10 @@ class Finding(BaseModel):
 
 def diagnose_trial(result: TrialResult) -> list[Finding]:
     """Every rule over one trial, most severe first (a failed trial still gets what its data allows)."""
-    from servetune.diagnose import interference, memory, prefix_cache, queue
+    from servetune.diagnose import images, interference, memory, prefix_cache, queue
 
     findings: list[Finding] = []
-    for rule in (memory.diagnose, interference.diagnose, prefix_cache.diagnose, queue.diagnose):
+    for rule in (memory.diagnose, interference.diagnose, prefix_cache.diagnose, queue.diagnose, images.diagnose):
         findings.extend(rule(result))
     return sort_findings(findings)
 

@@ -115,6 +115,7 @@ async def run_load(
         return its text (a session's turn), else leave it to the decoder task."""
         rec = records[i]
         rec.queue_ms = queue_ns / 1e6
+        rec.payload_bytes = len(bodies[i] if body is None else body)
         sent[i] = 1
         reads: list[bytes] = []
         times: list[int] = []

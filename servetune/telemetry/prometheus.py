@@ -329,6 +329,7 @@ def derive_signals(server: dict[str, Any], *, window: tuple[float, float] | None
         "retractions_source": None,
         "server_ttft_mean_s": None,
         "server_itl_mean_s": None,
+        "server_queue_mean_s": None,
         "samples": len({x["t_s"] for x in all_samples}),
         "samples_in_window": len({x["t_s"] for x in samples}) if samples is not all_samples else 0,
     }
@@ -351,6 +352,7 @@ def derive_signals(server: dict[str, Any], *, window: tuple[float, float] | None
         for prefix, key in (
             ("time_to_first_token_seconds", "server_ttft_mean_s"),
             ("inter_token_latency_seconds", "server_itl_mean_s"),
+            ("queue_time_seconds", "server_queue_mean_s"),
         ):
             for d in dialects:
                 total = _counter_delta(before, after, f"{d.prefix}{prefix}_sum")

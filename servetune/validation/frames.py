@@ -22,6 +22,7 @@ REQUEST_COLUMNS = (
     "completion_tokens", "cached_tokens", "requested_input_tokens", "requested_output_tokens",
     "n_images", "turn", "error_class",
 )
+IMAGE_COLUMNS = ("image_token_share", "hit_rate_image_tokens", "hit_rate_text_tokens", "image_tokens_per_image_p50")
 GPU_COLUMNS = ("t_s", "gpu", "mem_used", "mem_total", "util", "power_w", "gap_ms")
 
 
@@ -98,6 +99,10 @@ def build_frames(result: TrialResult) -> TrialFrames:
     row["gpu_state"] = result.gpu.get("state") or result.summary.gpu_state
     row["gpu_clean_at_start"] = _clean_at_start(result)
     row["gpu_window_uncovered_s"] = _window_uncovered_s(result, gpu)
+    mm = result.summary.multimodal or {}  # a trial with images (servetune.multimodal); missing on text
+    for key in IMAGE_COLUMNS:
+        row[key] = mm.get(key)
     summary = pd.DataFrame([row])
     summary["gpu_clean_at_start"] = summary["gpu_clean_at_start"].astype("object")
+    summary[list(IMAGE_COLUMNS)] = summary[list(IMAGE_COLUMNS)].astype("float64")  # None -> NaN: skipped
     return TrialFrames(summary=summary, requests=requests, gpu=gpu)

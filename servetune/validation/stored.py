@@ -34,6 +34,10 @@ SELECT t.input_len_p50, t.input_len_p90, t.input_len_p99, t.output_len_p50, t.ou
        t.requests_measured, t.error_rate,
        t.window_source, t.window_s, t.completions_in_window, t.in_flight_min_fraction, t.dispatch_fraction,
        t.throughput_mismatch, t.request_throughput, t.goodput_rps,
+       (t.summary_multimodal->>'image_token_share')::float8 AS image_token_share,
+       (t.summary_multimodal->>'hit_rate_image_tokens')::float8 AS hit_rate_image_tokens,
+       (t.summary_multimodal->>'hit_rate_text_tokens')::float8 AS hit_rate_text_tokens,
+       (t.summary_multimodal->>'image_tokens_per_image_p50')::float8 AS image_tokens_per_image_p50,
        COALESCE(t.gpu_info->>'state', t.gpu_state) AS gpu_state,
        COALESCE(t.gpu_clean_at_start, CASE  -- servetune.metrics.clean_at_start, the one rule, in SQL
          WHEN COALESCE(t.gpu_info->>'state', '') NOT IN ('ok', 'simulated')

@@ -36,7 +36,7 @@ FIRST_BATCH_ROWS = 4_096
 FLOAT_FIELDS = ("t_send_s", "queue_ms", "ttft_ms", "e2e_ms")
 INT_FIELDS = ("prompt_tokens", "completion_tokens", "cached_tokens", "client_completion_tokens",
               "requested_input_tokens", "requested_output_tokens", "prefix_group", "n_images", "turn",
-              "http_status")
+              "http_status", "text_before_images", "payload_bytes")
 TEXT_FIELDS = ("token_count_source", "error_class", "error_message")
 WIRE_COLUMNS: tuple[str, ...] = ("trial_id", "warmup", *TEXT_FIELDS, "request_id", *FLOAT_FIELDS, "tpot_ms",
                                  *INT_FIELDS, "chunk_offsets_ms", "chunk_tokens")

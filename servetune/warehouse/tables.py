@@ -187,6 +187,8 @@ request_records = Table(
     Column("token_count_source", Text),
     Column("prefix_group", Integer),
     Column("n_images", Integer),
+    Column("text_before_images", Integer),  # requested text tokens ahead of the images
+    Column("payload_bytes", Integer),  # the request body as sent
     Column("turn", Integer),
     Column("http_status", Integer),
     Column("error_class", Text),

@@ -234,7 +234,16 @@ class _Generator:
             pooled_images=pooled,
             image_position=self.image_position,
             arrival_s=self.trace.arrival_s(index) if self.trace is not None else None,
+            user_tokens=input_tokens - self._system_tokens(group, system),
         )
+
+    def _system_tokens(self, group: int, system: str | None) -> int:
+        """Requested tokens of a single-turn request's system prompt (0 without one)."""
+        if system is None:
+            return 0
+        if self.trace is not None:
+            return self.spec.trace.prefix_tokens  # type: ignore[union-attr]
+        return self.spec.shared_prefix.tokens if self.spec.shared_prefix is not None else 0
 
     def _trace_system(self, group: int) -> str | None:
         """A trace group's system prompt, ``trace.prefix_tokens`` long (None for group -1)."""
@@ -337,4 +346,5 @@ class _Generator:
             image_position=self.image_position,
             live_history=mt.mode == "sessions",
             think_s=think,
+            user_tokens=c.turn_inputs[turn - 1] if turn else c.first_input - self._system_tokens(c.group, c.system),
         )

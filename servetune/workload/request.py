@@ -25,6 +25,7 @@ class WorkloadRequest:
     arrival_s: float | None = None  # a timed trace's arrival offset (seconds), else None
     live_history: bool = False  # a session's turn: sent after the previous answer, which its history carries
     think_s: float = 0.0  # a session's turn: the user's pause between the previous answer and this turn
+    user_tokens: int | None = None  # requested tokens of this turn's own user text (the rest is system + history)
 
     def with_answers(self, answers: Sequence[str]) -> WorkloadRequest:
         """This turn with the session's real answers in place of the stand-ins in its history
@@ -39,7 +40,15 @@ class WorkloadRequest:
         return RequestRecord(request_id=self.index, requested_input_tokens=self.input_tokens,
                              requested_output_tokens=self.output_tokens, prefix_group=self.prefix_group,
                              n_images=len(self.images), turn=self.turn, session=self.conversation if self.live_history else -1,
-                             warmup=warmup)
+                             text_before_images=self.text_before_images(), warmup=warmup)
+
+    def text_before_images(self) -> int | None:
+        """Requested text tokens ahead of the first image, where ``image_position`` puts it: how many of a
+        request's cached tokens are text before any can be image (servetune.multimodal splits the hit rate)."""
+        if not self.images or self.user_tokens is None:
+            return None
+        return {"before_system": 0, "after_text": self.input_tokens}.get(
+            self.image_position, max(self.input_tokens - self.user_tokens, 0))
 
     def chat_messages(self) -> list[dict]:
         """OpenAI chat messages; images become ``image_url`` content parts, where ``image_position`` says."""

@@ -1,0 +1,120 @@
+"""What a trial with images measures beyond text: image tokens, the prefix hit rate split into image and
+text tokens, request payloads, and where a request's first token waits (docs/metrics.md, "Images").
+
+Image tokens come from the server's usage, not from a formula: a request's prompt tokens minus its requested
+text tokens minus the chat template's own tokens, measured on the same trial's text-only requests (their
+prompt tokens minus their requested tokens; 0 when every request has images, said in ``template_source``).
+The hit-rate split places a request's cached tokens on its prompt as sent: the text ahead of its images
+(``RequestRecord.text_before_images``, from the image position), then its images, then the rest.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from servetune.records import RequestRecord
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return float(statistics.median(xs)) if xs else None
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def _p(xs: Sequence[float], q: float) -> float | None:
+    if not xs:
+        return None
+    ys = sorted(xs)
+    return float(ys[min(len(ys) - 1, int(q * len(ys)))])
+
+
+def image_tokens(r: RequestRecord, template: float) -> int | None:
+    """The request's image tokens as the server counted them (None: no images or no usage)."""
+    if not r.n_images or r.prompt_tokens is None or r.requested_input_tokens is None:
+        return None
+    return max(int(round(r.prompt_tokens - r.requested_input_tokens - template)), 0)
+
+
+def cached_split(r: RequestRecord, images: int) -> tuple[int, int] | None:
+    """(cached image tokens, cached text tokens) of one image request: its cached prefix laid over text
+    ahead of the images, the images, then the rest of its text."""
+    if r.cached_tokens is None or r.text_before_images is None:
+        return None
+    k = r.cached_tokens
+    on_images = min(max(k - r.text_before_images, 0), images)
+    return on_images, k - on_images
+
+
+def summarize_images(ok: Sequence[RequestRecord], server_signals: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The multimodal figures of a trial's successful requests in the window (None without images)."""
+    image = [r for r in ok if r.n_images]
+    if not image:
+        return None
+    text = [r for r in ok if not r.n_images]
+    overheads = [r.prompt_tokens - r.requested_input_tokens for r in text
+                 if r.prompt_tokens is not None and r.requested_input_tokens is not None]
+    template = _median(overheads) or 0.0
+    tokens = {id(r): t for r in image if (t := image_tokens(r, template)) is not None}
+    prompt_all = sum(r.prompt_tokens or 0 for r in ok)
+    img_total = sum(tokens.values())
+    cached_img = cached_txt = img_split_total = txt_split_total = 0
+    split_n = 0
+    for r in image:
+        if id(r) not in tokens or (split := cached_split(r, tokens[id(r)])) is None:
+            continue
+        split_n += 1
+        cached_img, cached_txt = cached_img + split[0], cached_txt + split[1]
+        img_split_total += tokens[id(r)]
+        txt_split_total += (r.prompt_tokens or 0) - tokens[id(r)]
+    for r in text:
+        cached_txt += r.cached_tokens or 0
+        txt_split_total += r.prompt_tokens or 0
+    per_image = [t / r.n_images for r in image if (t := tokens.get(id(r))) is not None]
+    # an image request "hit" its images when the cache covered at least half of their tokens
+    hit = [r for r in image if id(r) in tokens and (sp := cached_split(r, tokens[id(r)])) is not None
+           and sp[0] >= 0.5 * tokens[id(r)] > 0]
+    miss = [r for r in image if r not in hit and r.text_before_images is not None and r.cached_tokens is not None]
+    sig = server_signals or {}
+    out: dict[str, Any] = {
+        "image_requests": len(image),
+        "text_requests": len(text),
+        "images_per_request_mean": sum(r.n_images for r in image) / len(image),
+        "image_tokens_per_image_p50": _median(per_image),
+        "image_token_share": _ratio(img_total, prompt_all),
+        "template_tokens": template,
+        "template_source": "text requests" if overheads else "none: every request has images (taken as 0)",
+        "hit_rate_image_tokens": _ratio(cached_img, img_split_total) if split_n else None,
+        "hit_rate_text_tokens": _ratio(cached_txt, txt_split_total) if split_n or text else None,
+        "split_requests": split_n,
+        "payload_bytes_p50": {"image": _p([r.payload_bytes for r in image if r.payload_bytes], 0.5),
+                              "text": _p([r.payload_bytes for r in text if r.payload_bytes], 0.5)},
+        "payload_bytes_max": max((r.payload_bytes or 0 for r in ok), default=0),
+        "ttft_p50_ms": {k: _p([r.ttft_ms for r in rs if r.ttft_ms is not None], 0.5)
+                        for k, rs in (("text", text), ("image", image), ("image_hit", hit), ("image_miss", miss))},
+        "ttft_p99_ms": {k: _p([r.ttft_ms for r in rs if r.ttft_ms is not None], 0.99)
+                        for k, rs in (("text", text), ("image", image))},
+    }
+    out["ttft_breakdown_ms"] = ttft_breakdown(ok, sig)
+    return out
+
+
+def ttft_breakdown(ok: Sequence[RequestRecord], sig: dict[str, Any]) -> dict[str, Any] | None:
+    """Where the mean first token waits, from the server's own histograms over the trial: the scheduler's
+    queue, then the rest inside the server (front end: tokenizing and image preprocessing; the vision
+    encoder and the prefill), and outside it (client, HTTP, JSON). None without the server's TTFT."""
+    client = [r.ttft_ms for r in ok if r.ttft_ms is not None]
+    server_ttft, queue = sig.get("server_ttft_mean_s"), sig.get("server_queue_mean_s")
+    if not client or server_ttft is None:
+        return None
+    mean = sum(client) / len(client)
+    parts = {"client_ttft_mean": mean, "server_ttft_mean": server_ttft * 1e3,
+             "queue": queue * 1e3 if queue is not None else None,
+             "in_server_after_queue": (server_ttft - (queue or 0.0)) * 1e3,
+             "outside_server": max(mean - server_ttft * 1e3, 0.0)}
+    named = {k: v for k, v in parts.items() if k in ("queue", "in_server_after_queue", "outside_server") and v}
+    parts["dominant"] = max(named, key=named.get) if named else None  # type: ignore[arg-type]
+    return parts
