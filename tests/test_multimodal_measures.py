@@ -113,3 +113,25 @@ def test_diagnose_names_where_a_kept_real_vlm_trials_first_token_waits(tmp_path)
     assert top["evidence"]["queue"] < 0.1 * top["evidence"]["in_server_after_queue"]
     # the server counted about 1,026 tokens for each 896x896 image (Qwen2.5-VL: (896 / 28)^2 + 2)
     assert abs(top["evidence"]["image_tokens_per_image_p50"] - 1026) <= 4
+
+
+def test_the_report_has_an_images_section_only_for_trials_with_images(tmp_path) -> None:
+    import tarfile
+    from pathlib import Path
+
+    with tarfile.open(Path(__file__).parent / "data/gpu-h200-vlm/2026-12-04/trials.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data", members=[m for m in tar.getmembers() if m.name.startswith("trials/on/")])
+    folder = tmp_path / "camp/trials"  # a folder of loose trial results: the report's campaign view
+    (tmp_path / "camp").mkdir()
+    (tmp_path / "trials/on").rename(folder)
+    res = CliRunner().invoke(app, ["report", str(folder.parent), "--out", str(tmp_path / "rep")])
+    assert res.exit_code == 0, res.output
+    html = (tmp_path / "rep/report.html").read_text()
+    assert 'id="images"' in html and html.count('class="images"') == len(list(folder.glob("*.json")))
+    assert "in the server after its queue (front end, vision encoder, prefill)" in html
+    text = tmp_path / "text.json"
+    text.write_bytes(orjson.dumps({**orjson.loads((folder / "vlm-radix-r90-s1.json").read_bytes()), "records": [
+        {**r, "n_images": 0} for r in orjson.loads((folder / "vlm-radix-r90-s1.json").read_bytes())["records"]]}))
+    res = CliRunner().invoke(app, ["report", str(text), "--out", str(tmp_path / "rep2")])
+    assert res.exit_code == 0, res.output
+    assert 'id="images"' not in (tmp_path / "rep2/report.html").read_text()

@@ -260,6 +260,9 @@ def render_html(campaign: CampaignView, figures: list[ReportFigure], png_files: 
     from servetune.report.protocols import protocol_rows  # the "Protocols side by side" section
 
     context["protocols"] = protocol_rows(campaign)
+    from servetune.report.images import image_rows  # the "Images" section (servetune.multimodal)
+
+    context["image_rows"] = image_rows(campaign)
     return _environment().get_template("report.html.j2").render(**context)
 
 
