@@ -304,3 +304,30 @@ def test_watcher_emits_only_on_change_and_on_change_dag_runs(airflow_setup, tmp_
     exps = [orjson.loads(p.read_bytes()) for p in airflow_setup.results_dir.glob("*/experiment.json")]
     assert [e["trigger"] for e in exps] == ["on_change"]
     assert _rows(airflow_setup.warehouse_url, "select count(*) from asset_fingerprints")[0][0] == 3
+
+
+def test_a_vlm_plan_runs_weekly_in_virtual_time_with_its_image_figures(airflow_setup):
+    """The weekly DAG on a vision-language plan (the simulator's llava-8b, images from a pool behind a shared
+    system prompt) in virtual time: the campaign concludes, every trial passes the checklist's images item,
+    and the warehouse holds each trial's image figures."""
+    write_plan(airflow_setup.plans_dir, "vlm", name="vlm-sim", model="llava-8b",
+               engine={"kind": "sim", "model_profile": "llava-8b", "gpu_profile": "A100-80G"},
+               workload={"name": "vlm", "seed": 3, "input": {"kind": "uniform", "min": 64, "max": 256},
+                         "output": {"kind": "fixed", "value": 8},
+                         "shared_prefix": {"tokens": 128, "share_ratio": 1.0, "num_prefixes": 1},
+                         "images": {"count": 1, "width": 448, "height": 448, "ratio": 0.5, "distinct": 4,
+                                    "format": "jpeg"}})
+    conf = {"plans": ["vlm.yaml"], "clock": "virtual"}
+    proc = airflow_setup.airflow("dags", "test", "servetune_weekly", "--conf", json.dumps(conf), check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    (exp,) = [orjson.loads(p.read_bytes()) for p in airflow_setup.results_dir.glob("*/experiment.json")]
+    assert exp["status"] == "done", exp.get("status_reason")
+    rows = _rows(airflow_setup.warehouse_url, "select stage, status, (summary_multimodal->>'image_tokens_per_image_p50')::float,"
+                 " (summary_multimodal->>'hit_rate_image_tokens')::float, validation_success from trials"
+                 " where experiment_id = :e", e=exp["experiment_id"])
+    measured = [r for r in rows if r[0] != "correctness"]
+    assert measured and all(r[2] == 1024 and r[3] > 0.5 and r[4] for r in measured if r[1] == "ok"), rows
+    # a tiny trial can be rejected for its short window (and re-run), never for its images
+    failed = {(c["checklist"], c["column"]) for p in airflow_setup.results_dir.glob("*/trials/*.json")
+              for c in (orjson.loads(p.read_bytes()).get("validation") or {}).get("results", []) if not c["success"]}
+    assert not {f for f in failed if f[0] == "images"}, failed
