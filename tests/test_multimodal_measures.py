@@ -135,3 +135,31 @@ def test_the_report_has_an_images_section_only_for_trials_with_images(tmp_path) 
     res = CliRunner().invoke(app, ["report", str(text), "--out", str(tmp_path / "rep2")])
     assert res.exit_code == 0, res.output
     assert 'id="images"' not in (tmp_path / "rep2/report.html").read_text()
+
+
+async def test_images_over_http_are_fetched_by_the_server_and_shrink_the_payload() -> None:
+    """Target.images_over_http: each distinct image served once per load from the client's host, the engine
+    (here the simulated one, which fetches URLs as SGLang's loader does) counts the same image tokens."""
+    import time
+
+    from servetune.loadgen import LoadConfig, Target, run_load
+    from servetune.workload import WorkloadSpec, build_requests
+    from servetune.workload.lengths import Fixed
+    from servetune.workload.spec import Images
+
+    spec = WorkloadSpec(input=Fixed(value=50), output=Fixed(value=4), seed=5,
+                        images=Images(count=1, width=448, height=448, distinct=2, format="jpeg"))
+    reqs = build_requests(spec, 6).requests
+    server, _ = await _start({"model_profile": "llava-8b", "enable_cache_report": True})
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        inline = await run_load(Target(url=url), reqs, LoadConfig(concurrency=1), t0_ns=time.perf_counter_ns())
+        by_url = await run_load(Target(url=url, images_over_http=True), reqs, LoadConfig(concurrency=1),
+                                t0_ns=time.perf_counter_ns())
+    finally:
+        await server.close()
+    for a, b in zip(inline.records, by_url.records, strict=True):
+        assert a.ok and b.ok, (a.error_message, b.error_message)
+        assert a.prompt_tokens == b.prompt_tokens  # the same image, the same tokens
+        assert b.payload_bytes < 2000 < 10 * 2000 < a.payload_bytes  # a URL instead of a base64 JPEG
+    assert reqs[0].images[0].startswith("data:")  # the workload itself is left as built

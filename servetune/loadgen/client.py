@@ -90,6 +90,15 @@ async def run_load(
     part of a load split over several (workers.py)."""
     if not requests:
         raise ValueError("requests: nothing to send")
+    if target.images_over_http and any(r.images for r in requests):
+        from servetune.loadgen.image_server import ImageServer
+
+        images = await ImageServer(target.image_host).start()
+        try:
+            return await run_load(target.model_copy(update={"images_over_http": False}), images.rewrite(requests),
+                                  load, t0_ns=t0_ns, progress=progress, tokenizer=tokenizer, stop=stop, share=share)
+        finally:
+            await images.stop()
     if share is None and load.warmup_requests >= len(requests):
         raise ValueError(
             f"warmup_requests ({load.warmup_requests}) must be fewer than the requests ({len(requests)})"

@@ -53,6 +53,11 @@ class Target(BaseModel):
         default="auto", description="auto: the raw HTTP/1.1 client (loadgen/rawhttp.py, the least CPU per chunk)"
                                     " for http:// targets, aiohttp for https://")
 
+    images_over_http: bool = Field(
+        default=False, description="serve the workload's images from an HTTP server on image_host for the load and"
+                                   " send their URLs, not base64 data URLs (servetune.loadgen.image_server)")
+    image_host: str = Field(default="127.0.0.1", description="the address the image server binds and the engine"
+                                                             " fetches from (loopback: an engine on this host)")
     read_batch_ms: float = Field(
         default=1.0, ge=0, le=2.0,
         description="the raw client reads its sockets at most once per this many ms (the kernel stamps each read's"

@@ -162,7 +162,9 @@ class GenerationEndpoints:
         if not isinstance(messages, list) or not messages:
             return _error(400, "messages must be a non-empty list")
         try:
-            prompt = tk.chat_prompt(messages, self.args.model)
+            from servetune.sim.remote_images import inline_remote_images  # images sent as http(s) URLs
+
+            prompt = tk.chat_prompt(await inline_remote_images(messages), self.args.model)
         except (ValueError, tk.BadImage) as exc:
             return _error(400, str(exc))
         return await self._openai(request, body, prompt, "chat", ("max_completion_tokens", "max_tokens"))
