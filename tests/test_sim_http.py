@@ -188,7 +188,7 @@ async def test_info_flush_cache_and_bad_requests(sim_server: tuple[str, SimServe
         long = {"prompt": "x " * 200_000, "max_tokens": 1}
         async with s.post(url + "/v1/completions", json=long) as r:
             assert r.status == 400 and "context length" in (await r.json())["message"]
-        for image_url, why in (("https://example.com/cat.png", "only data: image URLs"),
+        for image_url, why in (("http://127.0.0.1:9/cat.png", "cannot fetch image http://127.0.0.1:9/cat.png"),
                                ("data:image/png,raw", "must be base64"), ("data:image/png;base64,bm90IGFu", "cannot read")):
             body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it"},
                                                              {"type": "image_url", "image_url": {"url": image_url}}]}],
