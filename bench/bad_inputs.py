@@ -24,6 +24,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+import bad_inputs_strict as strict  # issue 31's cases, beside this file
 import orjson
 import yaml
 
@@ -176,7 +177,8 @@ PLAN_CASES: list[tuple[str, Any, tuple[str, ...]]] = [
     ("workload_unknown_distribution", {W: {"input": {"kind": "zipf", "value": 3}}}, ("workload.input", "zipf")),
     ("workload_min_above_max", {W: {"output": {"kind": "uniform", "min": 64, "max": 8}}}, ("workload.output", "min")),
 ]
-FILE_LEVEL = {"plan_bad_yaml", "plan_not_utf8", "plan_empty", "plan_a_list"}  # no header: the file is the error
+PLAN_CASES += strict.PLAN  # issue 31: a key twice, a boolean, inf or nan, a size past the limits
+FILE_LEVEL = {"plan_bad_yaml", "plan_not_utf8", "plan_empty", "plan_a_list", *strict.FILE_LEVEL}  # no header
 
 
 def _cases() -> list[Case]:
@@ -236,6 +238,7 @@ def _cases() -> list[Case]:
         b("bench_tokenizer_missing", ["--tokenizer", "nope/tok.json"], ("tokenizer", "nope/tok.json")),
         b("bench_timeout_0", ["--timeout-s", "0"], ("--timeout-s",)),
         b("bench_unknown_option", ["--concurency", "4"], ("--concurency",)),
+        *(b(*c) for c in strict.BENCH),
         # --- validate and load: broken result files (load against a real, migrated database) ---
         Case("validate_no_such_file", ["validate", "nope.json"], ("nope.json", "no such file")),
         res("validate_empty_file", "validate", b"", ("r.json", "empty")),

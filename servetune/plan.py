@@ -17,22 +17,23 @@ from servetune.engines.knobs import FlagValue, KnobError, engine_flags, with_fla
 from servetune.plan_load import LoadSection, check_trace
 from servetune.plan_modality import check_modality
 from servetune.plan_protocols import MeasurementProtocol, check_protocols
+from servetune.plan_types import (Int, Number, RampLevel, Rate, Requests, Streams, Warmup, check_numbers,
+                                  check_protocol_sizes, error_text)
 from servetune.runners import LocalRunnerConfig, RunnerConfig
 from servetune.sla import SLA
 from servetune.validity import ValidityRules
 from servetune.workload.spec import WorkloadSpec
 
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Strict(BaseModel):  # numbers: servetune.plan_types (never a boolean, finite, within limits)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class CorrectnessStage(_Strict):
     """Step 1: one request must come back with sane output; idle GPU memory and resolved args recorded."""
 
     enabled: bool = True
-    requests: int = Field(default=2, ge=1, le=64)
+    requests: Int = Field(default=2, ge=1, le=64)
 
 
 Level = int | float  # streams (concurrency mode) or requests/s (rate mode)
@@ -41,25 +42,25 @@ Level = int | float  # streams (concurrency mode) or requests/s (rate mode)
 class BaselineStage(_Strict):
     """Step 2: a low-concurrency run whose figures are the reference for everything after."""
 
-    concurrency: int = Field(default=8, ge=1)
-    rate: float | None = Field(default=None, gt=0,
-                               description="rate mode: the baseline's requests/s (default: half the first ramp level)")
-    requests: int = Field(default=200, ge=1, description="measured requests after warm-up: a floor (servetune.tuning.sizing)")
-    warmup: int = Field(default=16, ge=0)
-    duration_s: float | None = Field(default=None, gt=0, description="steady window to aim for (>= validation.min_window_s)")
+    concurrency: Streams = 8
+    rate: Rate | None = Field(default=None,
+                              description="rate mode: the baseline's requests/s (default: half the first ramp level)")
+    requests: Requests = Field(default=200, description="measured requests after warm-up: a floor (servetune.tuning.sizing)")
+    warmup: Warmup = 16
+    duration_s: Number | None = Field(default=None, gt=0, description="steady window to aim for (>= validation.min_window_s)")
 
 
 class RampStage(_Strict):
     """Steps 3-4: raise concurrency level by level until the SLA, memory or errors break, or gains stall."""
 
-    levels: list[int | float] = Field(default_factory=lambda: [16, 32, 48, 64, 96, 128], min_length=1,
-                                      description="streams (load.mode concurrency) or requests/s (rate)")
-    requests: int = Field(default=200, ge=1, description="measured requests per level after warm-up: a floor")
-    warmup: int = Field(default=16, ge=0)
-    duration_s: float | None = Field(default=None, gt=0, description="steady window to aim for (>= validation.min_window_s)")
-    min_gain: float = Field(default=0.05, ge=0, le=1, description="a level gaining less goodput (beyond the noise) is a plateau")
+    levels: list[RampLevel] = Field(default_factory=lambda: [16, 32, 48, 64, 96, 128], min_length=1,
+                                    description="streams (load.mode concurrency) or requests/s (rate)")
+    requests: Requests = Field(default=200, description="measured requests per level after warm-up: a floor")
+    warmup: Warmup = 16
+    duration_s: Number | None = Field(default=None, gt=0, description="steady window to aim for (>= validation.min_window_s)")
+    min_gain: Number = Field(default=0.05, ge=0, le=1, description="a level gaining less goodput (beyond the noise) is a plateau")
     bisect: bool = Field(default=True, description="bisect between the last passing and first failing level")
-    bisect_min_step: int = Field(default=4, ge=1, description="stop bisecting when the gap is this small")
+    bisect_min_step: Int = Field(default=4, ge=1, description="stop bisecting when the gap is this small")
 
     @field_validator("levels")
     @classmethod
@@ -96,11 +97,11 @@ class RefineStage(_Strict):
     grid: dict[str, list[FlagValue]] = Field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_GRID.items()})
     set_max_running: bool = Field(default=True, description="try max-running-requests = the ceiling level last")
     max_running_flag: str = Field(default="max-running-requests", description="vLLM: max-num-seqs")
-    extend_levels: int = Field(default=2, ge=0, description="levels above the ceiling tried with the tuned config")
-    min_improvement: float = Field(
+    extend_levels: Int = Field(default=2, ge=0, description="levels above the ceiling tried with the tuned config")
+    min_improvement: Number = Field(
         default=0.02, ge=0, le=1, description="gain a change needs to be kept, and it must exceed the noise too")
-    requests: int | None = Field(default=None, ge=1, description="default: ramp.requests")
-    warmup: int | None = Field(default=None, ge=0, description="default: ramp.warmup")
+    requests: Requests | None = Field(default=None, description="default: ramp.requests")
+    warmup: Warmup | None = Field(default=None, description="default: ramp.warmup")
 
     @field_validator("grid")
     @classmethod
@@ -125,15 +126,15 @@ class Stages(_Strict):
 class Budget(_Strict):
     """The campaign stops (and recommends from what it has) once this much GPU time is spent."""
 
-    max_gpu_minutes: float = Field(default=240.0, gt=0)
-    restart_cost_s: float = Field(default=60.0, ge=0, description="GPU time charged per server (re)start")
-    max_requests_per_trial: int = Field(default=20000, ge=1, description="cap on a trial sized to be valid")
+    max_gpu_minutes: Number = Field(default=240.0, gt=0)
+    restart_cost_s: Number = Field(default=60.0, ge=0, description="GPU time charged per server (re)start")
+    max_requests_per_trial: Requests = Field(default=20000, description="cap on a trial sized to be valid")
 
 
 class ValidationSection(ValidityRules):
     """How this plan's trials are judged: the validity rules (servetune.validity) and the checklist."""
 
-    min_measured: int = Field(default=200, ge=1, description="fewer measured requests: the trial is rejected")
+    min_measured: Requests = Field(default=200, description="fewer measured requests: the trial is rejected")
     waive: list[Literal["gpu_memory_curve", "clean_gpu"]] = Field(
         default_factory=list, description="checklist items this runner cannot satisfy (e.g. a CPU-only engine)")
 
@@ -145,12 +146,12 @@ class RepeatsSection(_Strict):
     """Repeats of the trials that decide something (the ceiling's last pass and first fail, a refinement
     winner and the config it replaces), each with its own workload seed."""
 
-    count: int | None = Field(default=None, ge=1, le=20,
+    count: Int | None = Field(default=None, ge=1, le=20,
                               description="repeats per decisive trial; default 3 on live engines, 1 in virtual time")
-    max: int = Field(default=5, ge=1, le=30, description="a marginal level (its SLA verdict flips) gets up to this many")
-    invalid_retries: int = Field(default=1, ge=0, le=5,
+    max: Int = Field(default=5, ge=1, le=30, description="a marginal level (its SLA verdict flips) gets up to this many")
+    invalid_retries: Int = Field(default=1, ge=0, le=5,
                                  description="an INVALID trial is re-run this many times, resized from its own rate")
-    crash_retries: int = Field(default=2, ge=0, le=5,
+    crash_retries: Int = Field(default=2, ge=0, le=5,
                                description="a trial the engine died under is re-run this many times on a restarted"
                                            " engine; then the level is a fault (never a capacity verdict)")
 
@@ -164,9 +165,9 @@ class RepeatsSection(_Strict):
 class RobustnessSection(_Strict):
     """The answer re-measured under gamma bursts at ``fractions`` of the rate it serves (servetune.tuning.robustness)."""
 
-    burstiness: float = Field(default=0.5, gt=0, description="gamma shape of the arrivals: < 1 burstier")
-    fractions: list[float] = Field(default_factory=lambda: [0.8, 1.0], min_length=1,
-                                   description="of the rate the chosen config serves")
+    burstiness: Number = Field(default=0.5, gt=0, description="gamma shape of the arrivals: < 1 burstier")
+    fractions: list[Number] = Field(default_factory=lambda: [0.8, 1.0], min_length=1,
+                                    description="of the rate the chosen config serves")
 
     @field_validator("fractions")
     @classmethod
@@ -210,7 +211,7 @@ class TuningPlan(_Strict):
     prompt_template: str | None = Field(
         default=None, description="template file or model dir whose chat template the answer depends on (fingerprinted)"
     )
-    seed: int = 0
+    seed: Int = 0
 
     @model_validator(mode="before")
     @classmethod
@@ -244,6 +245,7 @@ class TuningPlan(_Strict):
 
     @model_validator(mode="after")
     def _protocols_fit(self) -> TuningPlan:
+        check_protocol_sizes(self.protocols)
         check_protocols(self.protocols, self.workload, self.engine, self.engine_flags())
         return self
 
@@ -355,7 +357,7 @@ def _format_errors(source: str, exc: ValidationError) -> str:
     lines = [f"{source}: invalid tuning plan ({n} error{'' if n == 1 else 's'})"]  # then one line per field
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = error_text(err)
         lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")  # whole-plan checks name their own path
     return "\n".join(lines)
 
@@ -366,14 +368,14 @@ def parse_plan(data: Any, *, source: str = "plan") -> TuningPlan:
     if not isinstance(data, dict):
         raise PlanError(f"{source}: a plan must be a mapping of sections, got a {type(data).__name__}")
     try:
-        return TuningPlan.model_validate(data)
+        return check_numbers(data, TuningPlan.model_validate(data))  # and in the sections other modules define
     except ValidationError as exc:
         raise PlanError(_format_errors(source, exc)) from None
 
 
 def load_plan(path: str | Path) -> TuningPlan:
     """Read a YAML (or JSON) plan; a missing file or a bad field raises PlanError naming it."""
-    import yaml
+    from servetune.strict_yaml import YAMLError, load_yaml
 
     path = Path(path)
     try:
@@ -384,8 +386,8 @@ def load_plan(path: str | Path) -> TuningPlan:
         raise PlanError(f"{path}: cannot read plan: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}"
                         f" at offset {exc.start})") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        data = load_yaml(text)  # a key given twice is an error, not a silent override
+    except YAMLError as exc:
         raise PlanError(f"{path}: not valid YAML{_yaml_where(exc)}") from None
     return parse_plan(data, source=str(path))
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from servetune.plan_types import Number, Streams
+
 if TYPE_CHECKING:
     from servetune.workload.spec import WorkloadSpec
 
@@ -18,12 +20,12 @@ class LoadSection(BaseModel):
     loop, levels are requests/s by ``arrival``, gamma of shape ``burstiness``; ``max_in_flight`` at once).
     ``arrival: trace`` replays the workload's timed trace, rescaled to each level's rate."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # numbers: servetune.plan_types
 
     mode: Literal["concurrency", "rate"] = "concurrency"
     arrival: Literal["poisson", "gamma", "constant", "trace"] = "poisson"
-    burstiness: float = Field(default=1.0, gt=0, description="gamma shape (arrival: gamma): < 1 burstier")
-    max_in_flight: int = Field(default=1024, ge=1, description="rate mode: the client's cap on requests in flight")
+    burstiness: Number = Field(default=1.0, gt=0, description="gamma shape (arrival: gamma): < 1 burstier")
+    max_in_flight: Streams = Field(default=1024, description="rate mode: the client's cap on requests in flight")
 
     def arrivals_text(self) -> str:  # "poisson arrivals", "gamma arrivals (burstiness 0.5)"
         return f"{self.arrival} arrivals" + (f" (burstiness {self.burstiness:g})" if self.arrival == "gamma" else "")

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from servetune.commands.outpath import check_out_file
 from servetune.loadgen import TargetUnreachable
+from servetune.plan_types import check_bench_options, error_text
 from servetune.redact import redact_text
 from servetune.result import Percentiles, TrialResult, TrialSummary
 from servetune.sla import SLA
@@ -48,7 +49,7 @@ def _pydantic_line(exc: ValidationError, prefix: str = "") -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = error_text(err)
         parts.append(f"{prefix}{loc}: {msg}" if loc else f"{prefix}{msg}".strip())
     return "; ".join(parts)
 
@@ -256,6 +257,7 @@ def bench(
 
     interrupt = Interrupt()
     try:
+        check_bench_options(locals())  # finite numbers within servetune's limits, before anything else
         check_out_file(out)
         spec = resolve_workload(workload)
         if seed is not None:

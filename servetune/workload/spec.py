@@ -204,11 +204,13 @@ class WorkloadSpec(BaseModel):
 
     @classmethod
     def from_file(cls, path: str | Path) -> WorkloadSpec:
-        """Load a workload from YAML or JSON; errors name the bad field."""
-        import yaml
+        """Load a workload from YAML or JSON; errors name the bad field (a YAML key given twice, a boolean or a
+        non-finite number where a number belongs: servetune.strict_yaml, servetune.plan_types)."""
+        from servetune.plan_types import check_numbers
+        from servetune.strict_yaml import load_yaml
 
         text = Path(path).read_text()
-        data = yaml.safe_load(text) if str(path).endswith((".yaml", ".yml")) else orjson.loads(text)
+        data = load_yaml(text) if str(path).endswith((".yaml", ".yml")) else orjson.loads(text)
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a workload file must hold a mapping, got {type(data).__name__}")
-        return cls.model_validate(data)
+        return check_numbers(data, cls.model_validate(data))
