@@ -232,14 +232,17 @@ async def _run_trial(
     gpu_sampler.start(t0_ns)
     outcome = None
     workers = worker_count(req.load.concurrency, req.client_workers)
+    target = req.target
+    if (images := req.workload.images) is not None and images.transport == "http":
+        target = target.model_copy(update={"images_over_http": True, "image_host": images.host})
     try:
         await scraper.start(t0_ns)
         stop = interrupt.event if interrupt is not None else None
         if workers > 1:  # one event loop per share of the streams (no per-request progress)
-            outcome = await run_load_workers(req.target, batch.requests, req.load, t0_ns=t0_ns, workers=workers,
+            outcome = await run_load_workers(target, batch.requests, req.load, t0_ns=t0_ns, workers=workers,
                                              tokenizer=tokenizer, stop=stop)
         else:
-            outcome = await run_load(req.target, batch.requests, req.load, t0_ns=t0_ns, progress=progress,
+            outcome = await run_load(target, batch.requests, req.load, t0_ns=t0_ns, progress=progress,
                                      tokenizer=tokenizer, stop=stop)
     except Exception as exc:  # noqa: BLE001 - recorded on the result, telemetry kept
         result.status, result.failure_reason = "failed", f"load failed: {type(exc).__name__}: {exc}"

@@ -63,13 +63,16 @@ async def _bench(url: str, workload, out) -> dict:
     return orjson.loads(out.read_bytes())
 
 
-@pytest.mark.parametrize("position, pool, image_hits", [("before_text", 1, True), ("before_system", 0, False)])
-async def test_bench_against_the_simulated_vlm_measures_images(tmp_path, position, pool, image_hits) -> None:
+@pytest.mark.parametrize("position, pool, image_hits, transport",
+                         [("before_text", 1, True, "data_url"), ("before_system", 0, False, "data_url"),
+                          ("before_text", 1, True, "http")])
+async def test_bench_against_the_simulated_vlm_measures_images(tmp_path, position, pool, image_hits,
+                                                                transport) -> None:
     wl = tmp_path / "vlm.yaml"
     wl.write_text("name: vlm\nseed: 2\ninput: {kind: fixed, value: 200}\noutput: {kind: fixed, value: 4}\n"
                   "shared_prefix: {tokens: 96, share_ratio: 1.0, num_prefixes: 1}\n"
                   f"images: {{count: 1, width: 448, height: 448, ratio: 0.5, distinct: {pool},"
-                  f" position: {position}, format: jpeg}}\n")
+                  f" position: {position}, format: jpeg, transport: {transport}}}\n")
     server, _ = await _start({"model_profile": "llava-8b", "enable_cache_report": True, "enable_metrics": True})
     try:
         data = await _bench(f"http://127.0.0.1:{server.port}", wl, tmp_path / "r.json")
@@ -83,7 +86,10 @@ async def test_bench_against_the_simulated_vlm_measures_images(tmp_path, positio
     assert 0.5 < mm["image_token_share"] < 0.9
     recs = [r for r in data["records"] if r["n_images"]]
     assert all(r["text_before_images"] == (0 if position == "before_system" else 96) for r in recs)
-    assert mm["payload_bytes_p50"]["image"] > 10 * mm["payload_bytes_p50"]["text"]  # base64 JPEG
+    if transport == "data_url":
+        assert mm["payload_bytes_p50"]["image"] > 10 * mm["payload_bytes_p50"]["text"]  # base64 JPEG
+    else:  # the URL of the client's image server instead: a few dozen bytes more than the text
+        assert mm["payload_bytes_p50"]["image"] < mm["payload_bytes_p50"]["text"] + 200
     if image_hits:  # one pooled image behind a shared system prompt: cached from its second send
         assert mm["hit_rate_image_tokens"] > 0.8 and mm["ttft_p50_ms"]["image_hit"] is not None
     else:  # a unique image ahead of everything: nothing of it, and nothing after it, is reused

@@ -136,6 +136,11 @@ class Images(BaseModel):
                                            " prompt), after it, or ahead of the system prompt (which breaks the"
                                            " shared prefix: every request's prompt starts differently)")
     format: Literal["png", "jpeg"] = "png"
+    transport: Literal["data_url", "http"] = Field(
+        default="data_url", description="how requests carry them: base64 data URLs in the body, or the URLs of an"
+                                        " HTTP server the load runs on `host` (servetune.loadgen.image_server)")
+    host: str = Field(default="127.0.0.1", description="transport http: the address it binds, which the engine"
+                                                       " fetches from (loopback: an engine on this host)")
 
 
 class MultiTurn(BaseModel):
@@ -192,7 +197,7 @@ class WorkloadSpec(BaseModel):
 
     def fingerprint(self) -> str:
         """Stable hash of the spec (and of any trace file's contents) for comparing results."""
-        data = self.model_dump(mode="json")
+        data = self.model_dump(mode="json", exclude={"images": {"transport", "host"}})  # how they travel: not what
         h = hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS))
         for top in (self.input, self.output):
             for dist in ([part.dist for part in top.parts] if isinstance(top, Mixture) else [top]):
