@@ -24,6 +24,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+import bad_inputs_more as more  # issue 31's URL, dry-run, version and env-name cases
 import bad_inputs_strict as strict  # issue 31's cases, beside this file
 import orjson
 import yaml
@@ -177,7 +178,7 @@ PLAN_CASES: list[tuple[str, Any, tuple[str, ...]]] = [
     ("workload_unknown_distribution", {W: {"input": {"kind": "zipf", "value": 3}}}, ("workload.input", "zipf")),
     ("workload_min_above_max", {W: {"output": {"kind": "uniform", "min": 64, "max": 8}}}, ("workload.output", "min")),
 ]
-PLAN_CASES += strict.PLAN  # issue 31: a key twice, a boolean, inf or nan, a size past the limits
+PLAN_CASES += strict.PLAN + more.PLAN  # issue 31: a key twice, a boolean, inf or nan, a size, a URL, env
 FILE_LEVEL = {"plan_bad_yaml", "plan_not_utf8", "plan_empty", "plan_a_list", *strict.FILE_LEVEL}  # no header
 
 
@@ -238,7 +239,8 @@ def _cases() -> list[Case]:
         b("bench_tokenizer_missing", ["--tokenizer", "nope/tok.json"], ("tokenizer", "nope/tok.json")),
         b("bench_timeout_0", ["--timeout-s", "0"], ("--timeout-s",)),
         b("bench_unknown_option", ["--concurency", "4"], ("--concurency",)),
-        *(b(*c) for c in strict.BENCH),
+        *(b(*c) for c in strict.BENCH + more.BENCH),
+        *(Case(*c) for c in more.TUNE + more.OTHER),
         # --- validate and load: broken result files (load against a real, migrated database) ---
         Case("validate_no_such_file", ["validate", "nope.json"], ("nope.json", "no such file")),
         res("validate_empty_file", "validate", b"", ("r.json", "empty")),
@@ -296,6 +298,7 @@ def _cases() -> list[Case]:
         serve("serve_ssh_no_host", ["--runner", "ssh"], ("--ssh-host",)),
         serve("serve_secret_and_bad_flag", ["--set", f"api-key={SECRET}", "--set", "no-such=1"], ("no-such",)),
         Case("serve_external_no_url", ["serve", "--engine", "external", "--dry-run"], ("--url",)),
+        *(serve(*c) for c in more.SERVE),
         Case("serve_option_not_for_engine", ["serve", "--engine", "vllm", "--model", "m", "--gpu-profile", "H100"],
              ("--gpu-profile", "vllm")),
         # --- sim serve ---

@@ -356,7 +356,7 @@ def _format_errors(source: str, exc: ValidationError) -> str:
     n = exc.error_count()
     lines = [f"{source}: invalid tuning plan ({n} error{'' if n == 1 else 's'})"]  # then one line per field
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+        loc = ".".join(str(p) or "''" for p in err["loc"] if p != "[key]")  # a bad key: its path names it
         msg = error_text(err)
         lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")  # whole-plan checks name their own path
     return "\n".join(lines)

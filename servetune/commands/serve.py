@@ -40,6 +40,19 @@ def _gpus(text: str | None) -> list[int] | None:
     return gpus
 
 
+def _check_version(engine: str, version: str | None) -> None:
+    """An explicit ``--sglang-version`` must name a catalogue (shipped, or cached from a runner of that
+    version), as the sim's ``engine.version`` must: a typo or a future version used to fall back in silence."""
+    from servetune.engines import FlagError
+    from servetune.engines.catalog import available_versions, runner_catalog_dir
+
+    known = available_versions(engine)
+    if version is None or version in known or (runner_catalog_dir() / f"{engine}-{version}.yaml").is_file():
+        return
+    raise FlagError(f"--sglang-version: no flag catalogue for {engine} {version!r} (catalogued: {', '.join(known)});"
+                    f" generate one with `python -m servetune.engines.catalog --python PY_WITH_{engine.upper()}`")
+
+
 def _option_names(message: str) -> str:
     """``url: Field required`` -> ``--url: Field required``: name the option, not the config field."""
     parts = []
@@ -97,6 +110,7 @@ def serve(
         if stray:
             option = _OPTION_OF.get(stray[0], "--" + stray[0].replace("_", "-"))
             raise FlagError(f"{option} does not apply to --engine {engine}")
+        _check_version(engine, version if "version" in spec.cli_options and engine == "sglang" else None)
         if spec.cli_needs_model and not model:
             raise FlagError(f"--engine {engine} needs --model PATH")
         fields = spec.cli_resolve({k: v for k, v in fields.items() if k in spec.cli_options}, runner=runner)

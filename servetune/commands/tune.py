@@ -201,10 +201,7 @@ def tune(
 
     started = time.monotonic()
     plan = _load(plan_path)
-    if dry_run:
-        _print_dry_run(plan)
-        return
-    if trigger not in TRIGGERS:
+    if trigger not in TRIGGERS:  # every option is checked before a dry run returns, as a real run checks it
         console.print(f"[red]error:[/red] --trigger must be one of {', '.join(TRIGGERS)}, got {trigger!r}")
         raise typer.Exit(BAD_INPUT)
     prev = None
@@ -217,6 +214,9 @@ def tune(
         if not isinstance(prev, dict) or "config" not in prev:
             console.print(f"[red]error:[/red] --previous {previous}: not a recommendation.json (no 'config')")
             raise typer.Exit(BAD_INPUT)
+    if dry_run:
+        _print_dry_run(plan)
+        return
     if virtual:
         from servetune.tuning.runner import SimTrialRunner
 

@@ -10,14 +10,28 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from servetune.engines.failures import FailureKind
 
 FlagValue = int | float | str | bool  # one server flag's value as a plan writes it
 Flags = dict[str, FlagValue | None]  # a trial's server flags, hyphenated names (None: a bare store-true flag)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_name(name: str) -> str:
+    """A POSIX environment variable name, or a ValueError (the plan names the key: ``engine.sglang.env.1BAD``)."""
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError("not a valid environment variable name (letters, digits and _, not starting with a digit"
+                         + (")" if name else "; the name is empty)"))
+    return name
+
+
+EnvName = Annotated[str, AfterValidator(env_name)]
 
 
 class KnobError(ValueError):
@@ -29,7 +43,7 @@ class EngineBase(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engine process")
+    env: dict[EnvName, str] = Field(default_factory=dict, description="extra environment for the engine process")
     ready_timeout_s: float = Field(default=900.0, gt=0, description="deadline for the readiness probe")
 
     #: readiness endpoints, tried in order; the first answering 200 means "serves"

@@ -26,6 +26,14 @@ def http_base_url(v: str) -> str:
     parts = urlsplit(v)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"url must be http(s)://host[:port], got {v!r}")
+    extra = [what for what, there in (("a path", parts.path.strip("/")), ("a query string", parts.query or "?" in v),
+                                      ("a fragment", parts.fragment or "#" in v)) if there]
+    if extra:  # a path would 404 every request; a query string silently broke the cache flush and /metrics
+        from servetune.redact import redact_url
+
+        shown = redact_url(v.split("?")[0].split("#")[0]) + ("?..." if "?" in v else "") + ("#..." if "#" in v else "")
+        raise ValueError(f"url has {' and '.join(extra)}, got {shown!r}: give the server's base URL, e.g. "
+                         "http://host:port; servetune adds /v1/chat/completions itself")
     return v.rstrip("/")
 
 
