@@ -14,20 +14,17 @@ of each also runs as a real ``python -m servetune`` process; then what must keep
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
-import traceback
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import bad_inputs_more as more  # noqa: E402
 from bad_inputs import CASES, problems, run_subprocess  # noqa: E402
 
-from servetune.cli import app  # noqa: E402
+from test_reliability_inputs_strict import cli  # noqa: E402  (one CLI runner for both tables)
 from servetune.engines.catalog import CATALOG_DIR  # noqa: E402
 from servetune.loadgen.config import http_base_url  # noqa: E402
 from servetune.plan import PlanError, parse_plan  # noqa: E402
@@ -39,24 +36,6 @@ PLAN = "name: bad\nmodel: m\nsla: {p99_ttft_ms: 500}\n"
 SIM_PLAN = PLAN + "engine: {kind: sim}\nstages: {refine: {enabled: false}}\n"
 HEADER = "error: plan.yaml: invalid tuning plan (1 error)"
 KNOWN = "(catalogued: 0.5.5, 0.5.15, 0.5.17, 0.5.23)"
-
-
-def cli(argv: list[str], where: Path, files: dict[str, str] | None = None,
-        env: dict[str, str | None] | None = None) -> tuple[int, list[str], str]:
-    """``servetune ARGV`` in ``where`` after writing ``files``: exit code, message lines, everything printed."""
-    for name, text in (files or {}).items():
-        (where / name).write_text(text)
-    cwd = Path.cwd()
-    try:
-        os.chdir(where)
-        r = CliRunner().invoke(app, argv, env={"COLUMNS": "80", "NO_COLOR": "1", "SERVETUNE_DATABASE_URL": None,
-                                               **(env or {})})
-    finally:
-        os.chdir(cwd)
-    everything = r.stdout + r.stderr
-    if r.exc_info is not None and not issubclass(r.exc_info[0], SystemExit):
-        everything += "".join(traceback.format_exception(*r.exc_info))
-    return r.exit_code, [ln.rstrip() for ln in r.stderr.splitlines() if ln.strip()], everything
 
 
 def refused(outcome: tuple[int, list[str], str], lines: list[str]) -> None:

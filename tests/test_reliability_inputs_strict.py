@@ -42,15 +42,17 @@ def plan_text(sections: str) -> str:
     return HEAD + ("" if sections.startswith("sla:") else SLA) + sections
 
 
-def cli(argv: list[str], where: Path, files: dict[str, str]) -> tuple[int, list[str], str]:
+def cli(argv: list[str], where: Path, files: dict[str, str] | None = None,
+        env: dict[str, str | None] | None = None) -> tuple[int, list[str], str]:
     """``servetune ARGV`` in ``where`` after writing ``files``: exit code, message lines, everything printed
     (with the traceback of any exception that escaped, as a user would have seen it)."""
-    for name, text in files.items():
+    for name, text in (files or {}).items():
         (where / name).write_text(text)
     cwd = Path.cwd()
     try:
         os.chdir(where)
-        r = CliRunner().invoke(app, argv, env={"COLUMNS": "80", "NO_COLOR": "1", "SERVETUNE_DATABASE_URL": None})
+        r = CliRunner().invoke(app, argv, env={"COLUMNS": "80", "NO_COLOR": "1", "SERVETUNE_DATABASE_URL": None,
+                                               **(env or {})})
     finally:
         os.chdir(cwd)
     everything = r.stdout + r.stderr
