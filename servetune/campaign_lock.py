@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-LOCK_FILE = ".campaign.lock"
+from servetune.experiment import ResultFolder
 
 
 class CampaignBusy(RuntimeError):
@@ -30,7 +30,7 @@ def campaign_lock(folder: str | Path, *, wait_s: float = 0.0, poll_s: float = 1.
                   on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold ``folder``'s lock for the block; wait up to ``wait_s`` for its holder (``on_wait`` told who, on
     the first try and every ``note_every_s``), then raise ``CampaignBusy`` naming it."""
-    path = Path(folder) / LOCK_FILE
+    path = ResultFolder(folder).lock_file
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:

@@ -5,6 +5,7 @@
   DIR/trials/<trial_id>.json     every trial's ``TrialResult``
   DIR/recommendation.json        the recommendation, when there is one
   DIR/report/report.html         the HTML report and its PNGs (``servetune.report.html``)
+  DIR/.campaign.lock             held by the one process running the campaign (``servetune.campaign_lock``)
 
 Written by ``servetune.tuning.campaign`` (and the Airflow teardown), read by the report, the warehouse
 loader, the checklist, the diagnoses and the CLI. JSON files are written whole or not at all (a temporary
@@ -29,6 +30,7 @@ RECOMMENDATION_FILE = "recommendation.json"
 TRIALS_DIR = "trials"
 REPORT_DIR = "report"
 REPORT_FILE = "report.html"
+LOCK_FILE = ".campaign.lock"
 #: the folder's own JSON files: never trial results (a reader of a folder of loose results skips them)
 CAMPAIGN_FILES = (EXPERIMENT_FILE, RECOMMENDATION_FILE, STATE_FILE)
 
@@ -95,6 +97,10 @@ class ResultFolder:
     @property
     def trials_dir(self) -> Path:
         return self.path / TRIALS_DIR
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / LOCK_FILE
 
     @property
     def report_dir(self) -> Path:

@@ -59,25 +59,20 @@ def summarize_images(ok: Sequence[RequestRecord], server_signals: dict[str, Any]
                  if r.prompt_tokens is not None and r.requested_input_tokens is not None]
     template = _median(overheads) or 0.0
     tokens = {id(r): t for r in image if (t := image_tokens(r, template)) is not None}
+    splits = {k: sp for r in image if (k := id(r)) in tokens and (sp := cached_split(r, tokens[k])) is not None}
     prompt_all = sum(r.prompt_tokens or 0 for r in ok)
     img_total = sum(tokens.values())
-    cached_img = cached_txt = img_split_total = txt_split_total = 0
-    split_n = 0
-    for r in image:
-        if id(r) not in tokens or (split := cached_split(r, tokens[id(r)])) is None:
-            continue
-        split_n += 1
-        cached_img, cached_txt = cached_img + split[0], cached_txt + split[1]
-        img_split_total += tokens[id(r)]
-        txt_split_total += (r.prompt_tokens or 0) - tokens[id(r)]
-    for r in text:
-        cached_txt += r.cached_tokens or 0
-        txt_split_total += r.prompt_tokens or 0
+    split = [r for r in image if id(r) in splits]
+    cached_img = sum(splits[id(r)][0] for r in split)
+    cached_txt = sum(splits[id(r)][1] for r in split) + sum(r.cached_tokens or 0 for r in text)
+    img_split_total = sum(tokens[id(r)] for r in split)
+    txt_split_total = sum((r.prompt_tokens or 0) - tokens[id(r)] for r in split) + sum(r.prompt_tokens or 0 for r in text)
+    split_n = len(split)
     per_image = [t / r.n_images for r in image if (t := tokens.get(id(r))) is not None]
     # an image request "hit" its images when the cache covered at least half of their tokens
-    hit = [r for r in image if id(r) in tokens and (sp := cached_split(r, tokens[id(r)])) is not None
-           and sp[0] >= 0.5 * tokens[id(r)] > 0]
-    miss = [r for r in image if r not in hit and r.text_before_images is not None and r.cached_tokens is not None]
+    hit = [r for r in split if splits[id(r)][0] >= 0.5 * tokens[id(r)] > 0]
+    hit_ids = {id(r) for r in hit}
+    miss = [r for r in image if id(r) not in hit_ids and r.text_before_images is not None and r.cached_tokens is not None]
     sig = server_signals or {}
     out: dict[str, Any] = {
         "image_requests": len(image),

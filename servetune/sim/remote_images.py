@@ -14,16 +14,21 @@ from servetune.sim.tokens import BadImage
 MAX_IMAGE_BYTES = 64 << 20
 
 
+def _image_url(part: Any) -> str | None:
+    """The URL of an ``image_url`` content part (None for any other part)."""
+    url = part.get("image_url") if isinstance(part, dict) and part.get("type") == "image_url" else None
+    url = url.get("url") if isinstance(url, dict) else url
+    return url if isinstance(url, str) else None
+
+
+def _parts(msg: Any) -> list[Any]:
+    content = msg.get("content") if isinstance(msg, dict) else None
+    return content if isinstance(content, list) else []
+
+
 def _remote_urls(messages: Sequence[Any]) -> list[str]:
-    urls = []
-    for msg in messages:
-        content = msg.get("content") if isinstance(msg, dict) else None
-        for part in content if isinstance(content, list) else ():
-            url = part.get("image_url") if isinstance(part, dict) and part.get("type") == "image_url" else None
-            url = url.get("url") if isinstance(url, dict) else url
-            if isinstance(url, str) and url.startswith(("http://", "https://")):
-                urls.append(url)
-    return urls
+    return [url for msg in messages for part in _parts(msg)
+            if (url := _image_url(part)) is not None and url.startswith(("http://", "https://"))]
 
 
 async def fetch_as_data_urls(urls: Sequence[str], timeout_s: float = 30.0) -> dict[str, str]:
@@ -51,16 +56,9 @@ async def inline_remote_images(messages: list[Any]) -> list[Any]:
     if not urls:
         return messages
     fetched = await fetch_as_data_urls(urls)
-    out = []
-    for msg in messages:
-        content = msg.get("content") if isinstance(msg, dict) else None
-        if not isinstance(content, list):
-            out.append(msg)
-            continue
-        parts = []
-        for part in content:
-            url = part.get("image_url") if isinstance(part, dict) and part.get("type") == "image_url" else None
-            url = url.get("url") if isinstance(url, dict) else url
-            parts.append({"type": "image_url", "image_url": {"url": fetched[url]}} if url in fetched else part)
-        out.append({**msg, "content": parts})
-    return out
+
+    def swapped(part: Any) -> Any:
+        url = _image_url(part)
+        return {"type": "image_url", "image_url": {"url": fetched[url]}} if url in fetched else part
+
+    return [{**msg, "content": [swapped(p) for p in _parts(msg)]} if _parts(msg) else msg for msg in messages]
