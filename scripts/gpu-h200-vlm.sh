@@ -16,6 +16,9 @@
 #   off      --disable-radix-cache:          vlm-radix-r90, vlm-radix-r50
 #   mmwN     --mm-processor-worker-num N (radix on; SGLang's auto value for Qwen-VL is 2): vlm-radix-r90, vlm-radix-r50
 #   chunk1k  --chunked-prefill-size 1024:    vlm-scenario1
+#   tune:NAME=PLAN  `servetune tune PLAN --out $ST/tune-NAME`, paused (--stop-after) before the call's DEADLINE and
+#            resumed (--resume) by the next call; on a cold machine a carried .sgl/vlm-st.tar.xz (the last call's
+#            archive) restores it; e.g. tune:rate=plans/gpu-h200-vlm-rate.yaml
 #   mixed    --chunked-prefill-size 1024 --enable-mixed-chunk: vlm-scenario1
 # Every server also gets --attention-backend triton --sampling-backend pytorch --mm-attention-backend triton_attn
 # --mm-feature-transport cpu --cuda-graph-max-bs 80 (the overlay has no fa3/flashinfer kernels; graphs up to
@@ -31,14 +34,21 @@
 # Needs .sgl/ (git-ignored, carried): sglpkgs.tar.xz, sgl_h200.sh (../shared/recipes/sglang-h200/) and
 # vlm_device.sh, make_random_vlm.py, vlmextra.tar.xz (../shared/recipes/sglang-h200-vlm/); for `detach`, also
 # servetune.tar.gz (`git archive --format=tar.gz -o .sgl/servetune.tar.gz HEAD servetune`, + .sgl/servetune.commit).
-# Env: SEEDS ("1 2 3") CONC (64) REQUESTS (640) WARM (32 warm-up requests of each config's first workload)
+# Env: NEED_STATE=1 (exit at once on a machine without $ST: a follow-up call that found a cold machine)
+# SEEDS ("1 2 3") CONC (64) REQUESTS (640) WARM (32 warm-up requests of each config's first workload)
 # ONLY (workload names, in order) ORDER (seed) DEADLINE (560; for detach the whole campaign's) TRIAL_GUARD (80 s:
 # no trial starts with less left) MINSTART (240) ST MODEL PY RUN; DRY=1 runs the same steps on a CPU machine
 # against `servetune sim serve` (model profile llava-8b) with the .venv python, for testing this script.
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-/tmp/vlm-out}; mkdir -p "$OUT"
-ST=${ST:-/tmp/vlmst}; mkdir -p "$ST/trials" "$ST/warm"
+ST=${ST:-/tmp/vlmst}
+# a cold machine: the last call's archive, if carried, restores the trials and paused campaigns
+[ ! -d "$ST" ] && [ -f .sgl/vlm-st.tar.xz ] && mkdir -p "$ST" && tar -C "$ST" -xJf .sgl/vlm-st.tar.xz && echo "restored $ST"
+if [ "${NEED_STATE:-0}" = 1 ] && [ ! -d "$ST" ]; then   # a call meant to go on, that found a fresh machine
+  echo "NEED_STATE=1: no $ST on this machine and no .sgl/vlm-st.tar.xz: a cold machine; nothing run"; exit 4
+fi
+mkdir -p "$ST/trials" "$ST/warm"
 DRY=${DRY:-0}
 if [ "$DRY" = 1 ]; then PY=${PY:-$PWD/.venv/bin/python}; else PY=${PY:-/opt/torch/.venv/bin/python3}; fi
 MODEL=${MODEL:-/tmp/vlm7b}
@@ -156,6 +166,31 @@ bench() {  # $1 out file, $2 workload, $3 seed, $4 concurrency, $5 requests, $6 
 
 stopped() { [ -f "$ST/STOP" ]; }
 
+run_tune() {  # tune:NAME=PLAN: `servetune tune PLAN --out $ST/tune-NAME`, paused before DEADLINE, resumed next call
+  local spec=${1#tune:} name plan d rc resume=()
+  name=${spec%%=*}; plan=${spec#*=}; d=$ST/tune-$name
+  [ "$name" != "$spec" ] || { echo "tune needs NAME=PLAN"; return 2; }
+  [ -f "$d/done" ] && { ev "tune $name: already done"; return 0; }
+  stopped && { ev "tune $name: STOP file, not started"; return 75; }
+  [ "$(left)" -lt "${MINSTART:-240}" ] && { ev "tune $name: $(left)s left, not enough for a server start"; return 75; }
+  if [ "$DRY" = 1 ]; then   # the same campaign against the simulator (the plan's engine swapped for `sim`)
+    "$PY" -c 'import sys, yaml
+p = yaml.safe_load(open(sys.argv[1])); p["engine"] = {"kind": "sim", "model_profile": "llava-8b", "gpu_profile": "H200"}
+p["runner"] = {"kind": "local"}; p["stages"]["refine"]["grid"].pop("mm-processor-worker-num", None); p["workload"]["tokenizer"] = sys.argv[3]; p["model"] = "llava-8b"
+yaml.safe_dump(p, open(sys.argv[2], "w"))' "$plan" "$ST/tune-$name.plan.yaml" "$MODEL" || return 2
+    plan=$ST/tune-$name.plan.yaml
+  fi
+  [ -f "$d/experiment.json" ] && resume=(--resume)
+  ev "tune $name: $plan ${resume[*]} (stop after $(( $(left) - 15 ))s)"
+  timeout -s INT "$(( $(left) + 30 ))" "$PY" -m servetune tune "$plan" --out "$d" "${resume[@]}" \
+    --stop-after "$(( $(left) - 15 ))" >> "$ST/tune-$name.log" 2>&1
+  rc=$?
+  tail -n 40 "$ST/tune-$name.log"
+  [ $rc = 0 ] && touch "$d/done"
+  ev "tune $name: exit $rc"
+  return $rc
+}
+
 run_config() {
   CFG=$1
   local ws todo=() w s f
@@ -195,7 +230,7 @@ run_config() {
 archive() {  # trial files without per-chunk arrays (each record keeps its max inter-token gap), logs capped
   local C=/tmp/vlmst-copy
   rm -rf "$C"; mkdir -p "$C"
-  cp -r "$ST/trials" "$ST/warm" "$ST/events.log" "$ST"/gpumem-*.csv "$ST"/call-*.log "$ST"/driver.out "$C"/ 2>/dev/null
+  cp -r "$ST/trials" "$ST/warm" "$ST"/tune-* "$ST/events.log" "$ST"/gpumem-*.csv "$ST"/call-*.log "$ST"/driver.out "$C"/ 2>/dev/null
   [ -f .sgl/servetune.commit ] && cp .sgl/servetune.commit "$C"/
   for d in "$ST"/server-*; do
     [ -d "$d" ] || continue; mkdir -p "$C/$(basename "$d")"
@@ -208,7 +243,7 @@ archive() {  # trial files without per-chunk arrays (each record keeps its max i
       tail -n 3000 "$L" > "$C/$(basename "$d")/$(basename "$L" .log)-tail.log"
     done
   done
-  find "$C" -name '*.json' \( -path '*trials*' -o -path '*warm*' \) | xargs -r "$PY" -c '
+  find "$C" -name '*.json' \( -path '*trials*' -o -path '*warm*' \) ! -name state.json ! -name experiment.json | xargs -r "$PY" -c '
 import json, sys
 for p in sys.argv[1:]:
     try:
@@ -221,6 +256,7 @@ for p in sys.argv[1:]:
         gaps = [b - a for a, b in zip(offs, offs[1:])]
         r["max_itl_ms"] = round(max(gaps), 3) if gaps else None
     json.dump(d, open(p, "w"))'
+  find "$C" -name '*.log' -size +2M -exec truncate -s 2M {} \;
   tar -C "$C" -cJf "$OUT/vlm-st.tar.xz" . && ls -la "$OUT/vlm-st.tar.xz"
 }
 
@@ -276,7 +312,7 @@ LOG="$ST/call-$CALL.log"
   setup || { ev "setup failed"; exit 3; }
   final=0
   for cfg in "$@"; do
-    run_config "$cfg"; rc=$?
+    case "$cfg" in tune:*) run_tune "$cfg" ;; *) run_config "$cfg" ;; esac; rc=$?
     ev "config $cfg: rc=$rc"
     [ $rc != 0 ] && final=$rc
     [ $rc = 75 ] && break
