@@ -34,6 +34,9 @@
 # Needs .sgl/ (git-ignored, carried): sglpkgs.tar.xz, sgl_h200.sh (../shared/recipes/sglang-h200/) and
 # vlm_device.sh, make_random_vlm.py, vlmextra.tar.xz (../shared/recipes/sglang-h200-vlm/); for `detach`, also
 # servetune.tar.gz (`git archive --format=tar.gz -o .sgl/servetune.tar.gz HEAD servetune`, + .sgl/servetune.commit).
+# A tune needs the checklist's packages the image lacks, as wheels in .whl/ (installed into /tmp/site); .sgl/ and
+# .whl/ together exceed a call's 64 MiB, so a cold machine takes two calls: SETUP_ONLY=1 with .sgl carried (the
+# overlay and the model), then the tune with .whl and .sgl's small files carried.
 # Env: NEED_STATE=1 (exit at once on a machine without $ST: a follow-up call that found a cold machine)
 # SEEDS ("1 2 3") CONC (64) REQUESTS (640) WARM (32 warm-up requests of each config's first workload)
 # ONLY (workload names, in order) ORDER (seed) DEADLINE (560; for detach the whole campaign's) TRIAL_GUARD (80 s:
@@ -108,6 +111,11 @@ setup() {
     wait "$wpid" || { tail -5 "$ST/make_weights.log"; return 1; }
     tail -2 "$ST/make_weights.log"
   fi
+  if ls .whl/*.whl > /dev/null 2>&1; then   # the checklist's packages the image lacks (great_expectations, ...)
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      && ev "wheels: $(ls .whl | wc -l) installed into /tmp/site" || return 1
+  fi
+  [ -d /tmp/site ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
   export PYTHONPATH="$PWD:$PYTHONPATH" PYTHONUNBUFFERED=1 SERVETUNE_LOG_DIR="$ST/logs"
   ev "setup done: $(du -sh "$MODEL" | cut -f1) model"
 }
@@ -180,6 +188,8 @@ p["runner"] = {"kind": "local"}; p["stages"]["refine"]["grid"].pop("mm-processor
 yaml.safe_dump(p, open(sys.argv[2], "w"))' "$plan" "$ST/tune-$name.plan.yaml" "$MODEL" || return 2
     plan=$ST/tune-$name.plan.yaml
   fi
+  "$PY" -c "import great_expectations, sqlalchemy" 2> /dev/null \
+    || { ev "tune $name: the checklist needs great_expectations and sqlalchemy: carry .whl (docs/gpu.md)"; return 2; }
   [ -f "$d/experiment.json" ] && resume=(--resume)
   ev "tune $name: $plan ${resume[*]} (stop after $(( $(left) - 15 ))s)"
   timeout -s INT "$(( $(left) + 30 ))" "$PY" -m servetune tune "$plan" --out "$d" "${resume[@]}" \
@@ -310,6 +320,7 @@ LOG="$ST/call-$CALL.log"
     SMI=$!
   fi
   setup || { ev "setup failed"; exit 3; }
+  [ "${SETUP_ONLY:-0}" = 1 ] && { ev "SETUP_ONLY: overlay and model ready"; exit 0; }
   final=0
   for cfg in "$@"; do
     case "$cfg" in tune:*) run_tune "$cfg" ;; *) run_config "$cfg" ;; esac; rc=$?
