@@ -94,6 +94,7 @@ def build_frames(result: TrialResult) -> TrialFrames:
     row = {k: v for k, v in row.items() if not isinstance(v, dict)}
     plain = requests[(requests["error_class"].isna()) & (requests["turn"] == 0) & (requests["n_images"] == 0)]
     row["input_len_vs_spec"] = _median_ratio(plain["prompt_tokens"], plain["requested_input_tokens"])
+    row["text_only_requests"] = len(plain)  # 0 on an all-image trial: its length check does not apply
     ok = requests[requests["error_class"].isna()]
     row["output_len_vs_spec"] = _median_ratio(ok["completion_tokens"], ok["requested_output_tokens"])
     row["gpu_state"] = result.gpu.get("state") or result.summary.gpu_state

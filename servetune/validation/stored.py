@@ -50,6 +50,9 @@ SELECT t.input_len_p50, t.input_len_p90, t.input_len_p99, t.output_len_p50, t.ou
          WHERE r.trial_id = t.trial_id AND NOT r.warmup AND r.error_class IS NULL AND r.turn = 0
            AND r.n_images = 0 AND r.requested_input_tokens > 0 AND r.prompt_tokens IS NOT NULL)
            AS input_len_vs_spec,
+       (SELECT count(*) FROM request_records r
+         WHERE r.trial_id = t.trial_id AND NOT r.warmup AND r.error_class IS NULL AND r.turn = 0
+           AND r.n_images = 0) AS text_only_requests,
        (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY r.completion_tokens::float8 / r.requested_output_tokens)
           FROM request_records r
          WHERE r.trial_id = t.trial_id AND NOT r.warmup AND r.error_class IS NULL
