@@ -191,14 +191,24 @@ class _Walk:
                                                         " seeds there", repeats=i_up.n)
             if not best.passed:
                 return None
+        flips = False
         if i_up.passed:
             c, i, same = self.settle(best, i_up, what, max(1, min(best.n, i_up.n)))
-            if _outcome(c, i, same) != "better":
+            outcome = _outcome(c, i, same)
+            # the incumbent holds that level only by majority (its verdict flips between seeds) where the
+            # candidate passes on every seed: a tie in goodput there is no reason to stay below it
+            flips = outcome == "tie" and i.marginal and not c.marginal
+            if outcome != "better" and not flips:
                 return None
             best = c
+        where = ""
+        if not i_up.passed:
+            where = f" where the incumbent fails ({'; '.join(i_up.verdict.reasons)})"
+        elif flips:
+            where = " on every seed, where the incumbent passes only by majority (its verdict flips between seeds)"
         self.notes.append(f"{what}: a tie at {at(cand.level)}, but it holds {at(best.level)} (goodput"
                           f" {best.goodput.text()} req/s against {inc.goodput.text()} at {at(inc.level)}: {cmp.text()})"
-                          + ("" if i_up.passed else f" where the incumbent fails ({'; '.join(i_up.verdict.reasons)})"))
+                          + where)
         return best
 
 
