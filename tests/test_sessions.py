@@ -129,3 +129,35 @@ def test_sessions_against_vllm_on_the_cpu(vllm_server) -> None:
             assert b.cached_tokens >= a.cached_tokens
     hits = [row["cached_tokens_mean"] for row in t.summary.by_turn]
     assert hits[0] < hits[1] < hits[2]
+
+
+@pytest.mark.parametrize("position", ["before_text", "after_text"])
+def test_a_sessions_history_carries_its_earlier_images_and_the_cache_keeps_them(position) -> None:
+    """A user who sent an image in turn 0 sends it again with the history of every later turn, where it was
+    (a chat client re-sends the whole conversation): the server counts its tokens each time and, with the
+    radix cache, serves them from the cache; the text ahead of the first image is the system prompt and,
+    with the image after the text, turn 0's text too."""
+    from servetune.multimodal import summarize_images
+    from servetune.workload.spec import Images
+
+    s = spec().model_copy(update={"images": Images(count=1, width=224, height=224, ratio=1.0, position=position)})
+    batch = build_requests(s, 8)
+    turn0, turn2 = batch.requests[0], batch.requests[2]
+    assert len(turn2.history_images) == 2 and turn2.all_images[0] == turn0.images[0] and len(turn2.all_images) == 3
+    body = orjson.loads(request_body(Target(url="http://127.0.0.1:1", endpoint="chat"), turn2))
+    users = [m for m in body["messages"] if m["role"] == "user"]
+    assert [sum(p.get("type") == "image_url" for p in m["content"]) for m in users] == [1, 1, 1]
+    assert users[0]["content"] == turn0.chat_messages()[-1]["content"]  # turn 0's message, as it was sent
+    assert turn2.new_record(False).n_images == 3
+    assert turn2.text_before_images() == turn0.text_before_images()
+    res = simulate({"model_profile": "llava-8b", "gpu_profile": "H200", "enable_cache_report": True},
+                   batch.requests, LoadConfig(concurrency=2), rules=ValidityRules(min_window_s=0, min_completions=1))
+    for a, b in (pair for rs in by_session(res.records).values() for pair in zip(rs, rs[1:], strict=False)):
+        assert b.cached_tokens >= a.prompt_tokens + a.completion_tokens - 1  # the history, images and all
+    mm = summarize_images(res.records)
+    from servetune.sim.profiles import load_model_profile
+
+    # per image, not per request: the history's images are counted as images (template measured on none: 0)
+    per_image = load_model_profile("llava-8b").image_tokens(224, 224)
+    assert abs(mm["image_tokens_per_image_p50"] - per_image) <= 0.02 * per_image + 8
+    assert mm["hit_rate_image_tokens"] > 0.5  # three of four turns find their earlier images in the cache

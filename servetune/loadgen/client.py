@@ -90,7 +90,7 @@ async def run_load(
     part of a load split over several (workers.py)."""
     if not requests:
         raise ValueError("requests: nothing to send")
-    if target.images_over_http and any(r.images for r in requests):
+    if target.images_over_http and any(r.all_images for r in requests):
         from servetune.loadgen.image_server import ImageServer
 
         images = await ImageServer(target.image_host).start()

@@ -35,8 +35,8 @@ def request_body(target: Target, req: WorkloadRequest) -> bytes:
             },
             "stream": True,
         }
-        if req.images:
-            body["image_data"] = list(req.images)
+        if req.all_images:
+            body["image_data"] = req.all_images
     else:
         body = (
             {"messages": req.chat_messages()}

@@ -68,7 +68,9 @@ class ImageServer:
 
     def rewrite(self, requests: list[WorkloadRequest]) -> list[WorkloadRequest]:
         """The same requests with their images as this server's URLs."""
-        return [replace(r, images=[self.url_for(u) for u in r.images]) if r.images else r for r in requests]
+        return [replace(r, images=[self.url_for(u) for u in r.images],
+                        history_images=[[self.url_for(u) for u in turn] for turn in r.history_images])
+                if r.all_images else r for r in requests]
 
     def stats(self) -> dict[str, Any]:
         return {"images": len(self.images), "bytes": sum(len(b) for b, _ in self.images.values()),

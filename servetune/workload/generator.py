@@ -328,6 +328,12 @@ class _Generator:
         mt = self.spec.multi_turn
         assert mt is not None
         images, pooled = self.images(index)
+        earlier = [self.images(self._index_of(conv, k))[0] for k in range(turn)]  # re-sent with the history
+        first = next((k for k, urls in enumerate(earlier) if urls), None)
+        before = None
+        if first is not None:  # text ahead of the first image: the context before turn `first`'s user text
+            own = c.turn_inputs[first - 1] if first else c.first_input - self._system_tokens(c.group, c.system)
+            before = c.prompt_tokens[first] - (0 if self.image_position == "after_text" else own)
         think = 0.0
         if mt.mode == "sessions" and turn and mt.think_time_s:
             think = float(_rng(self.seed, _S_THINK, conv, turn).exponential(mt.think_time_s))
@@ -341,6 +347,8 @@ class _Generator:
             images=images,
             pooled_images=pooled,
             history=history,
+            history_images=earlier if first is not None else [],
+            history_text_before_images=before,
             conversation=conv,
             turn=turn,
             image_position=self.image_position,

@@ -19,6 +19,8 @@ class WorkloadRequest:
     images: list[str] = field(default_factory=list)  # data: URLs (base64 PNG/JPEG)
     pooled_images: int = 0  # how many of the leading images come from the workload's pool of repeated ones
     history: list[dict[str, str]] = field(default_factory=list)  # earlier turns, chat messages
+    history_images: list[list[str]] = field(default_factory=list)  # the images each earlier user turn sent
+    history_text_before_images: int | None = None  # requested text tokens ahead of the history's first image
     conversation: int = -1  # the session (multi-turn conversation) it belongs to (-1: none)
     turn: int = 0
     image_position: str = "before_text"  # spec.Images.position
@@ -39,12 +41,19 @@ class WorkloadRequest:
         """The record of sending this request, with what was asked for (filled in by whoever sends it)."""
         return RequestRecord(request_id=self.index, requested_input_tokens=self.input_tokens,
                              requested_output_tokens=self.output_tokens, prefix_group=self.prefix_group,
-                             n_images=len(self.images), turn=self.turn, session=self.conversation if self.live_history else -1,
+                             n_images=len(self.all_images), turn=self.turn, session=self.conversation if self.live_history else -1,
                              text_before_images=self.text_before_images(), warmup=warmup)
+
+    @property
+    def all_images(self) -> list[str]:
+        """Every image the request carries: the history's (a session re-sends its earlier images), then its own."""
+        return [u for turn in self.history_images for u in turn] + self.images
 
     def text_before_images(self) -> int | None:
         """Requested text tokens ahead of the first image, where ``image_position`` puts it: how many of a
         request's cached tokens are text before any can be image (servetune.multimodal splits the hit rate)."""
+        if any(self.history_images):
+            return 0 if self.image_position == "before_system" else self.history_text_before_images
         if not self.images or self.user_tokens is None:
             return None
         return {"before_system": 0, "after_text": self.input_tokens}.get(
@@ -53,20 +62,27 @@ class WorkloadRequest:
     def chat_messages(self) -> list[dict]:
         """OpenAI chat messages; images become ``image_url`` content parts, where ``image_position`` says."""
         msgs: list[dict] = []
-        images: list[dict] = [{"type": "image_url", "image_url": {"url": u}} for u in self.images]
-        if images and self.image_position == "before_system":
-            msgs.append({"role": "user", "content": images})
-            images = []
+        if self.image_position == "before_system":  # every image, the history's too, ahead of the system prompt
+            lead = _parts(self.all_images)
+            if lead:
+                msgs.append({"role": "user", "content": lead})
+            if self.system is not None:
+                msgs.append({"role": "system", "content": self.system})
+            return [*msgs, *self.history, {"role": "user", "content": self.user}]
         if self.system is not None:
             msgs.append({"role": "system", "content": self.system})
-        msgs.extend(self.history)
-        if images:
-            text = [{"type": "text", "text": self.user}]
-            msgs.append({"role": "user", "content": text + images if self.image_position == "after_text"
-                         else images + text})
-        else:
-            msgs.append({"role": "user", "content": self.user})
+        for k, m in enumerate(self.history):  # a session's earlier turns as they were sent, images included
+            images = self.history_images[k // 2] if k % 2 == 0 and k // 2 < len(self.history_images) else []
+            msgs.append(self._user_message(m["content"], images) if images else m)
+        msgs.append(self._user_message(self.user, self.images))
         return msgs
+
+    def _user_message(self, text: str, images: list[str]) -> dict:
+        if not images:
+            return {"role": "user", "content": text}
+        parts = [{"type": "text", "text": text}]
+        return {"role": "user", "content": parts + _parts(images) if self.image_position == "after_text"
+                else _parts(images) + parts}
 
     def prompt_text(self) -> str:
         """Flat prompt for /v1/completions and /generate (system prompt first, so prefixes share)."""
@@ -74,3 +90,7 @@ class WorkloadRequest:
         pieces.extend(m["content"] for m in self.history)
         pieces.append(self.user)
         return "\n".join(pieces)
+
+
+def _parts(urls: list[str]) -> list[dict]:
+    return [{"type": "image_url", "image_url": {"url": u}} for u in urls]
