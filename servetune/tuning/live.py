@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,8 @@ from servetune.tuning.state import Flags, TrialSpec
 log = logging.getLogger(__name__)
 
 DEATH_WAIT_S = 2.0  # how long a failed trial's engine may take to be seen dead
+#: where the engine's own key waits for the client (children inherit it; only this name is ever recorded)
+ENGINE_KEY_ENV = "SERVETUNE_ENGINE_API_KEY"
 
 # flags -> a context manager that starts the server and yields a servetune.runners.RunningServer
 Provisioner = Callable[[Flags], contextlib.AbstractContextManager[Any]]
@@ -44,6 +47,17 @@ def engine_provisioner(plan: TuningPlan, *, log_dir: Path | None = None, owner: 
         return provision(engine, plan.runner, log_dir=log_dir)
 
     return start
+
+
+def engine_api_key(engine: Any) -> str | None:
+    """The key the plan's engine is launched with (``--api-key`` among its flags, or vLLM's ``VLLM_API_KEY`` in
+    its environment), which every request must then carry; None when it takes none."""
+    from servetune.redact import split_secret_flags
+
+    if not getattr(engine, "launches", False):
+        return None
+    _argv, secrets = split_secret_flags(engine.launch_argv(host="127.0.0.1", port=1))
+    return secrets.get("api-key") or (getattr(engine, "env", None) or {}).get("VLLM_API_KEY") or None
 
 
 def running_preflight(server: Any) -> Callable[[], None] | None:
@@ -121,6 +135,7 @@ class LiveTrialRunner:
     def run(self, spec: TrialSpec, *, experiment_id: str) -> RunReport:
         from servetune.loadgen import Target
         from servetune.trial import TrialRequest, run_trial
+        from servetune.engines.knobs import with_flags
         from servetune.tuning.runner import trial_workload
 
         t0 = time.monotonic()
@@ -139,6 +154,10 @@ class LiveTrialRunner:
         url = self.url or self._server.url
         model = getattr(self._server, "model", None) or getattr(self.plan.engine, "model", None) or self.plan.model
         target = Target(url=url, endpoint=self.plan.endpoint, model=model)
+        key = engine_api_key(with_flags(self.plan.engine, spec.flags)) if self.url is None else None
+        if key:  # the engine we launched wants a key: the client sends it, read from the environment at run time
+            os.environ[ENGINE_KEY_ENV] = key
+            target = target.model_copy(update={"api_key_env": ENGINE_KEY_ENV})
         req = TrialRequest(
             target=target,
             load=trial_load(self.plan, spec),
