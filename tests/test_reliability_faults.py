@@ -242,3 +242,41 @@ def test_report_refuses_an_out_folder_it_cannot_write_before_reading_anything(tm
     assert res.exit_code == 2
     assert _lines(res.output) == [f"report: report folder: {campaign / 'report'} exists and is not a folder"]
     assert not list(campaign.glob("*.png"))
+
+
+_DIES_ON_FLUSH = """
+import os, sys
+from aiohttp import web
+async def ok(request): return web.json_response({})
+async def flush(request): os._exit(3)
+app = web.Application()
+app.router.add_get("/health", ok); app.router.add_get("/get_server_info", ok)
+app.router.add_post("/flush_cache", flush)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+"""
+
+
+def test_an_engine_that_dies_on_the_cache_flush_gets_one_line_naming_the_flush(tmp_path):
+    """A real server process that exits when asked to flush its prefix cache: bench says in one line that it
+    went away during the flush and that no request was sent (exit 2, no traceback)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-c", _DIES_ON_FLUSH, str(port)])
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        run = subprocess.run([sys.executable, "-m", "servetune", "bench", "--url", f"http://127.0.0.1:{port}",
+                              "--concurrency", "2", "--requests", "4", "--workload", _tiny(tmp_path),
+                              "--out", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr
+    (error,) = [ln for ln in run.stderr.splitlines() if ln.startswith("error:")]
+    assert "went away during the prefix-cache flush" in error and "no request was sent" in error
