@@ -29,6 +29,7 @@ from servetune.cli import app  # noqa: E402
 from servetune.plan import PlanError, load_plan, parse_plan  # noqa: E402
 from servetune.plan_types import MAX_REQUESTS, MAX_STREAMS, check_bench_options  # noqa: E402
 from servetune.strict_yaml import DuplicateKeyError, load_yaml  # noqa: E402
+from servetune.workload.spec import MAX_IMAGE_SIDE, MAX_TOKENS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 HEAD = "name: bad\nmodel: m\n"
@@ -221,6 +222,17 @@ SIZES_PLAN = [
      MAX_STREAMS),
     ("protocols: [{name: a, concurrency: 1000000000, requests: 10}]", "protocols.0.concurrency", MAX_STREAMS),
     ("protocols: [{name: a, concurrency: 8, requests: 1000000000000}]", "protocols.0.requests", MAX_REQUESTS),
+    # the workload: token lengths past any served context, images past any VLM's input, endless sessions
+    ("workload: {input: {kind: lognormal, median: 1.0e12, sigma: 0.5}}", "workload.input.lognormal.median", MAX_TOKENS),
+    ("workload: {input: {kind: fixed, value: 100000000000}}", "workload.input.fixed.value", MAX_TOKENS),
+    ("workload: {output: {kind: uniform, min: 1, max: 100000000000}}", "workload.output.uniform.max", MAX_TOKENS),
+    ("workload: {input: {kind: normal, mean: 512, std: 9, max: 100000000000}}", "workload.input.normal.max",
+     MAX_TOKENS),
+    ("workload: {images: {width: 100000, height: 512}}", "workload.images.width", MAX_IMAGE_SIDE),
+    ("workload: {images: {width: 512, height: 100000}}", "workload.images.height", MAX_IMAGE_SIDE),
+    ("workload: {images: {count: 1000}}", "workload.images.count", 64),
+    ("workload: {images: {distinct: 100000000}}", "workload.images.distinct", 100_000),
+    ("workload: {multi_turn: {turns: 100000}}", "workload.multi_turn.turns", 1000),
 ]
 
 

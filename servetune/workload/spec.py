@@ -15,6 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servetune.workload.trace import TraceReplay
 
+#: size limits checked before any work: beyond any served context (10M tokens) or image a VLM takes (16k px a side)
+MAX_TOKENS = 10_000_000
+MAX_IMAGE_SIDE = 16_384
+
 
 class _Dist(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -27,13 +31,13 @@ def _check_bounds(lo: int, hi: int | None) -> None:
 
 class Fixed(_Dist):
     kind: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1)
+    value: int = Field(ge=1, le=MAX_TOKENS)
 
 
 class Uniform(_Dist):
     kind: Literal["uniform"] = "uniform"
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
+    min: int = Field(ge=1, le=MAX_TOKENS)
+    max: int = Field(ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> Uniform:
@@ -46,10 +50,10 @@ class Normal(_Dist):
     """Normal with hard bounds (resampled, not clipped, so the bounds hold no mass spike)."""
 
     kind: Literal["normal"] = "normal"
-    mean: float = Field(gt=0)
+    mean: float = Field(gt=0, le=MAX_TOKENS)
     std: float = Field(ge=0)
-    min: int = Field(default=1, ge=1)
-    max: int | None = Field(default=None, ge=1)
+    min: int = Field(default=1, ge=1, le=MAX_TOKENS)
+    max: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> Normal:
@@ -61,10 +65,10 @@ class LogNormal(_Dist):
     """Log-normal given by its median and sigma (of the log), with hard bounds."""
 
     kind: Literal["lognormal"] = "lognormal"
-    median: float = Field(gt=0)
+    median: float = Field(gt=0, le=MAX_TOKENS)
     sigma: float = Field(ge=0)
-    min: int = Field(default=1, ge=1)
-    max: int | None = Field(default=None, ge=1)
+    min: int = Field(default=1, ge=1, le=MAX_TOKENS)
+    max: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> LogNormal:
@@ -79,8 +83,8 @@ class Empirical(_Dist):
     path: str
     field: str = Field(description="key of the length in each JSONL object, e.g. input_tokens")
     scale: float = Field(default=1.0, gt=0)
-    min: int = Field(default=1, ge=1)
-    max: int | None = Field(default=None, ge=1)
+    min: int = Field(default=1, ge=1, le=MAX_TOKENS)
+    max: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> Empirical:
@@ -124,11 +128,11 @@ class Images(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    count: int = Field(default=1, ge=1, description="images per request that has any")
-    width: int = Field(default=512, ge=8)
-    height: int = Field(default=512, ge=8)
+    count: int = Field(default=1, ge=1, le=64, description="images per request that has any")
+    width: int = Field(default=512, ge=8, le=MAX_IMAGE_SIDE)
+    height: int = Field(default=512, ge=8, le=MAX_IMAGE_SIDE)
     ratio: float = Field(default=1.0, ge=0, le=1, description="fraction of requests with images")
-    distinct: int = Field(default=0, ge=0, description="size of the pool repeated images come from (0: no pool)")
+    distinct: int = Field(default=0, ge=0, le=100_000, description="size of the pool repeated images come from (0: no pool)")
     reuse_ratio: float = Field(default=1.0, ge=0, le=1,
                                description="with a pool: fraction of images drawn from it (the rest unique)")
     position: Literal["before_text", "after_text", "before_system"] = Field(
@@ -154,7 +158,7 @@ class MultiTurn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    turns: int = Field(default=2, ge=1)
+    turns: int = Field(default=2, ge=1, le=1000)
     turn_input: LengthDist = Field(default_factory=lambda: Fixed(value=64), description="new user tokens per turn")
     mode: Literal["sessions", "scripted"] = "sessions"
     think_time_s: float = Field(default=0.0, ge=0, description="sessions: mean pause between an answer and the"
