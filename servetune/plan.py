@@ -377,9 +377,11 @@ def load_plan(path: str | Path) -> TuningPlan:
     """Read a YAML (or JSON) plan; a missing file or a bad field raises PlanError naming it."""
     from servetune.strict_yaml import YAMLError, load_yaml
 
+    from servetune.input_files import read_bytes
+
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bytes(path).decode("utf-8")  # a FIFO or device named as the plan: refused, never read
     except OSError as exc:
         raise PlanError(f"{path}: cannot read plan: {exc.strerror}") from None
     except UnicodeDecodeError as exc:

@@ -125,9 +125,11 @@ def check_samples(gpu: dict[str, Any], server: dict[str, Any]) -> None:
 
 def read_json(path: str | Path) -> Any:
     """A JSON file, or one line saying why it cannot be read."""
+    from servetune.input_files import read_bytes
+
     path = Path(path)
     try:
-        return orjson.loads(path.read_bytes())
+        return orjson.loads(read_bytes(path))
     except IsADirectoryError:
         raise ResultError(f"{path}: is a directory, not a trial result file") from None
     except OSError as e:

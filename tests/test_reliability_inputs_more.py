@@ -187,3 +187,51 @@ def test_the_catalogue_holds_the_new_cases() -> None:
 def test_the_real_entry_point_gives_the_clear_line(case, tmp_path: Path) -> None:  # noqa: ANN001
     out = run_subprocess(case, tmp_path)
     assert problems(case, out) == [], out.stderr
+
+
+# --- 5. a path that is no regular file: a FIFO, a device, a directory, a symlink loop -------------------------
+
+def _special(where: Path, kind: str) -> str:
+    """A path of ``kind`` in ``where`` (a FIFO blocked the reader for ever; the rest gave other reasons)."""
+    import os
+
+    path = where / kind
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+    elif kind == "loop":
+        os.symlink(where / "loop2", path)
+        os.symlink(path, where / "loop2")
+    else:
+        return "/dev/zero"  # a character device: endless zeros
+    return str(path)
+
+
+WHAT = {"fifo": "is a FIFO, not a regular file", "dev": "is a character device, not a regular file",
+        "dir": "is a directory, not a regular file", "loop": "Too many levels of symbolic links"}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", list(WHAT))
+def test_a_plan_that_is_no_regular_file_is_refused_without_reading_it(kind: str, tmp_path: Path) -> None:
+    path = _special(tmp_path, kind)
+    refused(cli(["tune", path, "--dry-run"], tmp_path), [f"error: {path}: cannot read plan: {WHAT[kind]}"])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fifo", "dev", "dir"])
+def test_a_workload_that_is_no_regular_file_is_refused_without_reading_it(kind: str, tmp_path: Path) -> None:
+    path = _special(tmp_path, kind)
+    refused(cli([*BENCH, "http://127.0.0.1:9", "--workload", path], tmp_path),
+            [f"error: workload {path}: {WHAT[kind]}"])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fifo", "dev"])
+def test_a_result_that_is_no_regular_file_is_refused_without_reading_it(kind: str, tmp_path: Path) -> None:
+    from servetune.result_check import ResultError, read_json
+
+    path = _special(tmp_path, kind)
+    with pytest.raises(ResultError, match=f"^{path}: cannot read \\({WHAT[kind]}\\)$"):
+        read_json(path)

@@ -165,7 +165,7 @@ NON_FINITE_PLAN = [
     ("sla: {p99_ttft_ms: .inf}", "sla.p99_ttft_ms"),
     ("sla: {p99_ttft_ms: -.inf}", "sla.p99_ttft_ms"),  # a bound (gt=0) broken by inf says so, not "> 0"
     ("sla: {p99_ttft_ms: 500, max_error_rate: nan}", "sla.max_error_rate"),  # nor "<= 1" for nan
-    ("workload: {input: {kind: lognormal, median: .inf, sigma: 1}}", "workload.input.median"),
+    ("workload: {input: {kind: lognormal, median: .inf, sigma: 1}}", "workload.input.lognormal.median"),
     ("validation: {min_window_s: .inf}", "validation.min_window_s"),
     ("runner: {kind: local, grace_s: .inf}", "runner.grace_s"),
 ]
@@ -201,7 +201,7 @@ def test_a_non_finite_bench_option_is_refused(options: list[str], line: str, tmp
 def test_a_non_finite_number_in_a_bench_workload_file_is_refused(tmp_path: Path) -> None:
     files = {"w.yaml": "input: {kind: lognormal, median: .inf, sigma: 1}\n"}
     refused(cli([*BENCH, "--workload", "w.yaml"], tmp_path, files),
-            ["error: workload w.yaml: input.median: Input should be a finite number"])
+            ["error: workload w.yaml: input.lognormal.median: Input should be a finite number"])
 
 
 # --- 4. sizes past the limits --------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def resolve_workload(value: str | None) -> WorkloadSpec:
     if value is None:
         return get_preset(DEFAULT_PRESET)
     path = Path(value)
-    if path.is_file():
+    if path.exists():  # a FIFO or directory too: input_files says what it is
         try:
             return WorkloadSpec.from_file(path)
         except ValidationError as exc:
@@ -98,7 +98,7 @@ def _syntax_line(exc: Exception) -> str:
         return f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}"
     if isinstance(exc, orjson.JSONDecodeError):
         return f"not valid JSON: {exc}"
-    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return (str(exc) if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}").splitlines()[0]
 
 
 def _log_file(path: Path | None) -> str | None:

@@ -218,7 +218,9 @@ class WorkloadSpec(BaseModel):
         from servetune.plan_types import check_numbers
         from servetune.strict_yaml import load_yaml
 
-        text = Path(path).read_text()
+        from servetune.input_files import read_bytes
+
+        text = read_bytes(path).decode("utf-8")  # a FIFO named as the workload: refused, never read
         data = load_yaml(text) if str(path).endswith((".yaml", ".yml")) else orjson.loads(text)
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a workload file must hold a mapping, got {type(data).__name__}")

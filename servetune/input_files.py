@@ -1,0 +1,35 @@
+"""Reading a file a user named (a plan, a workload, a result): only a regular file is read, so a FIFO, a device
+or a socket gets one line instead of a read that blocks for ever (or never ends)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+
+
+def not_regular(path: str | Path) -> str | None:
+    """Why ``path`` (its symlinks followed) is not a regular file to read, or None when it is one. A missing
+    file, a symlink loop or a denied directory raise OSError with their own reason."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISREG(mode):
+        return None
+    return next((f"is {what}, not a regular file" for test, what in _KINDS if test(mode)), "is not a regular file")
+
+
+class NotRegularFile(OSError):
+    """A path that exists but is no file to read; ``strerror`` says what it is."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """The file's bytes; OSError (its strerror says why) for anything but a regular file."""
+    why = not_regular(path)
+    if why is not None:
+        raise NotRegularFile(0, why, str(path))
+    return Path(path).read_bytes()
