@@ -50,6 +50,8 @@ def build_parser(prog: str = "servetune sim serve") -> argparse.ArgumentParser:
     sg.add_argument("--mem-fraction-static", type=float, default=None)
     sg.add_argument("--page-size", type=int, default=1)
     sg.add_argument("--disable-radix-cache", action="store_true")
+    sg.add_argument("--mm-processor-worker-num", type=int, default=0,
+                    help="image processor threads of the front end (0: the model profile's auto value)")
     sg.add_argument("--enable-metrics", action="store_true")
     sg.add_argument("--enable-cache-report", action="store_true")
     sg.add_argument("--random-seed", type=int, default=0)
@@ -82,6 +84,7 @@ class SimArgs(BaseModel):
     mem_fraction_static: float
     page_size: int
     disable_radix_cache: bool
+    mm_processor_worker_num: int  # the flag as given; 0 = the model profile's front_end.image_workers_auto
     enable_metrics: bool
     enable_cache_report: bool
     random_seed: int
@@ -169,6 +172,9 @@ def resolve(ns: argparse.Namespace | Mapping[str, Any]) -> SimArgs:
         frac = _default_mem_fraction(gpu_mib, chunk, max_prefill, graph_bs, tp)
     if not 0 < frac < 1:
         raise SimArgsError(f"--mem-fraction-static must be in (0, 1), got {frac}")
+    mm_workers = int(a.get("mm_processor_worker_num") or 0)
+    if mm_workers < 0:
+        raise SimArgsError(f"--mm-processor-worker-num must be >= 0 (0: auto), got {mm_workers}")
     cons = float(a.get("schedule_conservativeness", 1.0))
     if cons < 0:  # 0 is SGLang's own edge: no decode reserve at admission
         raise SimArgsError(f"--schedule-conservativeness must be non-negative, got {cons}")
@@ -215,6 +221,7 @@ def resolve(ns: argparse.Namespace | Mapping[str, Any]) -> SimArgs:
         mem_fraction_static=frac,
         page_size=a.get("page_size") or 1,
         disable_radix_cache=bool(a.get("disable_radix_cache")),
+        mm_processor_worker_num=mm_workers,
         enable_metrics=bool(a.get("enable_metrics")),
         enable_cache_report=bool(a.get("enable_cache_report")),
         random_seed=int(a.get("random_seed") or 0),

@@ -12,6 +12,12 @@ Two optional GPU-profile terms model an eager engine (no CUDA graphs; docs/sim.m
 ``kv_traffic_factor`` multiplies the KV bytes attention moves, and ``launch_ms_per_layer`` is the
 host's kernel-issue time per layer, a floor under the step time when the GPU outruns the host.
 Their defaults (1 and 0) leave the SGLang model unchanged.
+
+A VLM's prefill also runs the vision encoder over the images it does not find cached (their FLOPs,
+``patches_per_token`` encoder patches per image token, plus ``ms_per_image``), and the scheduler
+spends host time on every image it admits, cached or not (``host_ms_per_image``, scaled by the
+image processor threads sharing the host): SGLang's overlap scheduler prepares a batch while the
+GPU runs, so a prefill step takes the longer of its GPU time and that host time.
 """
 
 from __future__ import annotations
@@ -36,16 +42,20 @@ class CostModel:
     comm_s_per_token: float  # and bandwidth part, per token in the batch
     vision_flops_per_token: float
     vision_overhead_s: float
+    vision_image_s: float = 0.0  # per image encoded, beyond its FLOPs
+    vision_host_s: float = 0.0  # per image admitted (cached or not): the scheduler's host work
     kv_traffic_factor: float = 1.0  # HBM bytes moved per nominal KV byte
     launch_floor_s: float = 0.0  # host kernel-issue time of one pass
 
     @classmethod
     def from_args(cls, args: SimArgs) -> CostModel:
-        return cls.from_profiles(args.model, args.gpu, args.tp_size)
+        return cls.from_profiles(args.model, args.gpu, args.tp_size, args.mm_processor_worker_num)
 
     @classmethod
-    def from_profiles(cls, m: ModelProfile, g: GpuProfile, tp: int = 1) -> CostModel:
-        """The cost model of ``m`` on ``g`` at tensor-parallel size ``tp`` (no server flags needed)."""
+    def from_profiles(cls, m: ModelProfile, g: GpuProfile, tp: int = 1, mm_workers: int = 0) -> CostModel:
+        """The cost model of ``m`` on ``g`` at tensor-parallel size ``tp`` with ``mm_workers`` image processor
+        threads on the host (0: the profile's auto value)."""
+        workers = mm_workers or m.front_end.image_workers_auto
         embed = m.vocab_size * m.hidden_size
         body_params = m.params_billion * 1e9 - 2 * embed  # embedding lookup and LM head taken out
         heads_per_rank = m.num_attention_heads / tp
@@ -68,8 +78,10 @@ class CostModel:
             cell_bytes=m.cell_bytes(tp),
             comm_lat_s=comm_lat,
             comm_s_per_token=comm_tok,
-            vision_flops_per_token=2 * v.params_billion * 1e9 if v else 0.0,
+            vision_flops_per_token=2 * v.params_billion * 1e9 * v.patches_per_token if v else 0.0,
             vision_overhead_s=v.overhead_ms / 1000 if v else 0.0,
+            vision_image_s=v.ms_per_image / 1000 if v else 0.0,
+            vision_host_s=v.host_ms_per_image * workers ** m.front_end.scheduler_contention / 1000 if v else 0.0,
             kv_traffic_factor=g.kv_traffic_factor,
             launch_floor_s=m.num_layers * g.launch_ms_per_layer / 1000,
         )
@@ -85,12 +97,14 @@ class CostModel:
         nbytes = self.weight_bytes + self.kv_traffic_factor * self.cell_bytes * (sum_ctx + batch)
         return self._roofline(flops, nbytes, batch)
 
-    def extend_s(self, new_tokens: int, pairs: float, ctx_read: int, seqs: int, vision_tokens: int = 0) -> float:
-        """One prefill (extend) pass over ``new_tokens`` new tokens of ``seqs`` sequences.
+    def extend_s(self, new_tokens: int, pairs: float, ctx_read: int, seqs: int, vision_tokens: int = 0,
+                 images: int = 0) -> float:
+        """One prefill (extend) pass over ``new_tokens`` new tokens of ``seqs`` sequences, on the GPU.
 
         ``pairs``: attended (query, key) pairs, sum of new * (prefix + (new + 1) / 2);
         ``ctx_read``: cached prefix tokens whose KV is read; ``vision_tokens``: image tokens
-        that the vision encoder has to encode first (images not found in the cache).
+        that the vision encoder has to encode first (images not found in the cache), ``images``
+        of them.
         """
         flops = (
             self.body_flops_per_token * new_tokens
@@ -100,5 +114,12 @@ class CostModel:
         nbytes = self.weight_bytes + self.kv_traffic_factor * self.cell_bytes * (ctx_read + new_tokens)
         t = self._roofline(flops, nbytes, new_tokens)
         if vision_tokens:
-            t += self.vision_flops_per_token * vision_tokens / self.flops_per_s + self.vision_overhead_s
+            t += (self.vision_flops_per_token * vision_tokens / self.flops_per_s + self.vision_overhead_s
+                  + self.vision_image_s * images)
         return t
+
+    def host_s(self, admitted_images: int) -> float:
+        """The scheduler's host time to admit requests carrying ``admitted_images`` images, cached or not
+        (their multimodal inputs). SGLang's overlap scheduler prepares a batch while the GPU runs the
+        previous one, so a step takes the longer of this and its GPU time."""
+        return self.vision_host_s * admitted_images

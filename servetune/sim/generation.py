@@ -72,19 +72,31 @@ class GenerationEndpoints:
 
 
     def _submit(self, prompt: tk.Prompt, max_new: int, kind: str) -> Stream | web.Response:
+        """Open the request's stream; it reaches the scheduler when the front end is done with it."""
         rid = self._next_rid
         self._next_rid += 1
-        req = SimRequest(rid=rid, tokens=prompt.ids, max_new=max_new, images=prompt.images)
         now = self.now()
+        req = SimRequest(rid=rid, tokens=prompt.ids, max_new=max_new, images=prompt.images, received=now)
         try:
-            self.sched.add(req, now)
+            self.sched.validate(req)
         except RequestRejected as exc:
             return _error(400, str(exc))
         st = Stream(self, req, kind, now)
         self.streams[rid] = st
+        ready = self.frontend.ready_at(now, len(prompt.ids), prompt.pixels)
+        if ready > now:
+            loop = asyncio.get_running_loop()
+            self._entering[rid] = loop.call_at(loop.time() + ready - now, self._enter, req, ready)
+        else:
+            self._enter(req, now)
+        return st
+
+    def _enter(self, req: SimRequest, t: float) -> None:
+        """The front end hands ``req`` to the scheduler at modelled time ``t``."""
+        self._entering.pop(req.rid, None)
+        self.sched.add(req, t)
         assert self._wake is not None
         self._wake.set()
-        return st
 
     async def _body(self, request: web.Request) -> dict[str, Any] | web.Response:
         if not self.ready:
@@ -132,6 +144,9 @@ class GenerationEndpoints:
             if st.req.finished_at is not None:
                 self.metrics.on_request_finished(st.req, st.t_recv, streaming=st.transport is not None)
             else:
+                entering = self._entering.pop(st.req.rid, None)
+                if entering is not None:  # the client left while its request was in the front end
+                    entering.cancel()
                 self.sched.abort(st.req)
                 self.metrics.on_abort()
 

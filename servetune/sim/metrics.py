@@ -120,7 +120,7 @@ class SimMetrics(Collector):
         if r.finished_at is not None:
             self.e2e.setdefault(s, Hist(E2E_BUCKETS)).observe(r.finished_at - t_recv)
         if r.first_scheduled is not None:
-            self.queue.observe(max(r.first_scheduled - t_recv, 0.0))
+            self.queue.observe(max(r.first_scheduled - r.arrival, 0.0))  # the front end's time is not queue time
         self.prompt_hist.observe(r.prompt_len)
         self.uncached_hist.observe(r.prompt_len - cached)
         self.gen_hist.observe(r.output_len)

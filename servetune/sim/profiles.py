@@ -71,7 +71,12 @@ class VisionProfile(BaseModel):
     pixels_per_token: int = Field(gt=0)
     min_tokens: int = Field(gt=0)
     max_tokens: int = Field(gt=0)
-    overhead_ms: float = Field(default=0.0, ge=0)
+    overhead_ms: float = Field(default=0.0, ge=0, description="fixed cost of a prefill that encodes images")
+    ms_per_image: float = Field(default=0.0, ge=0, description="fixed encoder cost per image beyond its FLOPs")
+    host_ms_per_image: float = Field(
+        default=0.0, ge=0, description="scheduler's host time per image of a newly admitted request, cached or not")
+    marker_tokens: int = Field(default=0, ge=0, description="tokens around each image's run (Qwen2-VL: vision start/end, 2)")
+    patches_per_token: int = Field(default=1, gt=0, description="encoder patches merged into one image token (Qwen2-VL: 4)")
 
     @model_validator(mode="after")
     def _bounds(self) -> VisionProfile:
@@ -80,9 +85,29 @@ class VisionProfile(BaseModel):
         return self
 
     def image_tokens(self, width: int, height: int) -> int:
-        """Tokens for one image: one per patch, clamped to the model's bounds."""
+        """Tokens for one image: one per patch, clamped to the model's bounds (markers not included)."""
         raw = math.ceil(width * height / self.pixels_per_token)
         return max(self.min_tokens, min(self.max_tokens, raw))
+
+
+class FrontEndProfile(BaseModel):
+    """SGLang's front end, before the scheduler sees a request (servetune.sim.frontend; docs/sim.md).
+
+    The defaults (all 0) are no front end: a request reaches the scheduler the instant it is sent.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    text_ms: float = Field(default=0.0, ge=0, description="every request: HTTP, template, tokenizer, ZMQ hops")
+    text_ms_per_1k_tokens: float = Field(default=0.0, ge=0, description="a text-only request, per 1,000 prompt tokens")
+    image_workers_auto: int = Field(default=2, gt=0, description="--mm-processor-worker-num 0: SGLang's auto value")
+    image_ms: float = Field(default=0.0, ge=0, description="one image on one worker running alone, fixed part")
+    image_ms_per_megapixel: float = Field(default=0.0, ge=0, description="one image on one worker alone, per megapixel")
+    image_ms_per_1k_tokens: float = Field(default=0.0, ge=0, description="a request with images on its worker alone,"
+                                          " per 1,000 prompt tokens (the processor tokenizes it)")
+    worker_contention: float = Field(default=0.0, ge=0, description="service(W) = service(1) x W^this (a shared host)")
+    scheduler_contention: float = Field(
+        default=0.0, ge=0, description="the scheduler's host time per image (vision.host_ms_per_image) x W^this")
 
 
 class ModelProfile(BaseModel):
@@ -104,6 +129,7 @@ class ModelProfile(BaseModel):
     tp_size: int = Field(default=1, gt=0, description="default --tp-size")
     attention: Literal["gqa"] = "gqa"
     vision: VisionProfile | None = None
+    front_end: FrontEndProfile = Field(default_factory=FrontEndProfile)
 
     @property
     def weight_bytes(self) -> int:

@@ -83,6 +83,15 @@ class Scheduler:
     # --- requests in --------------------------------------------------------------------
 
     def add(self, req: SimRequest, now: float) -> None:
+        """Queue ``req`` at ``now`` (its queue time starts here); RequestRejected as ``validate``."""
+        self.validate(req)
+        req.arrival = now
+        req.plen = len(req.tokens)
+        req.fill = list(req.tokens)
+        self.waiting.append(req)
+
+    def validate(self, req: SimRequest) -> None:
+        """RequestRejected for what SGLang refuses before scheduling (checked when the request is sent)."""
         ctx = self.args.context_length
         if req.prompt_len + req.max_new > ctx:
             raise RequestRejected(
@@ -96,10 +105,6 @@ class Scheduler:
             )
         if req.max_new < 1:
             raise RequestRejected("max_new_tokens must be at least 1")
-        req.arrival = now
-        req.plen = len(req.tokens)
-        req.fill = list(req.tokens)
-        self.waiting.append(req)
 
     def abort(self, r: SimRequest) -> None:
         """A client went away: drop the request wherever it is (SGLang aborts it too)."""
@@ -220,19 +225,21 @@ class Scheduler:
             return None
 
         # price the batch
-        new_tokens = pairs = ctx_read = vision = cached = 0
+        new_tokens = pairs = ctx_read = vision = images = admitted_images = cached = 0
         for r, prefix, take in items:
+            admitted_images += 0 if r.admitted else len(r.images)
             start = r.done_len
             new_tokens += take
             pairs += take * (start + (take + 1) / 2)
             ctx_read += start
-            for s, n in r.images:
-                if start <= s < start + take and s >= prefix:
+            for s, n in r.images:  # SGLang encodes every uncached image the chunk overlaps (again, if split)
+                if s < start + take and s + n > start and s + n > prefix:
                     vision += n
+                    images += 1
             if start == prefix and r.cached_tokens == prefix and not r.admitted:
                 cached += prefix
-        dur = self.cost.extend_s(new_tokens, pairs, ctx_read, len(items), vision)
-        end = now + dur
+        gpu = self.cost.extend_s(new_tokens, pairs, ctx_read, len(items), vision, images)
+        end = now + max(gpu, self.cost.host_s(admitted_images))  # the GPU waits for the host, then runs
 
         # commit: KV for the extended tokens, cache it, first tokens for completed prefills
         emitted: list[SimRequest] = []
@@ -267,7 +274,7 @@ class Scheduler:
                 finished.append(r)
             else:
                 self._join(r)
-        return Iteration(now, end, "prefill", emitted, finished, [], len(items), new_tokens, cached)
+        return Iteration(end - gpu, end, "prefill", emitted, finished, [], len(items), new_tokens, cached)
 
     def output_len(self, r: SimRequest) -> int:
         """Tokens generated so far (exact for running requests, whose count is implicit)."""

@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from . import tokens as tk
 from .args import SGLANG_VERSION_MODELLED, SimArgs
 from .batch_log import BatchLog
+from .frontend import FrontEnd
 from .generation import GenerationEndpoints, Stream
 from .metrics import SimMetrics
 from .scheduler import Scheduler
@@ -43,6 +44,8 @@ class SimServer(GenerationEndpoints):
     def __init__(self, args: SimArgs):
         self.args = args
         self.sched = Scheduler(args)
+        self.frontend = FrontEnd.from_args(args)
+        self._entering: dict[int, asyncio.TimerHandle] = {}  # requests in the front end, by rid
         self.metrics = SimMetrics(args, self.sched)
         self.batch_log = BatchLog(args, self.sched)
         self.streams: dict[int, Stream] = {}

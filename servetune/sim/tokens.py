@@ -57,13 +57,14 @@ def image_info(url: str) -> tuple[str, int, int]:
 
 
 class Prompt:
-    """Token ids of one prompt, with where its image runs are."""
+    """Token ids of one prompt, with where its image runs are and each image's pixel count (front end)."""
 
-    __slots__ = ("ids", "images")
+    __slots__ = ("ids", "images", "pixels")
 
     def __init__(self) -> None:
         self.ids: list[int | str] = []
         self.images: list[tuple[int, int]] = []
+        self.pixels: list[int] = []
 
     def add_text(self, text: str) -> None:
         self.ids.extend(text_tokens(text))
@@ -74,8 +75,12 @@ class Prompt:
     def add_image(self, url: str, model: ModelProfile) -> None:
         digest, w, h = image_info(url)
         n = model.image_tokens(w, h)
+        markers = model.vision.marker_tokens if model.vision else 0
+        self.ids.extend(["<|vision_start|>"] * (markers // 2))
         self.images.append((len(self.ids), n))
         self.ids.extend([token_id("<img:" + digest + ">")] * n)
+        self.ids.extend(["<|vision_end|>"] * (markers - markers // 2))
+        self.pixels.append(w * h)
 
 
 def chat_prompt(messages: Sequence[dict], model: ModelProfile) -> Prompt:

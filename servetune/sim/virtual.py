@@ -7,7 +7,8 @@ moment its previous one ends) or an open loop (arrival offsets from
 with ``target.engine = "sim"``: records, a synthesized GPU memory curve, server metrics in the
 scraper's shape, and the summary from ``servetune.metrics.summarize``. Deterministic: the same
 inputs give the same result (``seed`` only feeds the open-loop arrivals via ``load.seed`` when
-``load.seed`` is left at 0).
+``load.seed`` is left at 0). A sent request reaches the scheduler when the model's front end is done
+with it (servetune.sim.frontend; at once for a profile without one).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from servetune.workload.request import WorkloadRequest
 
 from . import tokens as tk
 from .args import SimArgs, server_args_from_flags
+from .frontend import FrontEnd
 from .requests import Iteration, RequestRejected, SimRequest
 from .scheduler import Scheduler
 from .telemetry import SimTelemetry
@@ -43,7 +45,7 @@ def build_prompt(req: WorkloadRequest, endpoint: str, args: SimArgs) -> tk.Promp
     """Token ids for a workload request as the HTTP server would count them for ``endpoint``."""
     if endpoint == "chat":
         return tk.chat_prompt(req.chat_messages(), args.model)
-    return tk.text_prompt(req.prompt_text(), req.images if endpoint == "generate" else (), args.model)
+    return tk.text_prompt(req.prompt_text(), req.all_images if endpoint == "generate" else (), args.model)
 
 
 def simulate(
@@ -97,6 +99,8 @@ class _Run:
         self.endpoint = endpoint
         self.seed = seed
         self.sched = Scheduler(args)
+        self.fe = FrontEnd.from_args(args)
+        self.entering: list[tuple[float, int, SimRequest]] = []  # (leaves the front end, rid, request)
         self.tel = SimTelemetry(args, self.sched, scrape_interval_s)
         n_warm = primers + load.warmup_requests
         self.records = [r.new_record(i < n_warm) for i, r in enumerate(requests)]
@@ -197,26 +201,34 @@ class _Run:
                 complete(i, t)
 
         inf = float("inf")
+        entering = self.entering
+
+        def next_event() -> None:  # a client's send, or a request leaving the front end for the scheduler
+            if entering and (not pending or entering[0][0] <= pending[0][0]):
+                sched.add(heapq.heappop(entering)[2], t)
+            else:
+                send_next()
+
         while remaining > 0:
-            next_send = pending[0][0] if pending else inf
+            next_ev = min(pending[0][0] if pending else inf, entering[0][0] if entering else inf)
             if current is None:
-                if next_send <= t:
-                    send_next()
+                if next_ev <= t:
+                    next_event()
                     continue
                 if not sched.idle:
                     current = sched.next_iteration(t)
                     if current is not None:
                         self._track(current)
                         continue
-                if next_send == inf:
+                if next_ev == inf:
                     break  # nothing can run and nothing will arrive
-                t = next_send
+                t = next_ev
                 tel.advance(t)
-                send_next()
-            elif next_send < current.end:
-                t = next_send
+                next_event()
+            elif next_ev < current.end:
+                t = next_ev
                 tel.advance(t)
-                send_next()
+                next_event()
             else:
                 t = current.end
                 tel.advance(t)
@@ -240,8 +252,13 @@ class _Run:
         req = self.requests[i] if answers is None else self.requests[i].with_answers(answers)
         try:
             prompt = build_prompt(req, self.endpoint, self.args)
-            sreq = SimRequest(rid=i, tokens=prompt.ids, max_new=req.output_tokens, images=prompt.images)
-            self.sched.add(sreq, t)
+            sreq = SimRequest(rid=i, tokens=prompt.ids, max_new=req.output_tokens, images=prompt.images, received=t)
+            self.sched.validate(sreq)
+            ready = self.fe.ready_at(t, len(prompt.ids), prompt.pixels)
+            if ready > t:  # in the front end until then (servetune.sim.frontend)
+                heapq.heappush(self.entering, (ready, i, sreq))
+            else:
+                self.sched.add(sreq, t)
         except (RequestRejected, ValueError) as exc:
             rec.http_status = 400
             rec.error_class = ErrorClass.HTTP_4XX.value
