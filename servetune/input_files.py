@@ -3,6 +3,7 @@ or a socket gets one line instead of a read that blocks for ever (or never ends)
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -20,16 +21,12 @@ def not_regular(path: str | Path) -> str | None:
     return next((f"is {what}, not a regular file" for test, what in _KINDS if test(mode)), "is not a regular file")
 
 
-class NotRegularFile(OSError):
-    """A path that exists but is no file to read; ``strerror`` says what it is."""
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
 def read_bytes(path: str | Path) -> bytes:
-    """The file's bytes; OSError (its strerror says why) for anything but a regular file."""
+    """The file's bytes; an OSError whose strerror says why for anything but a regular file (a directory: an
+    IsADirectoryError, as reading one would raise)."""
     why = not_regular(path)
     if why is not None:
-        raise NotRegularFile(0, why, str(path))
+        if os.path.isdir(path):
+            raise IsADirectoryError(errno.EISDIR, why, str(path))
+        raise OSError(errno.EINVAL, why, str(path))
     return Path(path).read_bytes()

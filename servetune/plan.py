@@ -375,9 +375,8 @@ def parse_plan(data: Any, *, source: str = "plan") -> TuningPlan:
 
 def load_plan(path: str | Path) -> TuningPlan:
     """Read a YAML (or JSON) plan; a missing file or a bad field raises PlanError naming it."""
-    from servetune.strict_yaml import YAMLError, load_yaml
-
     from servetune.input_files import read_bytes
+    from servetune.strict_yaml import YAMLError, load_yaml
 
     path = Path(path)
     try:

@@ -219,9 +219,12 @@ async def _run_trial(
     server: dict[str, Any] = {"server_info": await fetch_server_info(req.target.url, req.target.api_key())}
     if req.flush_cache:
         server["flush_cache"] = flushed = await _flush_cache(req.target)
-        if flushed["status"] is None and not await _answers(req.target):  # it died on the flush: say so
-            raise TargetUnreachable(f"target {req.target.url} went away during the prefix-cache flush"
-                                    f" ({flushed['body']}); no request was sent")
+        if flushed["status"] is None:  # no answer at all: if it died on the flush, say so
+            try:
+                await check_reachable(req.target)
+            except TargetUnreachable:
+                raise TargetUnreachable(f"target {req.target.url} went away during the prefix-cache flush"
+                                        f" ({flushed['body']}); no request was sent") from None
     if interrupt is not None and interrupt.received is not None:
         return _failed(result, interrupt.reason(req.total_requests), req, batch.lengths_exact)
 
@@ -341,16 +344,6 @@ async def _flush_cache(target: Target) -> dict[str, Any]:
         log.warning("flushing the prefix cache failed: %s", status)
     status["supported"] = not resp_missing
     return status
-
-
-async def _answers(target: Target) -> bool:
-    """Whether the server still answers HTTP at all (any status counts)."""
-    try:
-        async with aiohttp.ClientSession() as session, session.get(
-                target.url + "/health", timeout=aiohttp.ClientTimeout(total=FLUSH_TIMEOUT_S)):
-            return True
-    except (aiohttp.ClientError, TimeoutError, OSError):
-        return False
 
 
 def _gpu_sampler(req: TrialRequest, server_info: dict[str, Any]) -> GpuSampler | SimulatedGpuSampler:

@@ -98,7 +98,7 @@ def _syntax_line(exc: Exception) -> str:
         return f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}"
     if isinstance(exc, orjson.JSONDecodeError):
         return f"not valid JSON: {exc}"
-    return (str(exc) if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}").splitlines()[0]
+    return (exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}").splitlines()[0]
 
 
 def _log_file(path: Path | None) -> str | None:

@@ -76,7 +76,7 @@ class GenerationEndpoints:
         rid = self._next_rid
         self._next_rid += 1
         now = self.now()
-        req = SimRequest(rid=rid, tokens=prompt.ids, max_new=max_new, images=prompt.images, received=now)
+        req = SimRequest(rid=rid, tokens=prompt.ids, max_new=max_new, images=prompt.images)
         try:
             self.sched.validate(req)
         except RequestRejected as exc:

@@ -23,7 +23,6 @@ class SimRequest:
     max_new: int
     images: list[tuple[int, int]] = field(default_factory=list)  # (start, length) of image token runs
     arrival: float = 0.0  # when the scheduler queued it (after the front end): queue time starts here
-    received: float = 0.0  # when the server received it: TTFT starts here
     plen: int = 0  # len(tokens), set when added
     # state
     fill: list = field(default_factory=list)  # tokens to hold KV for: prompt (+ output after retraction)

@@ -252,7 +252,7 @@ class _Run:
         req = self.requests[i] if answers is None else self.requests[i].with_answers(answers)
         try:
             prompt = build_prompt(req, self.endpoint, self.args)
-            sreq = SimRequest(rid=i, tokens=prompt.ids, max_new=req.output_tokens, images=prompt.images, received=t)
+            sreq = SimRequest(rid=i, tokens=prompt.ids, max_new=req.output_tokens, images=prompt.images)
             self.sched.validate(sreq)
             ready = self.fe.ready_at(t, len(prompt.ids), prompt.pixels)
             if ready > t:  # in the front end until then (servetune.sim.frontend)

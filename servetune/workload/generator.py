@@ -108,6 +108,7 @@ class _Conversation:
     turn_inputs: list[int]  # new user tokens for turns 1..T-1
     messages: list[dict[str, str]] = field(default_factory=list)  # built lazily: u0, a0, u1, a1, ...
     prompt_tokens: list[int] = field(default_factory=list)  # measured whole prompt of each turn
+    images: dict[int, tuple[list[str], int]] = field(default_factory=dict)  # by turn: drawn once, re-sent later
 
 
 class _Generator:
@@ -319,6 +320,12 @@ class _Generator:
                 text, _ = self.text.piece(rng, c.outputs[k], context=context)
             c.messages.append({"role": "user" if role == _USER else "assistant", "content": text})
 
+    def _turn_images(self, conv: int, c: _Conversation, turn: int) -> tuple[list[str], int]:
+        """Turn ``turn``'s images, rendered once: every later turn of the session sends them again."""
+        if turn not in c.images:
+            c.images[turn] = self.images(self._index_of(conv, turn))
+        return c.images[turn]
+
     def _turn_request(self, index: int) -> WorkloadRequest:
         conv, turn = self._position(index)
         c = self._conversation(conv)
@@ -327,8 +334,8 @@ class _Generator:
         user = c.messages[2 * turn]["content"]
         mt = self.spec.multi_turn
         assert mt is not None
-        images, pooled = self.images(index)
-        earlier = [self.images(self._index_of(conv, k))[0] for k in range(turn)]  # re-sent with the history
+        images, pooled = self._turn_images(conv, c, turn)
+        earlier = [self._turn_images(conv, c, k)[0] for k in range(turn)]  # re-sent with the history
         first = next((k for k, urls in enumerate(earlier) if urls), None)
         before = None
         if first is not None:  # text ahead of the first image: the context before turn `first`'s user text
