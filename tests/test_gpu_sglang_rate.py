@@ -18,7 +18,7 @@ import pytest
 from servetune.plan import load_plan
 from servetune.result import TrialResult
 from servetune.tuning import CampaignState, next_trials
-from servetune.tuning.campaign import plan_digest
+from servetune.tuning.plan_identity import plan_digest
 from servetune.tuning.verdict import judge
 
 REPO = Path(__file__).resolve().parent.parent

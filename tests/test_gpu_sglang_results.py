@@ -134,7 +134,7 @@ def replay(folder: Path):
 
 def test_the_kept_campaigns_ran_this_plan(campaigns) -> None:
     """The plan file is the one both ran (tune-c can still be resumed from its kept state)."""
-    from servetune.tuning.campaign import plan_digest
+    from servetune.tuning.plan_identity import plan_digest
 
     for folder in campaigns.values():
         experiment, plan, _, _ = replay(folder)

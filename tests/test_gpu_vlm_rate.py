@@ -19,7 +19,7 @@ from servetune.cli import app
 from servetune.plan import load_plan
 from servetune.result import TrialResult
 from servetune.tuning import CampaignState, next_trials
-from servetune.tuning.campaign import plan_digest
+from servetune.tuning.plan_identity import check_same_plan
 from servetune.tuning.verdict import judge
 from servetune.validation.campaign import apply_checklist
 
@@ -44,7 +44,7 @@ def state(kept) -> CampaignState:
 def test_the_campaign_ran_this_plan(kept) -> None:
     experiment = orjson.loads((kept / "experiment.json").read_bytes())
     plan = load_plan(PLAN)
-    assert experiment["plan_digest"] == plan_digest(plan)
+    check_same_plan(experiment, plan, kept)  # raises unless only the GPU budget changed (raised to resume)
     assert plan.rate_mode and plan.workload.images is not None
     assert "mm-processor-worker-num" in plan.stages.refine.grid
 

@@ -16,7 +16,8 @@ from servetune.loadgen.strategies import arrival_offsets_s
 from servetune.metrics import summarize
 from servetune.plan import PlanError, TuningPlan, parse_plan
 from servetune.records import RequestRecord
-from servetune.tuning.campaign import Campaign, plan_digest
+from servetune.tuning.campaign import Campaign
+from servetune.tuning.plan_identity import plan_digest
 from servetune.tuning.ceiling import RATE_STEP
 from servetune.tuning.runner import SimTrialRunner
 from servetune.tuning.state import TrialOutcome

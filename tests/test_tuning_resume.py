@@ -84,6 +84,22 @@ def test_resume_refuses_another_plan_and_a_finished_campaign(tmp_path: Path) -> 
     assert res.exit_code == BAD_INPUT and "done already" in res.output
 
 
+def test_resume_takes_a_raised_budget_and_nothing_else(tmp_path: Path) -> None:
+    """A campaign that ran out of GPU time finishes with a larger budget; any other change is refused."""
+    out, text = tmp_path / "out", (PLANS / "demo.yaml").read_text()
+    assert "max_gpu_minutes: 30\n" in text and "p99_tpot_ms: 40\n" in text
+    raised, other = tmp_path / "raised.yaml", tmp_path / "other.yaml"
+    raised.write_text(text.replace("max_gpu_minutes: 30\n", "max_gpu_minutes: 45\n"))
+    other.write_text(text.replace("max_gpu_minutes: 30\n", "max_gpu_minutes: 45\n")
+                     .replace("p99_tpot_ms: 40\n", "p99_tpot_ms: 41\n"))
+    assert tune(str(PLANS / "demo.yaml"), "--virtual", "--out", str(out), "--stop-after", "1").exit_code == PAUSED
+    res = tune(str(other), "--virtual", "--out", str(out), "--resume")
+    assert res.exit_code == BAD_INPUT and "only budget.max_gpu_minutes may change" in res.output
+    assert tune(str(raised), "--virtual", "--out", str(out), "--resume").exit_code == 0
+    experiment = json.loads((out / "experiment.json").read_text())
+    assert experiment["status"] == "done" and experiment["plan"]["budget"]["max_gpu_minutes"] == 45
+
+
 def descendants(pid: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():

@@ -22,8 +22,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from servetune.experiment import ExperimentRecord, ResultFolder
 from servetune.plan import TuningPlan
 from servetune.plan_protocols import MeasurementProtocol
@@ -31,6 +29,7 @@ from servetune.result import TrialResult
 from servetune.redact import MASK, redact
 from servetune.tuning.ceiling import RATE_STEP, walk_seeds
 from servetune.tuning.decisions import next_trials
+from servetune.tuning.plan_identity import check_same_plan, plan_digest, plan_fingerprints
 from servetune.tuning.runner import RunReport, TrialRunner, failed_result
 from servetune.tuning.state import CampaignState, Decision, Stage, TrialOutcome, TrialSpec
 from servetune.validation.campaign import check_trial
@@ -72,44 +71,6 @@ def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: 
     if stage == "robustness":
         return max(1, robust - len(state.by_stage("robustness")))
     return max(1, refine + 2 * extra * refine - len(state.by_stage("refine")) + robust)
-
-
-def plan_fingerprints(plan: TuningPlan) -> tuple[str | None, str | None]:
-    """Model and prompt-template fingerprints (servetune.fingerprint), None where not computable (said in the log)."""
-    from servetune.fingerprint import model_fingerprint, prompt_template_fingerprint
-
-    try:
-        model_fp: str | None = model_fingerprint(plan.model).digest
-    except (OSError, ValueError) as exc:
-        log.warning("model fingerprint of %s: %s", plan.model, exc)
-        model_fp = None
-    source = plan.prompt_template or (plan.model if Path(plan.model).is_dir() else None)
-    template_fp: str | None = None
-    if source is not None:
-        try:
-            template_fp = prompt_template_fingerprint(source).digest
-        except (OSError, ValueError) as exc:
-            log.warning("prompt template fingerprint of %s: %s", source, exc)
-    return model_fp, template_fp
-
-
-#: plan fields added after campaigns were first kept: (path..., name, default)
-ADDED_SINCE_KEPT = (("load", None), ("robustness", None), ("stages", "baseline", "rate", None),
-                    ("validation", "max_latency_growth", 1.5), ("validation", "max_client_lag_ms", 25.0))
-
-
-def plan_digest(plan: TuningPlan) -> str:
-    """A hash of the whole plan, secrets included but not readable: a resumed campaign must run the same plan."""
-    import hashlib
-
-    data = plan.model_dump(mode="json")
-    for *path, name, default in ADDED_SINCE_KEPT:  # left out at their defaults: an older campaign resumes
-        holder = data
-        for key in path:
-            holder = holder[key]
-        if holder.get(name, default) == default:
-            holder.pop(name, None)
-    return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 class Campaign:
@@ -167,9 +128,7 @@ class Campaign:
             if stored.get("experiment_id") != campaign.experiment_id:
                 raise ValueError(f"{out_dir} holds experiment {stored.get('experiment_id')}, "
                                  f"not {campaign.experiment_id}")
-            if stored.get("plan_digest") not in (None, campaign.experiment["plan_digest"]):
-                raise ValueError(f"{out_dir} was started with another plan: its trials answer that plan, "
-                                 "not this one (start a new campaign in a new folder)")
+            check_same_plan(stored, plan, out_dir)
             campaign.experiment.update(started_at=stored["started_at"])
         state_json = folder.read_state_json()
         if state_json is not None:
