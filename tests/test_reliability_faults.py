@@ -204,6 +204,10 @@ def _bench_out_cases(tmp_path: Path) -> list[tuple[Path, str]]:
         (tmp_path / "missing" / "r.json", f"--out: folder {tmp_path / 'missing'} does not exist"),
         (tmp_path / "a-file" / "r.json", f"--out: {tmp_path / 'a-file'} is not a folder"),
     ]
+    (tmp_path / "loop").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop")
+    loop = f"--out: {tmp_path / 'loop'} is a symlink loop (Too many levels of symbolic links)"
+    cases += [(tmp_path / "loop", loop), (tmp_path / "loop" / "r.json", loop)]
     if UNWRITABLE.is_dir():
         cases.append((UNWRITABLE / "r.json", f"--out: folder {UNWRITABLE} is not writable"))
     return cases
@@ -216,6 +220,19 @@ async def test_bench_refuses_an_out_path_it_cannot_write_before_any_request(watc
         assert r.exit_code == 2, r.output
         assert len(_lines(r.output)) == 1 and _lines(r.output)[0].startswith(f"error: {expect}"), r.output
     assert seen.calls == []  # not even the reachability check
+
+
+async def test_bench_writes_through_a_symlink_at_out_and_leaves_the_link(watched, tmp_path):
+    srv, _ = watched
+    (tmp_path / "kept").mkdir()
+    links = {"to-file": tmp_path / "kept" / "old.json", "dangling": tmp_path / "kept" / "new.json"}
+    links["to-file"].write_text("{}")
+    for name, target in links.items():
+        (tmp_path / name).symlink_to(target)
+        r = await _bench("--url", srv.url, "--concurrency", "2", "--requests", "4", "--workload", _tiny(tmp_path),
+                         "--min-window-s", "0.01", "--min-completions", "1", "--out", str(tmp_path / name))
+        assert r.exit_code == 0, r.output
+        assert (tmp_path / name).is_symlink() and orjson.loads(target.read_bytes())["status"] == "ok"
 
 
 def test_report_refuses_an_out_folder_it_cannot_write_before_reading_anything(tmp_path):

@@ -74,6 +74,19 @@ def test_out_is_never_reused_by_accident(tmp_path: Path) -> None:
     assert res.exit_code == BAD_INPUT and "experiment.json" in res.output
 
 
+@pytest.mark.parametrize("where", ["loop", "loop/campaign", "dangling/campaign", "a-file/campaign"])
+def test_an_out_folder_that_cannot_be_made_is_refused_before_the_first_trial(where: str, tmp_path: Path) -> None:
+    (tmp_path / "loop").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "a-file").write_text("x")
+    expect = {"loop": f"{tmp_path / 'loop'} is a symlink loop", "dangling": f"{tmp_path / 'dangling'} is a symlink"
+              " to nowhere", "a-file": f"{tmp_path / 'a-file'} is not a folder"}[where.split("/")[0]]
+    res = tune(str(PLANS / "demo.yaml"), "--virtual", "--out", str(tmp_path / where))
+    assert res.exit_code == BAD_INPUT and f"--out: {expect}" in res.output, res.output
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_resume_refuses_another_plan_and_a_finished_campaign(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert tune(str(PLANS / "demo.yaml"), "--virtual", "--out", str(out), "--stop-after", "1").exit_code == PAUSED

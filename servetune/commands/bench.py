@@ -258,7 +258,7 @@ def bench(
     interrupt = Interrupt()
     try:
         check_bench_options(locals())  # finite numbers within servetune's limits, before anything else
-        check_out_file(out)
+        out = check_out_file(out)  # a symlink's target: the link is written through
         spec = resolve_workload(workload)
         if seed is not None:
             spec = spec.model_copy(update={"seed": seed})

@@ -2,11 +2,13 @@
 once, with one line naming the path, not after the minutes it took to produce.
 
 Writability is tried, not inferred from mode bits (root passes every ``os.access`` check; a
-read-only mount or an ACL does not show in the bits): a probe file is created and removed.
+read-only mount or an ACL does not show in the bits): a probe file is created and removed. A symlink
+is written through, as a shell's ``>`` does, never replaced by the result; a symlink loop is named.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -29,8 +31,22 @@ def _writable_folder(folder: Path, option: str) -> None:
     os.unlink(probe)
 
 
+def _no_loop(path: Path, option: str) -> None:
+    """A symlink loop at the path or above it: pathlib calls it missing, which sent the user looking elsewhere."""
+    for where in (path.absolute().parent, path):
+        try:
+            os.stat(where)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise OutPathError(f"{option}: {where} is a symlink loop ({exc.strerror})") from None
+
+
 def check_out_file(path: Path, option: str = "--out") -> Path:
-    """A file to be written: not an existing folder, in an existing, writable folder."""
+    """A file to be written: not an existing folder, in an existing, writable folder. Returns the path to
+    write: a symlink's target (a dangling link's target is created), so the link stays a link."""
+    _no_loop(path, option)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     if path.is_dir():
         raise OutPathError(f"{option}: {path} is a folder; give a file path, e.g. {path / 'result.json'}")
     if path.exists() and not path.is_file():
@@ -39,12 +55,19 @@ def check_out_file(path: Path, option: str = "--out") -> Path:
     return path
 
 
-def check_out_dir(path: Path, option: str = "--out") -> Path:
-    """A folder to be written into (created if missing): not a file; it, or its parent, writable."""
+def check_out_dir(path: Path, option: str = "--out", *, parents: bool = False) -> Path:
+    """A folder to be written into (created if missing): not a file; it, or its parent, writable.
+    ``parents``: missing folders above it are created too, so the nearest existing one must be writable."""
+    _no_loop(path, option)
     if path.exists():
         if not path.is_dir():
             raise OutPathError(f"{option}: {path} exists and is not a folder")
         _writable_folder(path, option)
-    else:
-        _writable_folder(path.absolute().parent, option)
+        return path
+    above = path.absolute().parent
+    while parents and not above.exists() and above != above.parent:
+        if above.is_symlink():  # a dangling link on the way: mkdir would fail on it
+            raise OutPathError(f"{option}: {above} is a symlink to nowhere")
+        above = above.parent
+    _writable_folder(above, option)
     return path

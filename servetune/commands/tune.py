@@ -18,6 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from servetune.commands.outpath import OutPathError, check_out_dir
 from servetune.experiment import EXPERIMENT_FILE, RECOMMENDATION_FILE, ResultFolder
 from servetune.logs import console as _console
 from servetune.plan import PlanError, TuningPlan, load_plan
@@ -302,6 +303,10 @@ def _open_campaign(plan: TuningPlan, runner: Any, out: Path | None, *, resume: b
         return campaign
     experiment_id = uuid.uuid4().hex
     out = out or Path("runs") / f"{plan.name}-{experiment_id[:8]}"
+    try:
+        check_out_dir(out, parents=True)  # a symlink loop, a missing or read-only parent: said before the first trial
+    except OutPathError as exc:
+        _fail(str(exc))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         _fail(f"--out {out} is not an empty folder: pass --resume to go on with the campaign there,"
               " or choose a new folder")
