@@ -8,6 +8,7 @@ must fail the same way wherever it is read, with one line naming the file and th
 
 from __future__ import annotations
 
+import json
 import typing
 from pathlib import Path
 from typing import Any
@@ -129,10 +130,28 @@ def read_json(path: str | Path) -> Any:
 
     path = Path(path)
     try:
-        return orjson.loads(read_bytes(path))
+        raw = read_bytes(path)
+        data = orjson.loads(raw)
+        json.loads(raw, object_pairs_hook=_once_each)  # orjson keeps the last of a key given twice
     except IsADirectoryError:
         raise ResultError(f"{path}: is a directory, not a trial result file") from None
     except OSError as e:
         raise ResultError(f"{path}: cannot read ({e.strerror})") from None
     except orjson.JSONDecodeError as e:
         raise ResultError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except _DuplicateKey as e:
+        raise ResultError(f"{path}: key {e.args[0]!r} is given twice in one object (the last would silently"
+                          " win; servetune writes each key once: a hand edit or two files joined?)") from None
+    return data
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))  # type: ignore[func-returns-value]
+    return obj

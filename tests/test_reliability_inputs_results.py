@@ -122,6 +122,25 @@ def test_files_that_are_no_result_at_all(content: bytes, message: str, url: str,
     assert checked.startswith(f"validate: {path}: {message}")
 
 
+@pytest.mark.parametrize(("where", "insert", "key"), [
+    (b"{", b'{"trial_id":"other",', "trial_id"),  # two documents' heads joined
+    (b'"summary":{', b'"summary":{"requests_ok":99999,', "requests_ok"),  # a hand edit beside the real one
+    (b'"records":[{', b'"records":[{"e2e_ms":1.0,', "e2e_ms"),  # in the first record
+])
+def test_a_key_given_twice_is_refused_by_every_reader(where: bytes, insert: bytes, key: str,
+                                                     good: dict[str, Any], url: str, tmp_path: Path) -> None:
+    path = tmp_path / "twice.json"
+    text = orjson.dumps({**good, "trial_id": "dup-0"})
+    assert where in text
+    path.write_bytes(text.replace(where, insert, 1))
+    checked = _refusal(["validate", str(path)])
+    loaded = _refusal(["load", str(path), "--database-url", url])
+    assert checked == f"validate: {path}: key {key!r} is given twice in one object (the last would silently win;" \
+                      " servetune writes each key once: a hand edit or two files joined?)"
+    assert loaded == checked.replace("validate: ", "load: ", 1)
+    assert _stored(url, "dup-0") == 0
+
+
 def test_the_good_result_passes_both(good: dict[str, Any], url: str, tmp_path: Path) -> None:
     """The control: the same file unchanged is accepted by the checklist and stored."""
     path = tmp_path / "good.json"

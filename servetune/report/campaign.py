@@ -17,6 +17,7 @@ from servetune.experiment import EXPERIMENT_FILE, ResultFolder
 from servetune.redact import redact, redact_text
 from servetune.result import SCHEMA as TRIAL_SCHEMA
 from servetune.result import TrialResult
+from servetune.result_check import ResultError, read_json
 from servetune.sla import SLA
 from servetune.tuning.state import ALL_STAGES, Stage
 from servetune.tuning.verdict import judge_result
@@ -210,12 +211,12 @@ def marginal_levels(curve: list[TrialResult], sla: dict[str, float]) -> list[int
 
 
 def _read_json(path: Path) -> Any:
+    if not path.exists():
+        raise ReportInputError(f"{path}: no such file")
     try:
-        return orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise ReportInputError(f"{path}: no such file") from None
-    except orjson.JSONDecodeError as exc:
-        raise ReportInputError(f"{path}: not valid JSON ({exc})") from None
+        return read_json(path)  # the one reader of result files: a key given twice is refused here too
+    except ResultError as exc:
+        raise ReportInputError(str(exc)) from None
 
 
 def _load_trial(path: Path) -> TrialResult:
