@@ -167,6 +167,56 @@ def test_a_held_lock_ends_at_the_lock_timeout_and_the_trial_loads_once_released(
     assert stored(cluster.url, "bench-locked-1") == (1, 1, 42)
 
 
+def test_a_postgres_frozen_in_the_middle_of_a_load_ends_at_the_response_timeout(cluster, tmp_path):
+    """The load's own backend stops after it took a statement (found waiting for a lock, then the lock let
+    go): no server-side bound can fire, so the client's response_timeout ends it, and nothing is kept."""
+    directory = campaign(tmp_path, "midload-1")
+    holder = psycopg.connect(localdb.libpq_dsn(cluster.url))
+    holder.execute("LOCK TABLE experiments IN ACCESS EXCLUSIVE MODE")
+    env = {**os.environ, db.URL_ENV: cluster.url, "SERVETUNE_DB_RESPONSE_TIMEOUT": "4",
+           "SERVETUNE_DB_LOCK_TIMEOUT": "60"}
+    t = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "servetune", "load", str(directory), "--no-validate"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    frozen, watcher = None, psycopg.connect(localdb.libpq_dsn(cluster.url), autocommit=True)  # fresh snapshots
+    try:
+        while frozen is None and time.monotonic() - t < 60 and proc.poll() is None:
+            frozen = watcher.execute("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()
+            time.sleep(0.02)
+        assert frozen is not None, proc.communicate()[0]
+        os.kill(frozen[0], signal.SIGSTOP)
+        holder.rollback()  # the lock is free: a live backend would go on now
+        output, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - t
+    finally:
+        if frozen is not None:
+            os.kill(frozen[0], signal.SIGCONT)
+        holder.close()
+        watcher.close()
+        proc.kill()
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    assert proc.returncode != 0 and len(lines) == 1 and "Traceback" not in output, output
+    assert cluster.where in lines[0] and "no answer within response_timeout=4 s" in lines[0], lines[0]
+    assert "SERVETUNE_DB_RESPONSE_TIMEOUT" in lines[0] and PASSWORD not in lines[0]
+    assert took < 4 + SLACK_S + 2, took
+    assert stored(cluster.url, "midload-1") == (0, 0, 0)
+    load_twice(cluster.url, directory, "midload-1")
+
+
+def test_the_response_bound_follows_the_statement_bound_unless_set(monkeypatch):
+    for env in db.TIMEOUT_ENV.values():
+        monkeypatch.delenv(env, raising=False)
+    url = make_url("postgresql+psycopg://u@h/d")
+    assert db.timeouts(url)["response_timeout"] == 330.0  # 300 s on the server, then 30 s of grace
+    monkeypatch.setenv("SERVETUNE_DB_STATEMENT_TIMEOUT", "10")
+    assert db.timeouts(url)["response_timeout"] == 40.0
+    monkeypatch.setenv("SERVETUNE_DB_STATEMENT_TIMEOUT", "0")  # the server waits for ever: so do we
+    assert db.timeouts(url)["response_timeout"] == 0.0
+    monkeypatch.setenv("SERVETUNE_DB_RESPONSE_TIMEOUT", "2min")
+    assert db.timeouts(url)["response_timeout"] == 120.0
+    assert db.timeouts(make_url("postgresql+psycopg://u@h/d?response_timeout=7"))["response_timeout"] == 7.0
+
+
 def test_statement_timeout_is_set_server_side_and_overridden_by_env_then_url(cluster, monkeypatch):
     def shown(url: str) -> tuple[str, str, str]:
         eng = db.engine(url)

@@ -4,11 +4,14 @@ The library never imports Airflow, so an Airflow connection is read the way Airf
 exports it to tasks: the ``AIRFLOW_CONN_SERVETUNE_WAREHOUSE`` environment variable, in URI
 or JSON form. Passwords are never logged: every message uses ``redact``.
 
-Engines never wait without bound: libpq's ``connect_timeout`` and the server-side
-``statement_timeout`` and ``lock_timeout`` have defaults (``DEFAULT_TIMEOUTS``), overridden by the
-``SERVETUNE_DB_*_TIMEOUT`` variables, overridden in turn by the URL's query (``?connect_timeout=5``).
-A stopped or frozen Postgres, a statement or a lock wait past its bound is one
-``WarehouseUnavailable`` naming host, port and database (never the password).
+Engines never wait without bound: libpq's ``connect_timeout``, the server-side
+``statement_timeout`` and ``lock_timeout``, and the client-side ``response_timeout`` have defaults
+(``DEFAULT_TIMEOUTS``), overridden by the ``SERVETUNE_DB_*_TIMEOUT`` variables, overridden in turn by
+the URL's query (``?connect_timeout=5``). The server's own bounds cannot fire in a server that is frozen
+(SIGSTOPped, a hung host) while the kernel still takes our bytes, so every round trip is also bounded
+here (``response_timeout``: by default ``statement_timeout`` + 30 s). A stopped or frozen Postgres, a
+statement or a lock wait past its bound is one ``WarehouseUnavailable`` naming host, port and
+database (never the password).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
 from servetune.localdb import redact
+from servetune.warehouse.bounded import NoAnswer, bounded_connect
 
 __all__ = ["AIRFLOW_CONN_ENV", "URL_ENV", "WarehouseConfigError", "WarehouseUnavailable", "engine", "redact",
            "resolve_url"]
@@ -34,11 +38,14 @@ AIRFLOW_CONN_ENV = "AIRFLOW_CONN_SERVETUNE_WAREHOUSE"
 _POSTGRES_SCHEMES = {"postgres", "postgresql", "postgresql+psycopg", "postgresql+psycopg2"}
 
 
-#: seconds; 0 waits forever (libpq, Postgres)
-DEFAULT_TIMEOUTS = {"connect_timeout": 10.0, "statement_timeout": 300.0, "lock_timeout": 30.0}
+#: seconds; 0 waits forever (libpq, Postgres, and here)
+DEFAULT_TIMEOUTS = {"connect_timeout": 10.0, "statement_timeout": 300.0, "lock_timeout": 30.0,
+                    "response_timeout": 330.0}
+RESPONSE_GRACE_S = 30.0  # the default response_timeout: the server's statement_timeout, plus this
 TIMEOUT_ENV = {"connect_timeout": "SERVETUNE_DB_CONNECT_TIMEOUT",
                "statement_timeout": "SERVETUNE_DB_STATEMENT_TIMEOUT",
-               "lock_timeout": "SERVETUNE_DB_LOCK_TIMEOUT"}
+               "lock_timeout": "SERVETUNE_DB_LOCK_TIMEOUT",
+               "response_timeout": "SERVETUNE_DB_RESPONSE_TIMEOUT"}
 TIMEOUT_KEYS = tuple(DEFAULT_TIMEOUTS)
 _DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|h)?\s*")
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, None: 1.0}
@@ -159,6 +166,8 @@ def engine(url: str | None = None, *, check: bool = True, **kwargs) -> Engine:
     kwargs.setdefault("json_serializer", _json_dumps)
     kwargs["connect_args"] = {**connect_args, **kwargs.get("connect_args", {})}
     eng = create_engine(resolved, pool_pre_ping=True, **kwargs)
+    if limits.get("response_timeout"):
+        event.listen(eng, "do_connect", bounded_connect(limits["response_timeout"]))
     event.listen(eng, "handle_error", explain_errors(resolved, limits), retval=True)
     if check:
         with eng.connect():
@@ -186,6 +195,9 @@ def timeouts(url: URL) -> dict[str, float]:
             out[key] = _seconds(raw, f"database URL ?{key}=")
         elif os.environ.get(env, "").strip():
             out[key] = _seconds(os.environ[env], env)
+        elif key == "response_timeout":  # after the statement's own bound, which a live server enforces
+            statement = out["statement_timeout"]
+            out[key] = statement + RESPONSE_GRACE_S if statement > 0 else 0.0
         else:
             out[key] = default
     return out
@@ -238,6 +250,9 @@ def explain_errors(url: URL, limits: dict[str, float]):
             msg = f"warehouse {where}: waited past {bound('lock_timeout')} for a lock another session holds"
         elif isinstance(orig, psycopg.errors.QueryCanceled) and "statement timeout" in detail:
             msg = f"warehouse {where}: a statement ran past {bound('statement_timeout')}"
+        elif isinstance(orig, NoAnswer):
+            msg = (f"warehouse {where}: the server sent no answer within {bound('response_timeout')}: frozen, or"
+                   " the network cut; the open transaction was not committed")
         elif ctx.connection is None:
             late = f" within {bound('connect_timeout')}" if "timeout" in detail.lower() else ""
             msg = f"warehouse {where} is not reachable: {detail}{late}"
