@@ -160,7 +160,8 @@ PARENT = textwrap.dedent("""
     from servetune.runners import LocalRunnerConfig, provision
 
     def trial():
-        with provision(fake_sglang("ok", FAKE_ENGINE_WORKERS="2"), LocalRunnerConfig(grace_s=2),
+        escape = {"FAKE_ENGINE_ESCAPE": "1"} if sys.argv[4] == "escape" else {}  # a worker in its own session
+        with provision(fake_sglang("ok", FAKE_ENGINE_WORKERS="2", **escape), LocalRunnerConfig(grace_s=2),
                        log_dir=sys.argv[2]) as s:
             print(json.dumps(tree(s.pid)), flush=True)
             time.sleep(600)
@@ -174,14 +175,17 @@ PARENT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("where", ["main", "thread"])
-def test_parent_killed_mid_trial_leaves_no_engine_process(tmp_path, where):
-    """SIGKILL to the process running provision(): no finally runs, yet the engine group must die."""
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, os.path.dirname(__file__), str(tmp_path), where],
-                              stdout=subprocess.PIPE, text=True)
+@pytest.mark.parametrize(("where", "workers"), [("main", "group"), ("thread", "group"), ("main", "escape")])
+def test_parent_killed_mid_trial_leaves_no_engine_process(tmp_path, where, workers):
+    """SIGKILL to the process running provision(): no finally runs, yet the engine's whole tree must die,
+    a worker that left the engine's process group (its own session) included."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, os.path.dirname(__file__), str(tmp_path), where,
+                               workers], stdout=subprocess.PIPE, text=True)
     try:
         pids = json.loads(parent.stdout.readline())
-        assert len(pids) >= 3 and alive(pids) == pids  # leader + 2 workers serving
+        assert len(pids) >= (4 if workers == "escape" else 3) and alive(pids) == pids  # leader + workers serving
+        if workers == "escape":
+            assert os.getsid(pids[-1]) == pids[-1] != os.getpgid(pids[0])
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
         assert wait_all_gone(pids, 15) == []

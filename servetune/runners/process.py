@@ -4,7 +4,9 @@ Three layers, because each covers a case the others miss: ``start_new_session`` 
 (the engine's worker processes); PR_SET_PDEATHSIG on the direct child (only when started from the
 main thread: the signal follows the *thread* that forked, and a worker thread's exit would kill a
 healthy engine); a watchdog process that kills the group when our process disappears, even by
-SIGKILL. Descendants that left the group (their own ``setsid``) are found with psutil and killed too.
+SIGKILL. Descendants that left the group (their own ``setsid``) are found too: noted with psutil while
+they are descendants, and by the tag every process of the tree inherits (``SERVETUNE_ENGINE_TREE``) once
+they are orphans; the watchdog uses the same tag.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psutil
+
+from servetune.runners.watchdog import TAG_VAR, tagged
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +81,12 @@ class GuardedProcess:
         self.argv = list(argv)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
+        self.tag = uuid.uuid4().hex
         with _private_append(log_path) as log_fh, _private_append(stderr_path or log_path) as err_fh:
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.PIPE if keep_stdin_open else subprocess.DEVNULL, stdout=log_fh,
                 stderr=subprocess.STDOUT if stderr_path is None else err_fh,
-                env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=_pdeathsig_preexec(),
+                env={**env, TAG_VAR: self.tag}, cwd=cwd, start_new_session=True, preexec_fn=_pdeathsig_preexec(),
             )
         self.pgid = self.proc.pid
         if stdin_data is not None and self.proc.stdin is not None:
@@ -91,7 +97,7 @@ class GuardedProcess:
                 pass
         self._known: dict[int, psutil.Process] = {}
         self.watchdog = subprocess.Popen(
-            [sys.executable, "-I", str(WATCHDOG), str(os.getpid()), str(self.pgid), str(watchdog_grace_s)],
+            [sys.executable, "-I", str(WATCHDOG), str(os.getpid()), str(self.pgid), str(watchdog_grace_s), self.tag],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
 
@@ -103,12 +109,18 @@ class GuardedProcess:
         return self.proc.poll()
 
     def remember_descendants(self) -> None:
-        """Note the engine's process tree now, so workers that leave the group are still found at teardown."""
+        """Note the engine's process tree now, so workers that leave the group are still found at teardown
+        (descendants, and orphans by their tag)."""
         try:
             for child in psutil.Process(self.pid).children(recursive=True):
                 self._known[child.pid] = child
         except psutil.Error:
             pass
+        for pid in tagged(self.tag):
+            try:
+                self._known.setdefault(pid, psutil.Process(pid))
+            except psutil.Error:
+                continue
 
     def alive_processes(self) -> list[psutil.Process]:
         procs = {p.pid: p for p in group_members(self.pgid)}
