@@ -228,8 +228,12 @@ class TrialResult:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_bytes(orjson.dumps(self.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY))
-        tmp.replace(path)  # never leave a half-written result behind
+        try:
+            tmp.write_bytes(orjson.dumps(self.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY))
+            tmp.replace(path)  # never leave a half-written result behind
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk: no truncated .tmp left either
+            raise
         return path
 
     @classmethod

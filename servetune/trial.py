@@ -313,12 +313,14 @@ def _failed(result: TrialResult, reason: str, req: TrialRequest, lengths_exact: 
 async def _failure_after_load(target: Target, result: TrialResult) -> str | None:
     """A trial whose every measured request failed, or whose target stopped answering, failed."""
     s = result.summary
+    classes = ", ".join(f"{k}: {v}" for k, v in sorted(s.errors_by_class.items()))
     try:
         await check_reachable(target)
-    except TargetUnreachable as exc:
-        return f"the target stopped answering during the trial: {exc}"
+    except TargetUnreachable as exc:  # its own text says "no request was sent", true only before the load
+        return (f"the target {target.url} stopped answering during the trial ({exc.cause}): {s.requests_ok} of"
+                f" {s.requests_measured} measured requests finished, {s.requests_failed} failed"
+                + (f" ({classes})" if classes else "") + "; every request is in the result")
     if s.requests_measured and s.requests_ok == 0:
-        classes = ", ".join(f"{k}: {v}" for k, v in sorted(s.errors_by_class.items()))
         sample = next((r.error_message for r in result.records if not r.warmup and r.error_message), None)
         return f"every measured request failed ({classes})" + (f"; e.g. {sample}" if sample else "")
     return None

@@ -5,6 +5,7 @@ serve``), and output paths that cannot be written (refused before any request)."
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import socket
@@ -23,6 +24,7 @@ from typer.testing import CliRunner
 
 from servetune.cli import app
 from servetune.loadgen import LoadConfig, Target, run_load
+from servetune.result import TrialResult
 from servetune.workload.request import WorkloadRequest
 
 TINY = "name: tiny\nseed: 3\ninput: {kind: fixed, value: 32}\noutput: {kind: fixed, value: 8}\n"
@@ -185,6 +187,66 @@ def test_an_interrupted_bench_writes_the_requests_finished_so_far_and_exits_130(
     assert d["summary"]["requests_ok"] == len([r for r in ok if not r["warmup"]])
     assert "result written to" in stderr and reason in stderr and "Traceback" not in stderr
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_an_engine_killed_mid_bench_is_one_line_with_what_was_sent_and_every_record_is_kept(tmp_path):
+    """The engine's process dies during the load: the trial fails, its line says how many requests finished and
+    failed (it used to reuse the preflight's 'no request was sent'), and the result keeps every record."""
+    port = _port()
+    engine = subprocess.Popen([sys.executable, "-m", "servetune", "sim", "serve", "--port", str(port),
+                               "--load-seconds", "0", "--enable-metrics"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    url, out = f"http://127.0.0.1:{port}", tmp_path / "r.json"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                base = _requests_served(url)
+                break
+            except OSError:
+                assert engine.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        proc = subprocess.Popen([sys.executable, "-m", "servetune", "bench", "--url", url, "--concurrency", "4",
+                                 "--requests", "400", "--warmup", "2", "--workload",
+                                 _tiny(tmp_path, TINY.replace("value: 8", "value: 64")), "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while _requests_served(url) - base < 8:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        os.killpg(engine.pid, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if engine.poll() is None:
+            os.killpg(engine.pid, signal.SIGKILL)
+        engine.wait()
+    d = orjson.loads(out.read_bytes())
+    s = d["summary"]
+    assert proc.returncode == 1 and d["status"] == "failed" and "Traceback" not in stderr
+    assert len(d["records"]) == 402 and s["requests_ok"] >= 4 and s["requests_failed"] > 0
+    assert d["failure_reason"] == (
+        f"the target {url} stopped answering during the trial ({d['failure_reason'].split('(', 1)[1].split(')')[0]}"
+        f")): {s['requests_ok']} of 400 measured requests finished, {s['requests_failed']} failed"
+        f" ({', '.join(f'{k}: {v}' for k, v in sorted(s['errors_by_class'].items()))}); every request is in the result")
+    assert "no request was sent" not in stderr and f"trial failed: {d['failure_reason']}" in stderr
+
+
+def test_a_result_that_cannot_be_written_at_the_end_is_kept_in_the_temp_folder(tmp_path):
+    """The --out folder passed the check, then became unwritable during the trial (as a disk fills; here a file
+    took its place): the result is saved in the temp folder and the one line says where; no .tmp is left."""
+    from servetune.commands.outpath import write_result
+    from warehouse_fixtures import make_trial
+
+    trial = make_trial(trial_id="rescued-1", n=4, warmup=0)
+    (tmp_path / "was-a-folder").write_text("x")
+    out = tmp_path / "was-a-folder" / "r.json"
+    path, line = write_result(trial, out)
+    assert path.name == "servetune-result-rescued-1.json" and path.is_file()
+    assert line is not None and line.startswith(f"--out {out}: cannot write the result (")
+    assert line.endswith(f"); it was saved to {path} instead")
+    assert TrialResult.read(path).trial_id == "rescued-1"
+    path.unlink()
+    assert write_result(trial, tmp_path / "r.json") == (tmp_path / "r.json", None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "was-a-folder"]
 
 
 # --- output paths, checked before any request --------------------------------------------------

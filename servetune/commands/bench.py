@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from servetune.commands.outpath import check_out_file
+from servetune.commands.outpath import check_out_file, write_result
 from servetune.loadgen import TargetUnreachable
 from servetune.plan_types import check_bench_options, error_text
 from servetune.redact import redact_text
@@ -320,9 +320,8 @@ def bench(
         _error(f"interrupted{f' by {interrupt.name} twice' if interrupt.name else ''}: no result written")
         raise typer.Exit(INTERRUPTED) from None
 
-    path = result.save(out)
+    path, unwritten = write_result(result, out)  # a full disk: kept in the temp folder instead, said below
     from servetune.logs import emit_json, json_mode
-
     for table in summary_tables(result):
         (console if json_mode() else Console()).print(table)  # --json: stdout holds the document alone
     if json_mode():
@@ -330,6 +329,9 @@ def bench(
                    "failure_reason": result.failure_reason and redact_text(result.failure_reason),
                    "result": str(path), "summary": result.summary})
     console.print(f"result written to {path}")
+    if unwritten:
+        _error(unwritten)
+        raise typer.Exit(1)
     if interrupt.received is not None:
         why = (result.failure_reason if result.status != "ok"
                else f"interrupted by {interrupt.name} after the load had finished: the result is complete")
@@ -340,10 +342,8 @@ def bench(
         console.print("[yellow]INVALID trial[/yellow] (it decides nothing):",
                       escape("; ".join(result.summary.invalid_reasons)), highlight=False, soft_wrap=True)
     if result.status != "ok":
-        console.print(
-            "[red]trial failed:[/red]", escape(redact_text(result.failure_reason or "?")), highlight=False,
-            soft_wrap=True
-        )
+        console.print("[red]trial failed:[/red]", escape(redact_text(result.failure_reason or "?")), highlight=False,
+                      soft_wrap=True)
         raise typer.Exit(1)
 
 

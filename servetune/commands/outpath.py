@@ -12,6 +12,10 @@ import errno
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from servetune.result import TrialResult
 
 
 class OutPathError(ValueError):
@@ -71,3 +75,19 @@ def check_out_dir(path: Path, option: str = "--out", *, parents: bool = False) -
         above = above.parent
     _writable_folder(above, option)
     return path
+
+
+def write_result(result: TrialResult, out: Path) -> tuple[Path, str | None]:
+    """Write a measured result to ``out``; when that fails at the end (a disk filled during the trial, a
+    folder gone), keep it in the temp folder rather than lose what was measured. Returns where it is and,
+    if not at ``out``, the one line saying why and where."""
+    try:
+        return result.save(out), None
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+    rescue = Path(tempfile.gettempdir()) / f"servetune-result-{result.trial_id}.json"
+    try:
+        result.save(rescue)
+    except OSError as exc:
+        return out, f"--out {out}: cannot write the result ({why}); nor to {rescue} ({exc.strerror}): it is lost"
+    return rescue, f"--out {out}: cannot write the result ({why}); it was saved to {rescue} instead"

@@ -27,7 +27,9 @@ CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, 
 
 
 class TargetUnreachable(ConnectionError):
-    """The target did not answer the preflight: nothing was sent."""
+    """The target did not answer the preflight: nothing was sent. ``cause``: why, without the URL."""
+
+    cause: str = ""
 
 
 class Transport(Protocol):
@@ -77,7 +79,9 @@ class _Aiohttp:
 
 def _unreachable(target: Target, exc: BaseException) -> TargetUnreachable:
     cause = str(exc) or type(exc).__name__
-    return TargetUnreachable(f"target {target.url} is unreachable ({cause}); no request was sent")
+    unreachable = TargetUnreachable(f"target {target.url} is unreachable ({cause}); no request was sent")
+    unreachable.cause = cause
+    return unreachable
 
 
 @contextlib.asynccontextmanager
