@@ -148,6 +148,8 @@ def test_engine_failure_carries_kind_reason_and_tail():
     e = EngineFailure(FailureKind.timeout, "not ready after 5 s", ["a", "b"], "/tmp/x.log")
     assert str(e) == "timeout: not ready after 5 s"
     assert e.details().endswith("--- last 2 log lines ---\na\nb") and "(log: /tmp/x.log)" in e.details()
+    refused = EngineFailure(FailureKind.dirty_environment, "port 1 on 127.0.0.1 is already in use", [])
+    assert refused.details() == "dirty_environment: port 1 on 127.0.0.1 is already in use"  # no empty log block
 
 
 def test_parser_verdicts():

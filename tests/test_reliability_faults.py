@@ -249,6 +249,23 @@ def test_a_result_that_cannot_be_written_at_the_end_is_kept_in_the_temp_folder(t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "was-a-folder"]
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_a_taken_port_stops_the_simulated_server_in_one_line_before_it_says_ready(host: str) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as taken:
+        try:
+            taken.bind((host, 0))
+        except OSError:
+            pytest.skip(f"no {host} on this machine")
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run([sys.executable, "-m", "servetune", "sim", "serve", "--host", host, "--port", str(port),
+                              "--load-seconds", "0"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr and "ready to roll" not in run.stderr, run.stderr
+    assert [ln for ln in run.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: --port {port}: cannot listen on {host}:{port}: address already in use"]
+
+
 # --- output paths, checked before any request --------------------------------------------------
 
 @pytest.fixture

@@ -7,6 +7,7 @@ exactly SGLang's ``launch_server`` behaviour.
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 from typing import NoReturn
@@ -50,7 +51,11 @@ def serve(ctx: typer.Context) -> None:
         _refuse(str(exc), usage=False)
     level = getattr(logging, args.log_level.upper(), logging.INFO)
     logging.basicConfig(level=level, format="[%(asctime)s] %(message)s", stream=sys.stderr, force=True)
-    run(args)
+    try:
+        run(args)
+    except OSError as exc:  # binding: SGLang's words (servetune.engines.failures reads "address already in use")
+        why = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        _refuse(f"--port {args.port}: cannot listen on {args.host}:{args.port}: {why}", usage=False)
 
 
 @sim_app.command("profiles")

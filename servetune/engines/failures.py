@@ -76,6 +76,8 @@ class EngineFailure(RuntimeError):
     def details(self) -> str:
         """The reason and the log tail, for a human."""
         where = f" (log: {self.log_path})" if self.log_path else ""
+        if not self.log_tail:  # refused before the engine started (a taken port): no empty log block
+            return f"{self}{where}"
         tail = "\n".join(self.log_tail)
         return f"{self}{where}\n--- last {len(self.log_tail)} log lines ---\n{tail}"
 

@@ -14,6 +14,7 @@ import asyncio
 import gc
 import logging
 import signal
+import socket
 import time
 from collections import deque
 from typing import Any
@@ -287,9 +288,12 @@ async def serve(args: SimArgs) -> None:
         a.max_total_num_tokens, a.chunked_prefill_size, a.max_prefill_tokens, a.max_running_requests,
         a.context_length, (a.gpu_memory_bytes * (1 - a.mem_fraction_static)) / 2**30,
     )
+    # bound before the app starts: a taken port fails here, before the "ready" line a waiter would believe
+    family = socket.AF_INET6 if ":" in a.host else socket.AF_INET
+    sock = socket.create_server((a.host, a.port), family=family, backlog=1024)
     runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, a.host, a.port, backlog=1024)
+    site = web.SockSite(runner, sock)
     await site.start()
     log.info("Uvicorn running on http://%s:%d (simulated)", a.host, a.port)
     gc.collect()
