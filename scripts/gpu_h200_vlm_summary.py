@@ -105,6 +105,7 @@ def trial_figures(d: dict) -> dict:
         "in_flight_mean": s.get("in_flight_mean"), "client_lag_p99_ms": s.get("client_lag_p99_ms"),
         "requests_measured": s.get("requests_measured"),
         "gpu_mem_peak_gib": s.get("gpu_mem_peak_bytes") / 2**30 if s.get("gpu_mem_peak_bytes") else None,
+        "gpu_mem_total_gib": s.get("gpu_mem_total_bytes") / 2**30 if s.get("gpu_mem_total_bytes") else None,
         "gpu_mem_min_gib": min(samples) / 2**30 if samples else None,
         "gpu_mem_mean_gib": s.get("gpu_mem_mean_bytes") / 2**30 if s.get("gpu_mem_mean_bytes") else None,
         "gpu_util_mean": s.get("gpu_util_mean"),
@@ -244,7 +245,9 @@ def tables(data: dict) -> str:
                 f" | {fr(t, 'cached_tokens_mean')} | {fr(t, 'prompt_tokens_mean')} | {fr(t, 'req_s', nd=2)} | {fr(t, 'out_tok_s')}"
                 f" | {fr(t, 'ttft_p50')} | {fr(t, 'ttft_p99')} | {fr(t, 'tpot_p50', nd=1)} |")
 
-    add("\n### (d) GPU memory during the trials (NVML, 100 ms samples; GiB of 140.4)\n")
+    totals = sorted({round(t["gpu_mem_total_gib"], 1) for ws in data.values() for ts in ws.values()
+                     for t in ts.values() if t.get("gpu_mem_total_gib")})
+    add(f"\n### (d) GPU memory during the trials (NVML, 100 ms samples; GiB of {' / '.join(map(str, totals)) or '?'})\n")
     add("| config | workload | n | lowest | mean | peak | peak - lowest | KV pool use max (server) | image tokens / image request |")
     add("|---|---|---|---|---|---|---|---|---|")
     for cfg, ws in data.items():
