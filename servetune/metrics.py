@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from servetune.energy import Cost, apply_energy
 from servetune.multimodal import summarize_images
 from servetune.per_turn import by_turn
 from servetune.records import RequestRecord
@@ -60,6 +61,7 @@ def summarize(
     lengths_exact: bool,
     rules: ValidityRules | None = None,
     window: tuple[float, float] | None = None,
+    cost: Cost | None = None,
 ) -> TrialSummary:
     """Compute the TrialSummary of one trial (definitions: docs/metrics.md).
 
@@ -135,6 +137,7 @@ def summarize(
     _validity(s, records, steady, load, rules)
     s.multimodal = summarize_images(ok, _server_signals(s, server))
     _gpu(s, gpu)
+    apply_energy(s, gpu, cost)
     return s
 
 

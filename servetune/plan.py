@@ -10,23 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from servetune.energy import Cost
 from servetune.engines import EngineConfig, engine_class
 from servetune.engines.knobs import FlagValue, KnobError, engine_flags, with_flags
 from servetune.plan_load import LoadSection, check_trace
 from servetune.plan_modality import check_modality
 from servetune.plan_protocols import MeasurementProtocol, check_protocols
+from servetune.plan_sections import Objective, RepeatsSection, RobustnessSection, SimEstimate
 from servetune.plan_types import (Int, Number, RampLevel, Rate, Requests, Streams, Warmup, check_numbers,
                                   check_protocol_sizes, error_text)
+from servetune.plan_types import Strict as _Strict
 from servetune.runners import LocalRunnerConfig, RunnerConfig
 from servetune.sla import SLA
 from servetune.validity import ValidityRules
 from servetune.workload.spec import WorkloadSpec
-
-
-class _Strict(BaseModel):  # numbers: servetune.plan_types (never a boolean, finite, within limits)
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class CorrectnessStage(_Strict):
@@ -135,53 +134,11 @@ class ValidationSection(ValidityRules):
     """How this plan's trials are judged: the validity rules (servetune.validity) and the checklist."""
 
     min_measured: Requests = Field(default=200, description="fewer measured requests: the trial is rejected")
-    waive: list[Literal["gpu_memory_curve", "clean_gpu"]] = Field(
+    waive: list[Literal["gpu_memory_curve", "clean_gpu", "energy"]] = Field(
         default_factory=list, description="checklist items this runner cannot satisfy (e.g. a CPU-only engine)")
 
     def rules(self) -> ValidityRules:
         return ValidityRules(**{k: getattr(self, k) for k in ValidityRules.model_fields})
-
-
-class RepeatsSection(_Strict):
-    """Repeats of the trials that decide something (the ceiling's last pass and first fail, a refinement
-    winner and the config it replaces), each with its own workload seed."""
-
-    count: Int | None = Field(default=None, ge=1, le=20,
-                              description="repeats per decisive trial; default 3 on live engines, 1 in virtual time")
-    max: Int = Field(default=5, ge=1, le=30, description="a marginal level (its SLA verdict flips) gets up to this many")
-    invalid_retries: Int = Field(default=1, ge=0, le=5,
-                                 description="an INVALID trial is re-run this many times, resized from its own rate")
-    crash_retries: Int = Field(default=2, ge=0, le=5,
-                               description="a trial the engine died under is re-run this many times on a restarted"
-                                           " engine; then the level is a fault (never a capacity verdict)")
-
-    @model_validator(mode="after")
-    def _max_at_least_count(self) -> RepeatsSection:
-        if self.count is not None and self.max < self.count:
-            raise ValueError(f"max ({self.max}) must be >= count ({self.count})")
-        return self
-
-
-class RobustnessSection(_Strict):
-    """The answer re-measured under gamma bursts at ``fractions`` of the rate it serves (servetune.tuning.robustness)."""
-
-    burstiness: Number = Field(default=0.5, gt=0, description="gamma shape of the arrivals: < 1 burstier")
-    fractions: list[Number] = Field(default_factory=lambda: [0.8, 1.0], min_length=1,
-                                    description="of the rate the chosen config serves")
-
-    @field_validator("fractions")
-    @classmethod
-    def _sane(cls, v: list[float]) -> list[float]:
-        if any(not 0 < x <= 2 for x in v) or v != sorted(set(v)):
-            raise ValueError(f"fractions must be increasing, each in (0, 2], got {v}")
-        return v
-
-
-class SimEstimate(_Strict):
-    """Profiles for estimating a real campaign with the simulator (``servetune tune --dry-run``)."""
-
-    gpu: str = "A100-80G"
-    model: str = "llama-8b"
 
 
 class TuningPlan(_Strict):
@@ -212,6 +169,10 @@ class TuningPlan(_Strict):
         default=None, description="template file or model dir whose chat template the answer depends on (fingerprinted)"
     )
     seed: Int = 0
+    cost: Cost | None = Field(default=None, exclude_if=lambda v: v is None,  # older plan digests hold
+                              description="the GPU price: every trial gets $ per million tokens and per 1,000 good requests")
+    objective: Objective = Field(default="goodput", exclude_if=lambda v: v == "goodput",
+                                 description="what the answer maximises under the SLA (servetune.plan_sections)")
 
     @model_validator(mode="before")
     @classmethod
@@ -241,6 +202,12 @@ class TuningPlan(_Strict):
         if need is not None and have is not None and have != need:
             raise ValueError(f"runner.gpus: {have} GPU(s) for an engine that occupies {need}"
                              " (tp-size x dp-size): list one per rank")
+        return self
+
+    @model_validator(mode="after")
+    def _objective_has_its_inputs(self) -> TuningPlan:
+        if self.objective == "cost_per_mtok" and self.cost is None:
+            raise ValueError("objective cost_per_mtok needs cost.gpu_hour_usd")
         return self
 
     @model_validator(mode="after")

@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 MAX_STREAMS = 100_000  #: concurrency, ramp levels, max_in_flight, protocols; bench --concurrency, --waves
@@ -25,6 +25,12 @@ MAX_REQUESTS = 10_000_000  #: requests (measured, warm-up) of a trial, max_reque
 MAX_LEVEL = max(MAX_STREAMS, MAX_RATE)  #: a ramp level: streams, or requests/s in rate mode
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class Strict(BaseModel):
+    """A plan section: unknown keys and inf/nan refused (its numbers use the types below)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _bool_error(what: str, value: bool) -> PydanticCustomError:

@@ -119,7 +119,20 @@ class TrialSummary(BaseModel):
     gpu_mem_idle_bytes: int | None = None  # at trial start
     gpu_mem_peak_fraction: float | None = None
     gpu_util_mean: float | None = None
-    gpu_power_mean_w: float | None = None
+    gpu_power_mean_w: float | None = None  # every sample of the trial, all GPUs summed
+    # energy and cost over the window (servetune.energy)
+    energy_method: str | None = None  # counter (NVML total energy) | power_curve (integrated) | modelled (sim)
+    energy_j: float | None = None  # all GPUs
+    energy_per_request_j: float | None = None
+    energy_per_output_token_j: float | None = None
+    energy_curve_over_counter: float | None = None  # the integrated curve / the counter, where both exist
+    gpu_power_window_mean_w: float | None = None
+    gpu_power_peak_w: float | None = None
+    energy: dict[str, Any] | None = None  # per GPU: joules (counter, curve), mean, peak, the board's limit
+    cost_gpu_hour_usd: float | None = None  # the plan's price
+    cost_gpus: int | None = None
+    cost_per_mtok_usd: float | None = None  # per million output tokens at the window's throughput
+    cost_per_1k_good_usd: float | None = None  # per 1,000 requests inside the SLA, at the goodput
     gpu_clean_at_start: bool | None = None  # no foreign process held the GPU
     # server-side signals (SGLang tuning guide)
     server_token_usage_max: float | None = None

@@ -27,6 +27,7 @@ from servetune.loadgen import LoadConfig, Target, TargetUnreachable, run_load
 from servetune.loadgen.workers import run_load_workers, worker_count
 from servetune.loadgen.client import LoadOutcome
 from servetune.loadgen.transport import check_reachable
+from servetune.energy import Cost
 from servetune.metrics import summarize
 from servetune.result import TrialResult
 from servetune.sla import SLA
@@ -58,6 +59,7 @@ class TrialRequest(BaseModel):
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     num_requests: int = Field(gt=0, description="measured requests, warm-up (load.warmup_requests) excluded")
     sla: SLA | None = None
+    cost: Cost | None = Field(default=None, description="the GPU price: cost per token and per good request")
     gpu_indices: list[int] | None = Field(default=None, description="GPUs to sample (None: all visible)")
     gpu_interval_ms: float = Field(default=100.0, gt=0)
     scrape_interval_s: float = Field(default=1.0, gt=0)
@@ -280,6 +282,7 @@ async def _run_trial(
         gpu=result.gpu,
         server=server,
         lengths_exact=batch.lengths_exact,
+        cost=req.cost,
     )
     result.environment = _environment(req, server, result.gpu)
 

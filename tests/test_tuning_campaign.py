@@ -19,7 +19,8 @@ EXPERIMENT_KEYS = {"experiment_id", "model", "engine", "model_fingerprint", "pro
                    "dag_run_id", "plan", "status", "started_at", "finished_at", "recommendation"}
 RECOMMENDATION_KEYS = {"config", "concurrency", "evidence_trial_ids", "goodput_rps", "p99_ttft_ms", "p99_tpot_ms",
                        "p99_e2e_ms", "output_tokens_per_s", "prefix_hit_rate", "explanation", "diff_from_previous",
-                       "repeats", "goodput_ci95", "goodput_cv", "ties", "rate", "robustness"}
+                       "repeats", "goodput_ci95", "goodput_cv", "ties", "rate", "robustness", "objective",
+                       "energy_per_output_token_j", "gpu_power_window_mean_w", "cost_per_mtok_usd", "cost_per_1k_good_usd"}
 
 
 def small_plan(**over) -> TuningPlan:

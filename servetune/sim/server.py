@@ -31,6 +31,7 @@ from .frontend import FrontEnd
 from .generation import GenerationEndpoints, Stream
 from .metrics import SimMetrics
 from .scheduler import Scheduler
+from .power import activity
 
 log = logging.getLogger("servetune.sim.server")
 
@@ -59,6 +60,7 @@ class SimServer(GenerationEndpoints):
         self.t0 = time.perf_counter()
         self.ready = False
         self.busy_s = 0.0  # modelled GPU-busy time so far (sum of iteration durations)
+        self.active_s = 0.0  # the same, each pass weighted by the share of dynamic power it draws (sim.power)
         self.extend_tokens = 0  # new tokens of the iteration in flight (activation memory)
         self.app = self._build_app()
 
@@ -91,6 +93,7 @@ class SimServer(GenerationEndpoints):
                 continue
             self.batch_log.on_iteration(it)
             self.busy_s += it.end - it.start
+            self.active_s += (it.end - it.start) * activity(self.args.gpu, it)
             self.extend_tokens = it.new_tokens
             # prepare every chunk now; at the modelled end only the socket writes remain
             streams = self.streams
@@ -236,7 +239,7 @@ class SimServer(GenerationEndpoints):
         a, g = self.args, self.args.gpu
         used = gpu_static_bytes(a) + activation_bytes(a, self.extend_tokens if self.sched.running else 0)
         return web.json_response({
-            "t_model_s": self.now(), "busy_s": self.busy_s, "idle_w": g.idle_w, "tdp_w": g.tdp_w,
+            "t_model_s": self.now(), "busy_s": self.busy_s, "active_s": self.active_s, "idle_w": g.idle_w, "tdp_w": g.tdp_w,
             "devices": [{"index": r, "name": f"{g.name} (simulated)", "uuid": f"SIM-{g.name}-{r}",
                          "mem_total": a.gpu_memory_bytes, "mem_used": used} for r in range(a.tp_size)],
         })

@@ -4,7 +4,7 @@ Server metrics come from the same ``SimMetrics`` exposition the HTTP server serv
 way the Prometheus scraper parses a live server (before/after snapshots, periodic samples of the
 scheduler gauges). The GPU curve is synthesized at the sampler's interval: SGLang preallocates
 weights, the KV pool and CUDA graphs at start, so memory is flat apart from prefill activations;
-utilisation is the busy share of each interval and power follows it linearly.
+utilisation is the busy share of each interval and power follows what ran in it (servetune.sim.power).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 
 from .args import SimArgs
 from .metrics import SimMetrics
+from .power import activity, watts
 from .requests import Iteration, SimRequest
 from .scheduler import Scheduler
 
@@ -121,17 +122,20 @@ class SimTelemetry:
         if iterations:
             starts = np.fromiter((it.start for it in iterations), float, len(iterations))
             durs = np.fromiter((it.end - it.start for it in iterations), float, len(iterations))
-            cum = np.concatenate(([0.0], np.cumsum(durs)))
+            weights = np.fromiter((activity(g, it) for it in iterations), float, len(iterations))
 
-            def busy_until(x: np.ndarray) -> np.ndarray:
+            def until(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+                """Busy time (w = 1) or active time (w = activity) from the first pass up to each x."""
+                cum = np.concatenate(([0.0], np.cumsum(durs * w)))
                 idx = np.searchsorted(starts, x, side="right") - 1
-                inside = np.where(idx >= 0, np.minimum(x - starts[np.maximum(idx, 0)], durs[np.maximum(idx, 0)]), 0.0)
-                return np.where(idx >= 0, cum[np.maximum(idx, 0)] + np.maximum(inside, 0.0), 0.0)
+                k = np.maximum(idx, 0)
+                inside = np.where(idx >= 0, np.minimum(x - starts[k], durs[k]), 0.0)
+                return np.where(idx >= 0, cum[k] + np.maximum(inside, 0.0) * w[k], 0.0)
 
-            b = busy_until(grid)
-            util = np.clip(np.diff(b, prepend=0.0) / step, 0.0, 1.0)
+            util = np.clip(np.diff(until(grid, np.ones_like(durs)), prepend=0.0) / step, 0.0, 1.0)
+            active = np.clip(np.diff(until(grid, weights), prepend=0.0) / step, 0.0, 1.0)
         else:
-            util = np.zeros_like(grid)
+            util = active = np.zeros_like(grid)
         act = np.zeros_like(grid)
         for s, e, n in self.max_extend:
             lo = int(np.searchsorted(grid, s, side="left"))
@@ -141,15 +145,15 @@ class SimTelemetry:
         samples = []
         for k, t in enumerate(grid.tolist()):
             used = int(static + act[k])
-            u = float(util[k])
+            u, power = float(util[k]), round(watts(g, float(active[k])), 1)
             for rank in range(a.tp_size):
                 samples.append({"t_s": t, "gpu": rank, "mem_used": used, "mem_total": total,
-                                "util": round(u * 100.0, 1), "power_w": round(g.idle_w + (g.tdp_w - g.idle_w) * u, 1)})
+                                "util": round(u * 100.0, 1), "power_w": power})
         return {
             "state": "simulated",
             "interval_ms": interval_ms,
             "devices": [{"index": r, "name": f"{g.name} (simulated)", "uuid": f"SIM-{g.name}-{r}",
-                         "mem_total": total} for r in range(a.tp_size)],
+                         "mem_total": total, "power_limit_w": float(g.tdp_w)} for r in range(a.tp_size)],
             "processes_at_start": [],
             "samples": samples,
         }

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from servetune.energy import Cost
 from servetune.loadgen.config import LoadConfig
 from servetune.loadgen.priming import primers_for, priming_load
 from servetune.loadgen.sessions import load_units
@@ -59,6 +60,7 @@ def simulate(
     endpoint: str = "chat",
     gpu_interval_ms: float = 100.0,
     scrape_interval_s: float = 1.0,
+    cost: Cost | None = None,
 ) -> TrialResult:
     """Run ``requests`` under ``load`` against the modelled server in virtual time."""
     if endpoint not in ENDPOINTS:
@@ -74,7 +76,7 @@ def simulate(
     first = primers_for(requests, load)
     run = _Run(sim_args, first + list(requests), load, endpoint, seed, scrape_interval_s, primers=len(first))
     run.execute()
-    return run.result(sla, rules, gpu_interval_ms, time.perf_counter() - wall0)
+    return run.result(sla, rules, gpu_interval_ms, time.perf_counter() - wall0, cost)
 
 
 class _Run:
@@ -287,7 +289,7 @@ class _Run:
         self.tel.on_request_finished(r, t_send, streaming=True)
 
     def result(self, sla: SLA | None, rules: ValidityRules | None, gpu_interval_ms: float,
-               wall_s: float) -> TrialResult:
+               wall_s: float, cost: Cost | None = None) -> TrialResult:
         from servetune.metrics import summarize
 
         args, load = self.args, self.load
@@ -305,6 +307,7 @@ class _Run:
             gpu=gpu,
             server=server,
             lengths_exact=True,
+            cost=cost,
         )
         return TrialResult(
             target={

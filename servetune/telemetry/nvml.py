@@ -1,4 +1,4 @@
-"""GPU memory, utilisation and power over a trial, sampled through NVML.
+"""GPU memory, utilisation, power and energy over a trial, sampled through NVML.
 
 The memory curve is part of every result (docs/telemetry.md), so sampling runs in its own daemon thread
 on a fixed schedule (ticks at t_start + k*interval on perf_counter; a late tick is skipped and
@@ -88,6 +88,7 @@ def _device_info(nv: Any, index: int) -> dict[str, Any]:
         "name": _text(nv.nvmlDeviceGetName(h)),
         "uuid": _text(nv.nvmlDeviceGetUUID(h)),
         "mem_total": int(mem.total),
+        "power_limit_w": limit / 1000.0 if (limit := _optional(nv.nvmlDeviceGetEnforcedPowerLimit, h)) else None,
         "driver": _text(nv.nvmlSystemGetDriverVersion()),
         "cuda": _cuda_version(nv),
     }
@@ -152,7 +153,10 @@ class GpuSampler:
     ``stop()`` returns the ``gpu`` part of a trial result::
 
         {state: ok|no_gpu|error, reason, interval_ms, devices, processes_at_start,
-         samples: [{t_s, gpu, mem_used, mem_total, util, power_w}], missed_ticks, sample_errors}
+         samples: [{t_s, gpu, mem_used, mem_total, util, power_w, energy_mj}], missed_ticks, sample_errors}
+
+    ``energy_mj`` is NVML's total-energy counter (mJ since the driver loaded; None before Volta): the
+    energy between two samples exactly, where the power curve is only a reading every interval.
 
     ``t_s`` is seconds since ``t0_ns`` (a ``time.perf_counter_ns()`` value, the trial's t0).
     """
@@ -265,6 +269,7 @@ class GpuSampler:
                 continue
             util = _optional(nv.nvmlDeviceGetUtilizationRates, h)
             power_mw = _optional(nv.nvmlDeviceGetPowerUsage, h)
+            energy_mj = _optional(nv.nvmlDeviceGetTotalEnergyConsumption, h)
             self._samples.append(
                 {
                     "t_s": t_s,
@@ -273,5 +278,6 @@ class GpuSampler:
                     "mem_total": int(mem.total),
                     "util": float(util.gpu) if util is not None else None,
                     "power_w": power_mw / 1000.0 if power_mw is not None else None,
+                    "energy_mj": int(energy_mj) if energy_mj is not None else None,
                 }
             )

@@ -31,7 +31,7 @@ class SimulatedGpuSampler:
         self._missed = 0
         self._reason: str | None = None
         self._state = "idle"
-        self._last: tuple[float, float] | None = None  # (model time, busy time) of the previous reading
+        self._last: tuple[float, float, float] | None = None  # (model time, busy, active time) of the previous reading
         self._thread: SamplingThread | None = None
         self._t0_ns = 0
 
@@ -47,7 +47,8 @@ class SimulatedGpuSampler:
         except Exception as exc:  # noqa: BLE001 - reported in the result, like NVML's absence
             self._state, self._reason = "error", f"{self.url}: {type(exc).__name__}: {exc}"
             return self
-        self._devices = [{k: d[k] for k in ("index", "name", "uuid", "mem_total")} for d in first["devices"]]
+        self._devices = [{**{k: d[k] for k in ("index", "name", "uuid", "mem_total")}, "power_limit_w": float(first["tdp_w"])}
+                         for d in first["devices"]]
         self._state = "simulated"
         self._record(first)
         self._thread = SamplingThread(self.interval_s, self._sample, "servetune-sim-gpu").start()
@@ -79,11 +80,14 @@ class SimulatedGpuSampler:
     def _record(self, data: dict[str, Any]) -> None:
         t_s = (time.perf_counter_ns() - self._t0_ns) / 1e9
         t_model, busy = float(data["t_model_s"]), float(data["busy_s"])
-        util = 0.0
+        active = float(data.get("active_s", busy))  # passes weighted by the power they draw (servetune.sim.power)
+        util = share = 0.0
         if self._last is not None and t_model > self._last[0]:
-            util = min(1.0, max(0.0, (busy - self._last[1]) / (t_model - self._last[0])))
-        self._last = (t_model, busy)
-        power = data["idle_w"] + (data["tdp_w"] - data["idle_w"]) * util
+            span = t_model - self._last[0]
+            util = min(1.0, max(0.0, (busy - self._last[1]) / span))
+            share = min(1.0, max(0.0, (active - self._last[2]) / span))
+        self._last = (t_model, busy, active)
+        power = data["idle_w"] + (data["tdp_w"] - data["idle_w"]) * share
         for d in data["devices"]:
             self._samples.append({"t_s": t_s, "gpu": d["index"], "mem_used": int(d["mem_used"]),
                                   "mem_total": int(d["mem_total"]), "util": round(util * 100.0, 1),

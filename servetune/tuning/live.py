@@ -165,6 +165,7 @@ class LiveTrialRunner:
             validity=self.plan.validation.rules(),
             num_requests=spec.requests,
             sla=self.plan.sla,
+            cost=self.plan.cost,
             stage=spec.stage,
             server_config=dict(spec.flags),
             experiment_id=experiment_id,

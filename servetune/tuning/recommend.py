@@ -8,6 +8,7 @@ from typing import Any
 from servetune.plan import TuningPlan
 from servetune.tuning import signals
 from servetune.tuning.evidence import current as current_evidence
+from servetune.tuning.objective import by_objective
 from servetune.tuning.refine import RefineResult, goodput
 from servetune.tuning.regressions import regressions
 from servetune.tuning.state import CampaignState, Ceiling, Recommendation, TrialOutcome
@@ -26,6 +27,7 @@ def recommend(
         chosen = next(o for o in state.outcomes if o.trial_id == ceiling.pass_trial_id)
     if chosen is None:
         return None
+    chosen, objective_notes = by_objective(plan, state, chosen)
     ev = refined.evidence if refined and refined.evidence else None
     if ev is None or ev.flags != chosen.flags or ev.level != chosen.level:
         ev = current_evidence(plan, state, chosen.flags, chosen.level)
@@ -56,6 +58,7 @@ def recommend(
         levels = sorted({o.level for o in faults})
         explanation.append(f"the engine died under {len(faults)} trial(s) (levels {levels}); each was re-run on a"
                            " restarted engine and none counted as a capacity verdict")
+    explanation.extend(objective_notes)
     explanation.extend(signals.describe(s, concurrency))
     if s.prefix_hit_rate is not None:
         explanation.append(f"prefix hit rate {s.prefix_hit_rate:.1%} (cached/prompt tokens from usage)")
@@ -76,10 +79,21 @@ def recommend(
         goodput_ci95=ev.goodput.ci95,
         goodput_cv=ev.goodput.cv,
         ties=list(refined.ties) if refined else [],
+        objective=plan.objective,
+        **_energy_and_cost(ev.outcomes if ev.n else [chosen]),
     )
     if previous is not None:
         rec.diff_from_previous = diff_recommendations(previous, rec)
     return rec
+
+
+def _energy_and_cost(outcomes: list[TrialOutcome]) -> dict[str, float | None]:
+    """Means over the chosen config's repeats (None where a trial lacks the figure: no power, no price)."""
+    out: dict[str, float | None] = {}
+    for name in ("energy_per_output_token_j", "gpu_power_window_mean_w", "cost_per_mtok_usd", "cost_per_1k_good_usd"):
+        values = [getattr(o.summary, name) for o in outcomes]
+        out[name] = sum(values) / len(values) if values and all(v is not None for v in values) else None
+    return out
 
 
 def implied_concurrency(chosen: TrialOutcome) -> int:
@@ -97,7 +111,7 @@ def diff_recommendations(previous: dict[str, Any], current: Recommendation) -> d
                for k in sorted(set(old_cfg) | set(new_cfg)) if old_cfg.get(k) != new_cfg.get(k)}
     figures: dict[str, Any] = {}
     for name in ("concurrency", "rate", "goodput_rps", "p99_ttft_ms", "p99_tpot_ms", "p99_e2e_ms",
-                 "output_tokens_per_s", "prefix_hit_rate"):
+                 "output_tokens_per_s", "prefix_hit_rate", "energy_per_output_token_j", "cost_per_mtok_usd"):
         old, new = previous.get(name), getattr(current, name)
         entry: dict[str, Any] = {"old": old, "new": new}
         if isinstance(old, int | float) and isinstance(new, int | float) and old:

@@ -147,7 +147,7 @@ class SimTrialRunner:
         self._running = dict(spec.flags)
         load = trial_load(self.plan, spec)
         result = simulate(args, self._workload(spec), load, sla=self.plan.sla, rules=self.plan.validation.rules(),
-                          seed=self.plan.seed, endpoint=self.plan.endpoint)
+                          seed=self.plan.seed, endpoint=self.plan.endpoint, cost=self.plan.cost)
         result.stage, result.experiment_id = spec.stage, experiment_id
         result.server_config = dict(spec.flags)
         result.target["model"] = self.plan.model  # one identity, as a live trial of the plan says (the profile stays)

@@ -223,6 +223,11 @@ class Recommendation(BaseModel):
     ties: list[str] = Field(default_factory=list, description="comparisons decided as ties within the noise")
     robustness: list[dict[str, Any]] = Field(
         default_factory=list, description="the answer under bursts: fraction, rate, burstiness, verdict, p99s, trial")
+    objective: str = Field(default="goodput", description="what chose the level (servetune.tuning.objective)")
+    energy_per_output_token_j: float | None = Field(default=None, description="J per output token, all GPUs")
+    gpu_power_window_mean_w: float | None = None
+    cost_per_mtok_usd: float | None = Field(default=None, description="at the plan's cost.gpu_hour_usd")
+    cost_per_1k_good_usd: float | None = None
 
 
 class Decision(BaseModel):

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 EXPECTATIONS_DIR = Path(__file__).with_name("expectations")
 SUITES = ("trial_summary", "trial_requests", "trial_gpu")
 #: checklist items a plan may waive (e.g. a CPU-only engine has no GPU memory curve)
-WAIVABLE = frozenset({"gpu_memory_curve", "clean_gpu"})
+WAIVABLE = frozenset({"gpu_memory_curve", "clean_gpu", "energy"})
 #: the items about a measurement's steady window: a correctness check (one request, no load) has none
 WINDOW_ITEMS = frozenset({"one_window", "steady_window", "window_completions"})
 

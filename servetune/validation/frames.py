@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from servetune.energy import UNAVAILABLE
 from servetune.metrics import clean_at_start
 from servetune.result import TrialResult
 from servetune.warehouse.tables import flatten_summary
@@ -23,7 +24,9 @@ REQUEST_COLUMNS = (
     "n_images", "turn", "error_class",
 )
 IMAGE_COLUMNS = ("image_token_share", "hit_rate_image_tokens", "hit_rate_text_tokens", "image_tokens_per_image_p50")
-GPU_COLUMNS = ("t_s", "gpu", "mem_used", "mem_total", "util", "power_w", "gap_ms")
+GPU_COLUMNS = ("t_s", "gpu", "mem_used", "mem_total", "util", "power_w", "energy_mj", "gap_ms", "energy_step_j",
+               "power_headroom_w")
+POWER_LIMIT_SLACK = 1.1  # NVML's power reading may pass the enforced limit briefly (its averaging, boost)
 
 
 @dataclass
@@ -51,16 +54,23 @@ def request_frame(result: TrialResult) -> pd.DataFrame:
 
 
 def gpu_frame(result: TrialResult) -> pd.DataFrame:
+    """One row per sample; ``energy_step_j`` (the counter's step, never negative) and ``power_headroom_w``
+    (the board's limit with slack, minus the reading) are the energy item's evidence."""
     samples = result.gpu.get("samples") or []
     df = pd.DataFrame.from_records(
         [(s.get("t_s"), s.get("gpu", 0), s.get("mem_used"), s.get("mem_total"), s.get("util"),
-          s.get("power_w")) for s in samples],
-        columns=list(GPU_COLUMNS[:-1]),
+          s.get("power_w"), s.get("energy_mj")) for s in samples],
+        columns=list(GPU_COLUMNS[:7]),
     )
-    for col in ("t_s", "mem_used", "mem_total", "util", "power_w"):
+    for col in ("t_s", "mem_used", "mem_total", "util", "power_w", "energy_mj"):
         df[col] = df[col].astype("float64")
     df = df.sort_values(["gpu", "t_s"], kind="stable").reset_index(drop=True)
-    df["gap_ms"] = df.groupby("gpu")["t_s"].diff() * 1000.0
+    by_gpu = df.groupby("gpu")
+    df["gap_ms"] = by_gpu["t_s"].diff() * 1000.0
+    df["energy_step_j"] = by_gpu["energy_mj"].diff() / 1000.0
+    limits = {d.get("index"): d.get("power_limit_w") for d in result.gpu.get("devices") or []}
+    limit = df["gpu"].map(lambda g: limits.get(g)).astype("float64")
+    df["power_headroom_w"] = limit * POWER_LIMIT_SLACK - df["power_w"]
     return df
 
 
@@ -100,10 +110,13 @@ def build_frames(result: TrialResult) -> TrialFrames:
     row["gpu_state"] = result.gpu.get("state") or result.summary.gpu_state
     row["gpu_clean_at_start"] = _clean_at_start(result)
     row["gpu_window_uncovered_s"] = _window_uncovered_s(result, gpu)
+    method = result.summary.energy_method  # None: no GPU, no window, or a summary older than energy
+    row["energy_on_gpu"] = None if method is None else method != UNAVAILABLE
     mm = result.summary.multimodal or {}  # a trial with images (servetune.multimodal); missing on text
     for key in IMAGE_COLUMNS:
         row[key] = mm.get(key)
     summary = pd.DataFrame([row])
     summary["gpu_clean_at_start"] = summary["gpu_clean_at_start"].astype("object")
+    summary["energy_on_gpu"] = summary["energy_on_gpu"].astype("object")
     summary[list(IMAGE_COLUMNS)] = summary[list(IMAGE_COLUMNS)].astype("float64")  # None -> NaN: skipped
     return TrialFrames(summary=summary, requests=requests, gpu=gpu)

@@ -24,6 +24,7 @@ from servetune.validation.checklist import (
     run_batches,
     suites_for,
 )
+from servetune.validation.frames import POWER_LIMIT_SLACK
 from servetune.warehouse import db
 from servetune.warehouse.tables import gpu_samples, trials
 
@@ -45,6 +46,7 @@ SELECT t.input_len_p50, t.input_len_p90, t.input_len_p99, t.output_len_p50, t.ou
          WHEN jsonb_path_exists(t.gpu_info, '$.processes_at_start[*] ? (@.foreign == true)') THEN false
          WHEN NOT jsonb_path_exists(t.gpu_info, '$.processes_at_start[*] ? (!(@.foreign == false))') THEN true
          END) AS gpu_clean_at_start,
+       t.energy_method <> 'unavailable' AS energy_on_gpu,
        (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY r.prompt_tokens::float8 / r.requested_input_tokens)
           FROM request_records r
          WHERE r.trial_id = t.trial_id AND NOT r.warmup AND r.error_class IS NULL AND r.turn = 0
@@ -67,9 +69,13 @@ SELECT request_id, t_send_s, queue_ms, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, 
 FROM request_records WHERE trial_id = {trial_id} AND NOT warmup
 """
 _GPU = """
-SELECT t_s, gpu, mem_used, mem_total, util, power_w,
-       (t_s - lag(t_s) OVER (PARTITION BY gpu ORDER BY t_s)) * 1000.0 AS gap_ms
-FROM gpu_samples WHERE trial_id = {trial_id}
+SELECT g.t_s, g.gpu, g.mem_used, g.mem_total, g.util, g.power_w, g.energy_mj::float8 AS energy_mj,
+       (g.t_s - lag(g.t_s) OVER w) * 1000.0 AS gap_ms,
+       (g.energy_mj - lag(g.energy_mj) OVER w) / 1000.0 AS energy_step_j,
+       (SELECT (d->>'power_limit_w')::float8 FROM trials t, jsonb_array_elements(t.gpu_info->'devices') d
+         WHERE t.trial_id = g.trial_id AND (d->>'index')::int = g.gpu) * {slack} - g.power_w AS power_headroom_w
+FROM gpu_samples g WHERE g.trial_id = {trial_id}
+WINDOW w AS (PARTITION BY g.gpu ORDER BY g.t_s)
 """
 _QUERIES = {"trial_summary": _SUMMARY, "trial_requests": _REQUESTS, "trial_gpu": _GPU}
 
@@ -115,7 +121,7 @@ def validate_stored(trial_id: str, *, database_url: str | None = None, min_measu
     gx, ctx = gx_context(docs)
     source = ctx.data_sources.add_postgres("warehouse", connection_string=url)
     batches: dict[str, tuple[Any, dict[str, Any] | None]] = {
-        name: (source.add_query_asset(name, query=_QUERIES[name].format(trial_id=literal))
+        name: (source.add_query_asset(name, query=_QUERIES[name].format(trial_id=literal, slack=POWER_LIMIT_SLACK))
                .add_batch_definition_whole_table("whole"), None)
         for name in suites_for(waived)
     }

@@ -46,8 +46,8 @@ Checklist = Callable[[TrialResult], ValidationReport]  # judges a trial before i
 log = logging.getLogger(__name__)
 
 assert sorted(WIRE_COLUMNS) == sorted(REQUEST_COLUMNS)  # the COPY names every column, in wire order
-_GPU_COLUMNS = ("trial_id", "sample_no", "t_s", "gpu", "mem_used", "mem_total", "util", "power_w")
-_GPU_TYPES = ["text", "int4", "float8", "int4", "int8", "int8", "float8", "float8"]
+_GPU_COLUMNS = ("trial_id", "sample_no", "t_s", "gpu", "mem_used", "mem_total", "util", "power_w", "energy_mj")
+_GPU_TYPES = ["text", "int4", "float8", "int4", "int8", "int8", "float8", "float8", "int8"]
 _SERVER_COLUMNS = ("trial_id", "sample_no", "t_s", "name", "labels", "value")
 _SERVER_TYPES = ["text", "int4", "float8", "text", "jsonb", "float8"]
 
@@ -98,7 +98,7 @@ def _gpu_rows(result: TrialResult) -> list[tuple]:
     for i, s in enumerate(result.gpu.get("samples") or []):
         try:
             out.append((result.trial_id, i, float(s["t_s"]), int(s.get("gpu", 0)), s.get("mem_used"),
-                        s.get("mem_total"), s.get("util"), s.get("power_w")))
+                        s.get("mem_total"), s.get("util"), s.get("power_w"), s.get("energy_mj")))
         except (KeyError, TypeError, ValueError) as e:
             raise LoadError(f"trial {result.trial_id}: gpu.samples[{i}] is malformed ({e!r})") from None
     return out

@@ -209,6 +209,7 @@ gpu_samples = Table(
     Column("mem_total", BigInteger),
     Column("util", Double),
     Column("power_w", Double),
+    Column("energy_mj", BigInteger),  # NVML's total-energy counter (mJ since the driver loaded)
     PrimaryKeyConstraint("trial_id", "sample_no"),
 )
 
