@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from servetune.energy import apply_energy
 from servetune.result import Percentiles, TrialResult, TrialSummary
 from servetune.stats import compare, spread
 from servetune.tuning.recommend import diff_recommendations
@@ -51,7 +52,7 @@ def make_trial(*, experiment_id: str, stage: str, concurrency: int, created: dat
     total = 80 * GIB
     peak = 0.55 * total + min(0.38, c / 400) * total
     samples = []
-    for i in range(50):
+    for i in range(55):  # 0 .. 64.8 s: the curve covers the window (4 .. 64 s)
         t = i * 1.2
         used = 0.55 * total + (peak - 0.55 * total) * (1 - math.exp(-t / 12))
         samples.append({"t_s": t, "gpu": 0, "mem_used": int(used), "mem_total": total, "util": 90, "power_w": 600.0})
@@ -71,6 +72,7 @@ def make_trial(*, experiment_id: str, stage: str, concurrency: int, created: dat
     )
     if valid is not None:
         _set_validity(summary, c, valid)
+    apply_energy(summary, {"state": "ok", "samples": samples, "interval_ms": 1200})  # 600 W: the power curve
     report = ValidationReport(
         success=failed_check is None, suites=["trial_summary", "trial_gpu"], gx_version="1.24.1",
         results=[

@@ -354,6 +354,7 @@ def test_dashboard_queries_run_on_the_warehouse_views(fresh_database_url: str, t
         "Prefix cache hit-rate trend (weekly)": 3,
         "Cache hit-rate regressions": 1,  # 61% -> 20%
         "Best accepted configuration per week": 3,
+        "Energy per output token vs concurrency": 5,  # the curve's trials, their joules from the power curve
     }
 
 

@@ -139,6 +139,8 @@ def _campaign(tmp_path: Path, objective: str) -> tuple[dict, list[dict]]:
     res = CliRunner().invoke(app, ["tune", str(plan), "--virtual", "--out", str(out)])
     assert res.exit_code == 0, res.output
     state = json.loads((out / "state.json").read_text())
+    (tmp_path / "last").unlink(missing_ok=True)
+    (tmp_path / "last").symlink_to(out)
     return json.loads((out / "recommendation.json").read_text()), state["outcomes"]
 
 
@@ -159,6 +161,15 @@ def test_cost_per_mtok_runs_the_answer_where_tokens_are_cheapest_and_goodput_whe
     assert by_cost["p99_tpot_ms"] <= 60
     note = next(e for e in by_cost["explanation"] if e.startswith("objective cost_per_mtok"))
     assert f"the answer runs at concurrency {by_cost['concurrency']}" in note and "Mtok/$" in note
+    # the report draws J/token against the level and quotes the answer's energy, cost and objective
+    from servetune.report.html import write_report
+    from servetune.report.sources import load_campaign
+
+    campaign = load_campaign(str(tmp_path / "last"))
+    html = write_report(campaign, tmp_path / "report").html_path.read_text()
+    assert 'id="fig-energy"' in html and "the simulator&#39;s power model" in html
+    assert f"{by_cost['cost_per_mtok_usd']:,.3f}" in html and "cost_per_mtok" in html
+    assert f"{by_cost['energy_per_output_token_j']:,.3f}" in html
 
 
 def test_energy_is_stored_queried_and_judged_the_same_in_the_warehouse(database_url) -> None:
@@ -200,3 +211,26 @@ def test_energy_is_stored_queried_and_judged_the_same_in_the_warehouse(database_
     assert counter == 40_000 * (len(good.gpu["samples"]) - 1)
     s = good.summary
     assert row == ("modelled", pytest.approx(s.energy_per_output_token_j), pytest.approx(s.cost_per_mtok_usd), "400.0")
+
+
+def test_history_shows_joules_per_token_where_measured_and_a_fall_is_green() -> None:
+    from datetime import UTC, datetime
+
+    from rich.console import Console
+
+    from servetune.report.history import HistoryEntry, history_table
+
+    def entry(i: int, joules: float | None) -> HistoryEntry:
+        return HistoryEntry(experiment_id=f"exp{i}", started_at=datetime(2026, 11, i, tzinfo=UTC), status="done",
+                            trigger="weekly", trials_ok=9, trials_total=9, ceiling=32, config={}, goodput_rps=10.0,
+                            output_tokens_per_s=900.0, p99_ttft_ms=300.0, prefix_hit_rate=0.5,
+                            hit_rate_source="recommendation", energy_per_output_token_j=joules)
+
+    console = Console(width=220, record=True, color_system="truecolor")
+    console.print(history_table("m", [entry(3, 0.40), entry(2, 0.55)]))  # newest first
+    assert "J/out tok" in console.export_text(clear=False)
+    newest = next(ln for ln in console.export_text(styles=True).splitlines() if "exp3" in ln)
+    assert "0.400" in newest and "\x1b[1;32m↓" in newest  # fewer joules per token: better
+    console = Console(width=220, record=True)
+    console.print(history_table("m", [entry(3, None), entry(2, None)]))
+    assert "J/out tok" not in console.export_text()  # no empty column where nothing was measured

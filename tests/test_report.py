@@ -30,7 +30,7 @@ from servetune.report.html import diff_rows, write_report
 from servetune.report.sources import load_campaign
 from servetune.stats import spread
 
-FIGURE_KEYS = ("throughput", "latency", "gpu_memory", "prefix_hit_rate", "refine_heatmap")
+FIGURE_KEYS = ("throughput", "latency", "gpu_memory", "energy", "prefix_hit_rate", "refine_heatmap")
 PREVIOUS = {"config": {"chunked-prefill-size": 8192, "schedule-conservativeness": 1.0, "max-running-requests": 64,
                        "enable-cache-report": True},
             "concurrency": 64, "goodput_rps": 7.5, "prefix_hit_rate": 0.61, "p99_ttft_ms": 650.0}
@@ -147,7 +147,7 @@ def test_lone_bench_result(tmp_path: Path) -> None:
     out = tmp_path / "bench-report"
     html = (out / "report.html").read_text()
     assert "single bench trial" in html
-    assert {p.stem for p in out.glob("*.png")} == {"throughput", "latency", "gpu_memory", "prefix_hit_rate"}
+    assert {p.stem for p in out.glob("*.png")} == {"throughput", "latency", "gpu_memory", "energy", "prefix_hit_rate"}
     assert "Not drawn: no refinement trials in this campaign" in html
     assert "No recommendation in this result (a single bench trial)" in html
 

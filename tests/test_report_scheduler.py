@@ -19,7 +19,7 @@ from servetune.report.scheduler import TITLE, scheduler_trial
 from servetune.warehouse import migrate
 from servetune.ingest import load_result
 
-BASE_KEYS = ["throughput", "latency", "gpu_memory", "prefix_hit_rate", "refine_heatmap"]
+BASE_KEYS = ["throughput", "latency", "gpu_memory", "energy", "prefix_hit_rate", "refine_heatmap"]
 
 
 def _with_logs(directory: Path, pick) -> Campaign:
@@ -67,7 +67,7 @@ def test_figure_for_the_evidence_trial(plain_dir: Path, tmp_path: Path) -> None:
 
     html = write_report(campaign, tmp_path / "report").html_path.read_text()
     assert 'id="fig-scheduler"' in html and (tmp_path / "report" / "scheduler.png").is_file()
-    assert len(re.findall(r'<img src="data:image/png;base64,', html)) == 6
+    assert len(re.findall(r'<img src="data:image/png;base64,', html)) == len(BASE_KEYS) + 1
     rate = f"{chosen.summary.sched_cache_hit_rate:.1%}"
     card = html[html.index('id="card-sched-hit-rate"'):]
     assert rate in card[: card.index("</div></div>")]

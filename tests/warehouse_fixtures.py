@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime
 
+from servetune.energy import apply_energy
 from servetune.records import RequestRecord
 from servetune.validity import ValidityRules
 from servetune.result import Percentiles, TrialResult, TrialSummary
@@ -97,6 +98,7 @@ def make_trial(
         in_flight_target=float(concurrency), in_flight_mean=float(concurrency), in_flight_min=float(concurrency),
         in_flight_min_fraction=1.0, tokens_per_request=128.0, throughput_mismatch=0.0,
     )
+    apply_energy(summary, {"state": "ok", "interval_ms": interval_ms, "samples": samples})  # 600 W: the power curve
     kwargs = {"trial_id": trial_id} if trial_id else {}
     return TrialResult(
         **kwargs,

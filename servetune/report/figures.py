@@ -27,7 +27,9 @@ from servetune.report.campaign import (
     meets_sla,
     simulated_mark,
 )
-from servetune.report.evidence import Getter, Level, curve_levels, series
+from servetune.report.curves import curve_caption, invalid_legend, mark_ceiling, plot_series
+from servetune.report.energy import energy_figure
+from servetune.report.evidence import curve_levels
 from servetune.report.figure_base import ReportFigure, _png, trial_label
 from servetune.report.scheduler import scheduler_figure
 from servetune.result import TrialResult
@@ -36,61 +38,25 @@ from servetune.stats import spread
 GIB = 1024**3
 
 
-def _mark_ceiling(ax, ceiling: int | None) -> None:
-    if ceiling is not None:
-        ax.axvline(ceiling, color="#c0392b", linestyle="--", linewidth=1.4, label=f"ceiling c={ceiling}")
-
-
-INVALID_STYLE = {"linestyle": "none", "marker": "o", "markersize": 7, "markerfacecolor": "none",
-                 "markeredgecolor": "#969696", "markeredgewidth": 1.3}
-CURVE_NOTE = ("Points: the mean over each level's VALID repeats of the main server config, error bars the 95% "
-              "CI of that mean (Student t, when a level has 2 or more repeats); hollow grey circles: INVALID "
-              "trials (servetune.validity), drawn where they measured but excluded from the mean, the ceiling "
-              "and every decision.")
-
-
-def _plot_series(ax, levels: list[Level], get: Getter, fmt: str, label: str, color: str) -> bool:
-    """The mean line with its CI bars, and the INVALID values hollow beside it; True if any were INVALID."""
-    line = series(levels, get)
-    if line.xs:
-        ax.errorbar(line.xs, line.means, yerr=line.ci95 if line.any_interval else None, fmt=fmt, label=label,
-                    color=color, capsize=3, elinewidth=1)
-    if line.invalid_xs:
-        ax.plot(line.invalid_xs, line.invalid_ys, **INVALID_STYLE)
-    return bool(line.invalid_xs)
-
-
-def _invalid_legend(ax, shown: bool) -> None:
-    if shown:
-        ax.plot([], [], label="INVALID (not used)", **INVALID_STYLE)
-
-
-def _curve_caption(levels: list[Level], text: str) -> str:
-    repeats = max((len(lv.used) for lv in levels), default=0)
-    invalid = sum(len(lv.invalid) for lv in levels)
-    counted = f" Up to {repeats} repeats per level; {invalid} INVALID trial(s) not used." if levels else ""
-    return f"{text} {CURVE_NOTE}{counted}"
-
-
 def throughput_figure(campaign: CampaignView) -> ReportFigure:
     key, title = "throughput", "Throughput and goodput vs concurrency"
     levels = curve_levels(campaign)
     ceiling, ceiling_source = campaign.ceiling()
-    caption = _curve_caption(levels, "Requests/s and goodput (requests/s meeting every SLA bound) on the left, "
+    caption = curve_caption(levels, "Requests/s and goodput (requests/s meeting every SLA bound) on the left, "
                                      f"output tokens/s on the right; dashed red line: the ceiling ({ceiling_source}).")
     if not levels:
         return ReportFigure(key, title, caption, None, "no trials with a concurrency level")
     fig = Figure(figsize=(11, 4.2))
     ax1, ax2 = fig.subplots(1, 2)
-    hollow = _plot_series(ax1, levels, lambda s: s.request_throughput, "o-", "throughput (req/s)", "#2c7fb8")
-    hollow |= _plot_series(ax1, levels, lambda s: s.goodput_rps, "s-", "goodput (req/s)", "#31a354")
-    _mark_ceiling(ax1, ceiling)
-    _invalid_legend(ax1, hollow)
+    hollow = plot_series(ax1, levels, lambda s: s.request_throughput, "o-", "throughput (req/s)", "#2c7fb8")
+    hollow |= plot_series(ax1, levels, lambda s: s.goodput_rps, "s-", "goodput (req/s)", "#31a354")
+    mark_ceiling(ax1, ceiling)
+    invalid_legend(ax1, hollow)
     ax1.set(xlabel=level_axis(campaign.trials), ylabel="requests/s", title="requests/s")
-    hollow = _plot_series(ax2, levels, lambda s: s.output_tokens_per_s, "o-", "output tok/s", "#756bb1")
-    hollow |= _plot_series(ax2, levels, lambda s: s.total_tokens_per_s, "^:", "total tok/s", "#9e9ac8")
-    _mark_ceiling(ax2, ceiling)
-    _invalid_legend(ax2, hollow)
+    hollow = plot_series(ax2, levels, lambda s: s.output_tokens_per_s, "o-", "output tok/s", "#756bb1")
+    hollow |= plot_series(ax2, levels, lambda s: s.total_tokens_per_s, "^:", "total tok/s", "#9e9ac8")
+    mark_ceiling(ax2, ceiling)
+    invalid_legend(ax2, hollow)
     ax2.set(xlabel=level_axis(campaign.trials), ylabel="tokens/s", title="tokens/s")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
@@ -104,7 +70,7 @@ def latency_figure(campaign: CampaignView) -> ReportFigure:
     levels = curve_levels(campaign)
     sla = campaign.sla
     ceiling, _ = campaign.ceiling()
-    caption = _curve_caption(levels, "Prefill (TTFT) and decode (TPOT) latencies kept apart; dotted lines: "
+    caption = curve_caption(levels, "Prefill (TTFT) and decode (TPOT) latencies kept apart; dotted lines: "
                                      "the p99 SLA bounds.")
     if not levels:
         return ReportFigure(key, title, caption, None, "no trials with a concurrency level")
@@ -112,13 +78,13 @@ def latency_figure(campaign: CampaignView) -> ReportFigure:
     axes = fig.subplots(1, 2)
     for ax, attr, bound, name in ((axes[0], "ttft_ms", "p99_ttft_ms", "TTFT"),
                                   (axes[1], "tpot_ms", "p99_tpot_ms", "TPOT")):
-        hollow = _plot_series(ax, levels, lambda s, a=attr: getattr(s, a).p50, "o-", f"p50 {name}", "#2c7fb8")
-        hollow |= _plot_series(ax, levels, lambda s, a=attr: getattr(s, a).p99, "s-", f"p99 {name}", "#e6550d")
+        hollow = plot_series(ax, levels, lambda s, a=attr: getattr(s, a).p50, "o-", f"p50 {name}", "#2c7fb8")
+        hollow |= plot_series(ax, levels, lambda s, a=attr: getattr(s, a).p99, "s-", f"p99 {name}", "#e6550d")
         if sla.get(bound) is not None:
             ax.axhline(sla[bound], color="#e6550d", linestyle=":", linewidth=1.4,
                        label=f"SLA p99 {name} {sla[bound]:g} ms")
-        _mark_ceiling(ax, ceiling)
-        _invalid_legend(ax, hollow)
+        mark_ceiling(ax, ceiling)
+        invalid_legend(ax, hollow)
         ax.set(xlabel=level_axis(campaign.trials), ylabel=f"{name} (ms)", title=name)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
@@ -300,6 +266,7 @@ def all_figures(campaign: CampaignView) -> list[ReportFigure]:
         throughput_figure(campaign),
         latency_figure(campaign),
         gpu_memory_figure(campaign),
+        energy_figure(campaign),
         prefix_hit_figure(campaign),
         refine_heatmap_figure(campaign),
     ]

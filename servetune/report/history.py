@@ -34,7 +34,7 @@ ceiling_history = table(
 
 # (field, higher is better): the arrows are green when the figure moved the good way
 TRENDS = {"ceiling": True, "goodput_rps": True, "output_tokens_per_s": True, "prefix_hit_rate": True,
-          "p99_ttft_ms": False}
+          "p99_ttft_ms": False, "energy_per_output_token_j": False}
 FLAT = 0.02  # relative changes under 2% show as a flat arrow: run-to-run noise, not a trend
 CONFIG_FLAGS = (("chunked_prefill_size", "chunk"), ("schedule_conservativeness", "cons"),
                 ("max_running_requests", "max-running"))
@@ -55,6 +55,7 @@ class HistoryEntry:
     p99_ttft_ms: float | None
     prefix_hit_rate: float | None
     hit_rate_source: str  # "recommendation" | "ceiling trial" | "trials mean" | "-"
+    energy_per_output_token_j: float | None = None  # the recommendation's (servetune.energy), when measured
 
 
 def fetch_history(model: str, *, database_url: str | None = None, limit: int = 20) -> list[HistoryEntry]:
@@ -113,6 +114,7 @@ def fetch_history(model: str, *, database_url: str | None = None, limit: int = 2
             output_tokens_per_s=_first((rec.get("output_tokens_per_s"), ""), (r["output_tokens_per_s"], ""))[0],
             p99_ttft_ms=_first((rec.get("p99_ttft_ms"), ""), (p99s.get("ttft_ms"), ""), (r["ttft_p99_ms"], ""))[0],
             prefix_hit_rate=hit, hit_rate_source=source,
+            energy_per_output_token_j=_first((rec.get("energy_per_output_token_j"), ""))[0],
         ))
     return out
 
@@ -152,6 +154,9 @@ def history_table(model: str, entries: list[HistoryEntry]) -> Table:
                           ("goodput req/s", "right"), ("out tok/s", "right"), ("p99 TTFT ms", "right"),
                           ("hit rate", "right")):
         table.add_column(name, justify=justify, no_wrap=name != "recommended config")
+    energy = any(e.energy_per_output_token_j is not None for e in entries)  # a column only where measured
+    if energy:
+        table.add_column("J/out tok", justify="right", no_wrap=True)
     # entries are newest first: each row is compared with the next older one that has the figure
     for i, e in enumerate(entries):
         older = entries[i + 1:]
@@ -163,6 +168,7 @@ def history_table(model: str, entries: list[HistoryEntry]) -> Table:
         hit = "-" if e.prefix_hit_rate is None else f"{e.prefix_hit_rate:.1%}"
         if e.hit_rate_source == "trials mean":
             hit += "*"
+        joules = e.energy_per_output_token_j
         table.add_row(
             e.started_at.strftime("%Y-%m-%d %H:%M") if e.started_at else "-",
             e.experiment_id[:12], e.trigger, e.status or "-", f"{e.trials_ok}/{e.trials_total}",
@@ -172,6 +178,7 @@ def history_table(model: str, entries: list[HistoryEntry]) -> Table:
             cell("output_tokens_per_s", "-" if e.output_tokens_per_s is None else f"{e.output_tokens_per_s:,.0f}"),
             cell("p99_ttft_ms", "-" if e.p99_ttft_ms is None else f"{e.p99_ttft_ms:,.0f}"),
             cell("prefix_hit_rate", hit),
+            *([cell("energy_per_output_token_j", "-" if joules is None else f"{joules:.3f}")] if energy else []),
         )
     if any(e.hit_rate_source == "trials mean" for e in entries):
         table.caption = "* no recommendation: mean hit rate over the experiment's accepted trials"

@@ -166,6 +166,19 @@ def _hit(t: TrialResult) -> str:
     return pct(t.summary.prefix_hit_rate) + (f" (scheduler {sched})" if sched else "")
 
 
+def _energy_cards(rec: dict[str, Any]) -> list[dict[str, str]]:
+    """Energy and cost at the answer (servetune.energy), and the objective when it is not goodput."""
+    cards = []
+    if rec.get("energy_per_output_token_j") is not None:
+        cards.append({"key": "j-per-token", "label": "J per output token", "value": fmt(rec["energy_per_output_token_j"], 3)})
+    if rec.get("cost_per_mtok_usd") is not None:
+        cards.append({"key": "cost-per-mtok", "label": "$ per million output tokens",
+                      "value": fmt(rec["cost_per_mtok_usd"], 3)})
+    if rec.get("objective") not in (None, "goodput"):
+        cards.append({"key": "objective", "label": "objective (under the SLA)", "value": str(rec["objective"])})
+    return cards
+
+
 def key_cards(campaign: CampaignView) -> list[dict[str, str]]:
     """The headline numbers: from the recommendation when there is one, else from the best curve trial."""
     ceiling, _ = campaign.ceiling()
@@ -187,6 +200,7 @@ def key_cards(campaign: CampaignView) -> list[dict[str, str]]:
             {"key": "p99-tpot", "label": "p99 TPOT ms", "value": fmt(p99s.get("tpot_ms"), 1)},
             {"key": "p99-e2e", "label": "p99 E2E ms", "value": fmt(p99s.get("e2e_ms"), 0)},
             {"key": "prefix-hit-rate", "label": "prefix hit rate", "value": pct(rec.get("prefix_hit_rate"))},
+            *_energy_cards(rec),
         ]
         evidence = {str(x) for x in rec.get("evidence_trial_ids") or []}
         sched = hit_rate_text([t for t in campaign.trials if t.trial_id in evidence])
