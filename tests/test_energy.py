@@ -160,7 +160,8 @@ def test_cost_per_mtok_runs_the_answer_where_tokens_are_cheapest_and_goodput_whe
     assert by_cost["cost_per_mtok_usd"] < by_goodput["cost_per_mtok_usd"] * 0.9
     assert by_cost["p99_tpot_ms"] <= 60
     note = next(e for e in by_cost["explanation"] if e.startswith("objective cost_per_mtok"))
-    assert f"the answer runs at concurrency {by_cost['concurrency']}" in note and "Mtok/$" in note
+    assert note.startswith(f"objective cost_per_mtok: concurrency {by_cost['concurrency']} ($")
+    assert "against the goodput answer concurrency" in note and "the answer runs there" in note and "Mtok/$" in note
     # the report draws J/token against the level and quotes the answer's energy, cost and objective
     from servetune.report.html import write_report
     from servetune.report.sources import load_campaign

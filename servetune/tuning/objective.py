@@ -1,10 +1,10 @@
-"""The plan's objective: which passing level of the answer's config the campaign recommends.
+"""The plan's objective: which passing config and level the campaign recommends.
 
 Capacity is measured the same way whatever the objective: the ramp climbs on goodput and the refinement
-compares configs on goodput, so the ceiling is the SLA's. Then the answer's level is the passing level of
-its config with the best objective figure: good requests per joule (``goodput_per_watt``: goodput over the
+compares configs on goodput, so the ceiling is the SLA's. Then the answer is the passing (config, level)
+pair, among every one the campaign measured, with the best objective figure: good requests per joule (``goodput_per_watt``: goodput over the
 window's mean GPU power) or output tokens per dollar (``cost_per_mtok``: the fewest dollars per million
-output tokens). A level whose figure is not better than the goodput answer's beyond the noise (paired over
+output tokens). A pair whose figure is not better than the goodput answer's beyond the noise (paired over
 the seeds both were measured on) and ``refine.min_improvement`` is a tie, and the goodput answer stays.
 """
 
@@ -39,32 +39,41 @@ def _by_seed(objective: str, ev: Evidence) -> dict[int, float] | None:
 
 
 def by_objective(plan: TuningPlan, state: CampaignState, chosen: TrialOutcome) -> tuple[TrialOutcome, list[str]]:
-    """The level of ``chosen``'s config the objective prefers among its passing ones, and why."""
+    """The passing (config, level) the objective prefers to ``chosen``, the goodput answer, and why."""
     objective = plan.objective
     if objective == "goodput":
         return chosen, []
-    levels = sorted({o.level for o in state.outcomes
-                     if o.flags == chosen.flags and o.stage not in UNPAIRED and o.valid})
+    pairs = {o.key: (o.flags, o.level) for o in state.outcomes if o.stage not in UNPAIRED and o.valid}
     scored: list[tuple[Evidence, dict[int, float]]] = []
-    for level in levels:
-        ev = current(plan, state, chosen.flags, level)
+    for flags, level in pairs.values():
+        ev = current(plan, state, flags, level)
         if ev.n and ev.passed and (values := _by_seed(objective, ev)) is not None:
             scored.append((ev, values))
-    base = next(((ev, v) for ev, v in scored if ev.level == chosen.level), None)
+    base = next(((ev, v) for ev, v in scored if ev.flags == chosen.flags and ev.level == chosen.level), None)
     if base is None:
         return chosen, [f"objective {objective}: the goodput answer has no {UNITS[objective]} figure; it stands"]
-    mean = {ev.level: sum(v.values()) / len(v) for ev, v in scored}
-    best, values = max(scored, key=lambda x: mean[x[0].level])
-    at = plan.level_text
-    if best.level == chosen.level:
-        return chosen, [f"objective {objective}: {at(chosen.level)} is also the best of {len(scored)} passing"
-                        f" level(s) ({shown(objective, mean[chosen.level])})"]
+
+    def mean(v: dict[int, float]) -> float:
+        return sum(v.values()) / len(v)
+
+    best, values = max(scored, key=lambda x: mean(x[1]))
+    if best is base[0]:
+        return chosen, [f"objective {objective}: the goodput answer is also the best of {len(scored)} passing"
+                        f" config and level pair(s) ({shown(objective, mean(values))})"]
     cmp = paired_compare(values, base[1], min_change=plan.stages.refine.min_improvement)
-    text = (f"{at(best.level)} ({shown(objective, mean[best.level])}) against the goodput answer"
-            f" {at(chosen.level)} ({shown(objective, mean[chosen.level])}; {cmp.text(UNITS[objective])})")
+    text = (f"{_where(plan, best, chosen)} ({shown(objective, mean(values))}) against the goodput answer"
+            f" {plan.level_text(chosen.level)} ({shown(objective, mean(base[1]))}; {cmp.text(UNITS[objective])})")
     if cmp.outcome != "better" or best.representative is None:
         return chosen, [f"objective {objective}: a tie: {text}; the goodput answer stands"]
-    return best.representative, [f"objective {objective}: {text}; the answer runs at {at(best.level)}"]
+    return best.representative, [f"objective {objective}: {text}; the answer runs there"]
+
+
+def _where(plan: TuningPlan, ev: Evidence, chosen: TrialOutcome) -> str:
+    """The level, and the flags where they differ from the goodput answer's."""
+    if ev.flags == chosen.flags:
+        return plan.level_text(ev.level)
+    flags = ", ".join(f"--{k} {v}" for k, v in sorted(ev.flags.items())) or "engine defaults"
+    return f"{plan.level_text(ev.level)} with {flags}"
 
 
 __all__ = ["UNITS", "by_objective", "figure", "shown"]
