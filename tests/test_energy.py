@@ -171,6 +171,9 @@ def test_cost_per_mtok_runs_the_answer_where_tokens_are_cheapest_and_goodput_whe
     assert 'id="fig-energy"' in html and "the simulator&#39;s power model" in html
     assert f"{by_cost['cost_per_mtok_usd']:,.3f}" in html and "cost_per_mtok" in html
     assert f"{by_cost['energy_per_output_token_j']:,.3f}" in html
+    # the answer is the engine defaults: the table says so and names the level (it showed headers only)
+    assert '<tr id="rec-defaults"><td colspan="2">engine defaults: no flag changed</td></tr>' in html
+    assert f'<tr id="rec-level"><td>concurrency (streams in flight)</td><td><strong>{by_cost["concurrency"]}<' in html
 
 
 def test_energy_is_stored_queried_and_judged_the_same_in_the_warehouse(database_url) -> None:

@@ -104,6 +104,15 @@ def flag_text(value: Any) -> str:
     return "set" if value is True else "-" if value is None or value is False else str(value)
 
 
+def rec_level(rec: dict[str, Any]) -> dict[str, str]:
+    """The level the answer runs at: the capacity in requests/s (rate mode, with what it keeps in flight) or
+    the concurrency, so the table says it even when no flag changed."""
+    if isinstance(rec.get("rate"), int | float):
+        return {"label": "rate (capacity at the SLA)",
+                "value": f"{rec['rate']:g} req/s, about {fmt(rec.get('concurrency'))} in flight"}
+    return {"label": "concurrency (streams in flight)", "value": fmt(rec.get("concurrency"))}
+
+
 def flag_rows(config: dict[str, Any]) -> list[dict[str, str]]:
     """The recommended flags, a switch as '(switch)' not 'True' (the typed line beside it: ``command_text``)."""
     return [{"flag": str(k), "value": "(switch)" if v is True else flag_text(v)}
@@ -267,6 +276,7 @@ def render_html(campaign: CampaignView, figures: list[ReportFigure], png_files: 
         "level_label": level_label(campaign.trials), "simulated": simulated_mark(campaign.trials).strip(" ()"),
         "flag_rows": flag_rows((rec or {}).get("config") or {}),
         "command": command_text((rec or {}).get("config") or {}),
+        "rec_level": rec_level(rec) if rec else None,
     }
     from servetune.report.diagnoses import diagnosis_rows  # the "Diagnoses" section (servetune.diagnose)
 
