@@ -153,10 +153,13 @@ def test_cli_virtual_campaign_and_dry_run(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert (out / "recommendation.json").is_file() and read(out / "experiment.json")["status"] == "done"
     assert "ramp" in res.output and "ETA" in res.output and "recommendation" in res.output
+    # the answer on stdout (`> file` keeps it), the progress on stderr
+    assert "recommendation" in res.stdout and "written to" in res.stdout and res.stdout.startswith("done: ")
+    assert "ETA" in res.stderr and "ETA" not in res.stdout and "recommendation" not in res.stderr
 
     res = runner.invoke(app, ["tune", str(PLANS / "demo.yaml"), "--dry-run"])
     assert res.exit_code == 0, res.output
-    assert "estimated GPU time" in res.output and "baseline" in res.output
+    assert "estimated GPU time" in res.stdout and "baseline" in res.stdout
 
 
 def test_cli_dry_run_of_a_real_plan_uses_its_estimate_profiles() -> None:

@@ -28,7 +28,15 @@ from servetune.tuning.progress import fmt_s
 BAD_INPUT = 2
 PAUSED = 75  # EX_TEMPFAIL: stopped by --stop-after, resumable
 INTERRUPTED = 130
-console = _console(stderr=True)  # all human text (--json: stdout holds the document alone)
+console = _console(stderr=True)  # progress and errors (--json: stdout holds the document alone)
+
+
+def _results() -> Any:
+    """The answer (the recommendation, a dry run's plan) goes to stdout, so ``> file`` keeps it; under
+    ``--json`` stdout holds the document alone and the human text stays on stderr."""
+    from servetune.logs import json_mode
+
+    return console if json_mode() else _console()
 
 
 _TONES = {"info": "", "good": "green", "warn": "yellow", "bad": "red"}
@@ -58,6 +66,7 @@ def _load(plan_path: Path) -> TuningPlan:
 
 
 def _print_dry_run(plan: TuningPlan) -> None:
+    console = _results()
     from servetune.engines.catalog import command_text
     from servetune.logs import emit_json, json_mode
     from servetune.tuning.campaign import dry_run
@@ -123,6 +132,7 @@ def _print_dry_run(plan: TuningPlan) -> None:
 
 def _print_static_schedule(plan: TuningPlan) -> None:
     """Without a simulator profile: the worst-case trial list; GPU time cannot be estimated."""
+    console = _results()
     from servetune.tuning.campaign import remaining_trials_upper_bound
     from servetune.tuning.ceiling import RATE_STEP
     from servetune.tuning.state import CampaignState
@@ -157,6 +167,7 @@ def _print_static_schedule(plan: TuningPlan) -> None:
 def _print_recommendation(decision: Any, out: Path) -> None:
     from servetune.engines.catalog import command_text
 
+    console = _results()
     rec = decision.recommendation
     if rec is None:
         console.print(f"[red]no recommendation[/red]: {escape(decision.reason)}")
@@ -256,7 +267,7 @@ def tune(
                       f" go on with: servetune tune {plan_path} --out {campaign.out} --resume",
                       highlight=False, soft_wrap=True)
         raise typer.Exit(PAUSED)
-    console.print(f"done: {escape(decision.reason)} {spent}", highlight=False)
+    _results().print(f"done: {escape(decision.reason)} {spent}", highlight=False)
     _print_recommendation(decision, campaign.out)
     if decision.failed:
         raise typer.Exit(1)
