@@ -63,6 +63,11 @@ def test_virtual_campaign_writes_the_shared_result_folder(tmp_path: Path) -> Non
     stages = [t.stage for t in sorted(trials.values(), key=lambda t: t.created_at)]
     assert stages[:3] == ["correctness", "baseline", "ramp"] and "refine" in stages
     assert all(t.experiment_id == exp["experiment_id"] for t in trials.values())
+    # every trial keeps its workload spec, with the repeat's seed, as a live trial does (diagnose reads it)
+    specs = {t.trial_id: t.workload["spec"] for t in trials.values()}
+    assert all(sp["name"] == plan.workload.name and sp["shared_prefix"] == plan.workload.shared_prefix.model_dump(
+        mode="json") for sp in specs.values())
+    assert {sp["seed"] for sp in specs.values()} >= {plan.workload.seed}
     assert set(rec["evidence_trial_ids"]) <= set(trials)
     chosen = trials[rec["evidence_trial_ids"][0]]
     # the answer's own seeds come first (then the baseline, ceiling and compared trials): its goodput is their mean

@@ -107,7 +107,7 @@ class SimTrialRunner:
         self.gpu, self.model = gpu, model
         self.restart_cost_s = plan.budget.restart_cost_s if restart_cost_s is None else restart_cost_s
         self._running: dict[str, Any] | None = None
-        self._requests: dict[tuple[int, int, str | None], list[Any]] = {}
+        self._requests: dict[tuple[int, int, str | None], Any] = {}  # WorkloadBatch by size, seed, protocol
 
     @classmethod
     def for_plan(cls, plan: TuningPlan) -> SimTrialRunner | None:
@@ -119,7 +119,8 @@ class SimTrialRunner:
             return None
         return cls(plan, gpu=plan.estimate.gpu, model=plan.estimate.model)
 
-    def _workload(self, spec: TrialSpec) -> list[Any]:
+    def _batch(self, spec: TrialSpec) -> Any:
+        """The trial's workload batch (its requests and the description a trial result keeps)."""
         n = spec.warmup + spec.requests
         key = (n, spec.seed_offset, spec.protocol)
         if key not in self._requests:
@@ -129,7 +130,7 @@ class SimTrialRunner:
             if workload.tokenizer and not Path(workload.tokenizer).exists():
                 # a GPU host's tokenizer, absent here: the simulator counts tokens with its own model
                 workload = workload.model_copy(update={"tokenizer": None})
-            self._requests[key] = build_requests(workload, n).requests
+            self._requests[key] = build_requests(workload, n)
         return self._requests[key]
 
     def run(self, spec: TrialSpec, *, experiment_id: str) -> RunReport:
@@ -146,9 +147,11 @@ class SimTrialRunner:
             return RunReport(result=result, gpu_seconds=restart, restarted=True)
         self._running = dict(spec.flags)
         load = trial_load(self.plan, spec)
-        result = simulate(args, self._workload(spec), load, sla=self.plan.sla, rules=self.plan.validation.rules(),
+        batch = self._batch(spec)
+        result = simulate(args, batch.requests, load, sla=self.plan.sla, rules=self.plan.validation.rules(),
                           seed=self.plan.seed, endpoint=self.plan.endpoint, cost=self.plan.cost)
         result.stage, result.experiment_id = spec.stage, experiment_id
+        result.workload = batch.describe()  # the spec a reader (diagnose, the report) needs, as a live trial's
         result.server_config = dict(spec.flags)
         result.target["model"] = self.plan.model  # one identity, as a live trial of the plan says (the profile stays)
         return RunReport(result=result, gpu_seconds=virtual_duration_s(result) + restart, restarted=restarted)
