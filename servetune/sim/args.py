@@ -31,34 +31,43 @@ class SimArgsError(ValueError):
 
 def build_parser(prog: str = "servetune sim serve") -> argparse.ArgumentParser:
     """SGLang's flags (the modelled subset) plus the simulator's own (profiles, load time, seed)."""
-    p = argparse.ArgumentParser(prog=prog, description="Simulated SGLang server (a model, not a measurement).")
+    p = argparse.ArgumentParser(prog=prog, description="Start the simulated SGLang server (a model, not a"
+                                " measurement): SGLang's flags plus the simulator's profiles.")
     sim = p.add_argument_group("simulator")
     sim.add_argument("--model-profile", default=DEFAULT_MODEL_PROFILE, help="model profile name or YAML path")
     sim.add_argument("--gpu-profile", default=DEFAULT_GPU_PROFILE, help="GPU profile name or YAML path")
     sim.add_argument("--load-seconds", type=float, default=0.5, help="simulated weight-loading time (503s)")
     sg = p.add_argument_group("SGLang server arguments")
     sg.add_argument("--model-path", "--model", default=None, dest="model_path", help="model name reported by the API (default: profile's)")
-    sg.add_argument("--served-model-name", default=None)
-    sg.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=None, dest="tp_size")
-    sg.add_argument("--context-length", type=int, default=None)
-    sg.add_argument("--max-running-requests", type=int, default=None)
-    sg.add_argument("--max-total-tokens", type=int, default=None)
-    sg.add_argument("--chunked-prefill-size", type=int, default=None)
-    sg.add_argument("--max-prefill-tokens", type=int, default=16384)
-    sg.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default="fcfs")
-    sg.add_argument("--schedule-conservativeness", type=float, default=1.0)
-    sg.add_argument("--mem-fraction-static", type=float, default=None)
-    sg.add_argument("--page-size", type=int, default=1)
-    sg.add_argument("--disable-radix-cache", action="store_true")
+    sg.add_argument("--served-model-name", default=None, help="the name clients send as 'model' (default: --model-path)")
+    sg.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=None, dest="tp_size",
+                    help="tensor-parallel GPUs (default: the model profile's)")
+    sg.add_argument("--context-length", type=int, default=None, help="longest prompt + output (default: the model's)")
+    sg.add_argument("--max-running-requests", type=int, default=None,
+                    help="cap on the decode batch (default: from the KV pool, as SGLang)")
+    sg.add_argument("--max-total-tokens", type=int, default=None,
+                    help="KV pool size in tokens (default: from --mem-fraction-static)")
+    sg.add_argument("--chunked-prefill-size", type=int, default=None,
+                    help="longest prefill chunk in tokens (default: SGLang's for the GPU)")
+    sg.add_argument("--max-prefill-tokens", type=int, default=16384, help="tokens one prefill batch may hold")
+    sg.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default="fcfs",
+                    help="queue order: first come, or longest cached prefix first")
+    sg.add_argument("--schedule-conservativeness", type=float, default=1.0,
+                    help="how much KV room new requests must leave for decodes (lower admits more)")
+    sg.add_argument("--mem-fraction-static", type=float, default=None,
+                    help="share of GPU memory for weights and the KV pool (default: SGLang's for the GPU)")
+    sg.add_argument("--page-size", type=int, default=1, help="tokens per KV page")
+    sg.add_argument("--disable-radix-cache", action="store_true", help="no prefix reuse between requests")
     sg.add_argument("--mm-processor-worker-num", type=int, default=0,
                     help="image processor threads of the front end (0: the model profile's auto value)")
-    sg.add_argument("--enable-metrics", action="store_true")
-    sg.add_argument("--enable-cache-report", action="store_true")
-    sg.add_argument("--random-seed", type=int, default=0)
-    sg.add_argument("--host", default="127.0.0.1")
-    sg.add_argument("--port", type=int, default=30000)
-    sg.add_argument("--api-key", default=None)
-    sg.add_argument("--log-level", default="info")
+    sg.add_argument("--enable-metrics", action="store_true", help="serve Prometheus /metrics")
+    sg.add_argument("--enable-cache-report", action="store_true",
+                    help="report cached prompt tokens in each response's usage")
+    sg.add_argument("--random-seed", type=int, default=0, help="seed of the generated tokens")
+    sg.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
+    sg.add_argument("--port", type=int, default=30000, help="port to listen on")
+    sg.add_argument("--api-key", default=None, help="a bearer token clients must send, as SGLang's --api-key")
+    sg.add_argument("--log-level", default="info", help="the server's log level")
     return p
 
 
