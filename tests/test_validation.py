@@ -279,3 +279,28 @@ def test_one_clean_gpu_rule_in_memory_and_in_the_warehouse(database_url):
         assert all(r.success for r in clean) is (want is True), (state, procs, clean)
         in_memory = [r.success for r in validate(t).results if r.checklist == "clean_gpu"]
         assert [r.success for r in clean] == in_memory, (state, procs)
+
+
+def test_validate_takes_a_campaign_folder_judged_as_its_plan_asked(tmp_path):
+    """`validate DIR` (as load, report and diagnose take one): every trial in DIR/trials, one row each, the
+    plan's validation settings unless the command line says otherwise; exit 1 when any is rejected."""
+    import json
+
+    folder = tmp_path / "campaign"
+    (folder / "trials").mkdir(parents=True)
+    good, bad = make_trial(trial_id="dir-good", n=120), make_trial(trial_id="dir-bad", n=120)
+    _ttft_after_e2e(bad)
+    good.save(folder / "trials" / "dir-good.json")
+    (folder / "experiment.json").write_text(json.dumps({"plan": {"validation": {"min_measured": 100}}}))
+    res = CliRunner().invoke(app, ["--json", "validate", str(folder)])
+    assert res.exit_code == 0, res.output  # 120 measured requests: enough for this plan's 100
+    assert [(d["trial_id"], d["accepted"]) for d in orjson.loads(res.stdout)] == [("dir-good", True)]
+    res = CliRunner().invoke(app, ["validate", str(folder), "--min-measured", "200"], env={"COLUMNS": "200"})
+    assert res.exit_code == 1 and "0 of 1 trials accepted" in res.output and "measured_requests" in res.output
+    bad.save(folder / "trials" / "dir-bad.json")
+    res = CliRunner().invoke(app, ["validate", str(folder)], env={"COLUMNS": "200"})
+    assert res.exit_code == 1 and "1 of 2 trials accepted" in res.output and "sanity_timings" in res.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = CliRunner().invoke(app, ["validate", str(empty)])
+    assert res.exit_code == 2 and "no trial result in it" in res.output

@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         min_measured: Annotated[int, typer.Option("--min-measured", min=1,
                                                   help="fewest measured requests a trial needs")] = 200,
         waive: Annotated[list[str] | None, typer.Option(
-            "--waive", help="checklist item to waive (gpu_memory_curve, clean_gpu), e.g. for a CPU engine")] = None,
+            "--waive", help="checklist item to waive (gpu_memory_curve, clean_gpu, energy), e.g. for a CPU engine")] = None,
     ) -> None:
         """Store every trial of RESULT: one transaction each; reloading the same trial changes nothing."""
         from servetune.validation.checklist import check_waivable

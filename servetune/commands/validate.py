@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import orjson
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from servetune.commands.db import BAD_INPUT
+
+CAMPAIGN_FILES = {"experiment.json", "recommendation.json", "state.json", "plan.json"}  # not trials
 
 
 def _observed(value: object) -> str:
@@ -22,16 +25,60 @@ def _observed(value: object) -> str:
     return str(value)
 
 
+def _folder_plan(folder: Path) -> dict[str, Any]:
+    """The plan a campaign folder's experiment.json recorded ({} when there is none to read)."""
+    try:
+        plan = orjson.loads((folder / "experiment.json").read_bytes()).get("plan")
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return {}
+    return plan if isinstance(plan, dict) else {}
+
+
+def _validate_folder(folder: Path, check: Any, out: Any, report_json: Path | None) -> None:
+    """Every trial of a campaign folder (its trials/, else the folder's own JSON files): one row each,
+    exit 1 when any is rejected."""
+    from servetune.logs import emit_json, json_mode
+
+    trials_dir = folder / "trials"
+    files = sorted((trials_dir if trials_dir.is_dir() else folder).glob("*.json"))
+    files = [f for f in files if f.name not in CAMPAIGN_FILES]
+    if not files:
+        Console(stderr=True).print(f"[red]validate:[/red] {escape(str(folder))}: no trial result in it"
+                                   " (a campaign folder keeps them in trials/)", soft_wrap=True)
+        raise typer.Exit(BAD_INPUT)
+    checked = [check(f) for f in files]
+    table = Table(title=f"{folder}: {sum(r.success for _, r in checked)} of {len(checked)} trials accepted")
+    for col in ("trial", "stage", "level", "verdict", "rejected by"):
+        table.add_column(col, no_wrap=col != "rejected by")
+    for trial, report in checked:
+        level = trial.load.get("rate") if trial.load.get("mode") == "rate" else trial.load.get("concurrency")
+        failed = ", ".join(dict.fromkeys(o.checklist or o.suite for o in report.failed))
+        table.add_row(trial.trial_id[:12], trial.stage or "bench", "-" if level is None else f"{level:g}",
+                      "[green]ACCEPTED[/green]" if report.success else "[red]REJECTED[/red]", failed or "-")
+    out.print(table)
+    documents = [{"trial_id": t.trial_id, "accepted": r.success, "valid": t.summary.valid,
+                  "invalid_reasons": t.summary.invalid_reasons, "report": r} for t, r in checked]
+    if report_json:
+        report_json.write_text(orjson.dumps([d | {"report": d["report"].model_dump(mode="json")}
+                                             for d in documents], option=orjson.OPT_INDENT_2).decode())
+    if json_mode():
+        emit_json(documents)
+    if not all(r.success for _, r in checked):
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate(
-        result: Annotated[Path, typer.Argument(help="a trial result JSON")],
-        min_measured: Annotated[int, typer.Option("--min-measured", min=1,
-                                                  help="fewest measured requests a trial needs")] = 200,
+        result: Annotated[Path, typer.Argument(
+            help="a trial result JSON, or a campaign folder (every trial in its trials/)")],
+        min_measured: Annotated[int | None, typer.Option(
+            "--min-measured", min=1, help="fewest measured requests a trial needs (default: a campaign folder's"
+                                          " plan's validation.min_measured, else 200)")] = None,
         interval_ms: Annotated[float | None, typer.Option(
             "--interval-ms", help="expected GPU sampling interval (default: the one the trial recorded)")] = None,
         waive: Annotated[list[str] | None, typer.Option(
-            "--waive", help="checklist item to waive (gpu_memory_curve, clean_gpu)")] = None,
+            "--waive", help="checklist item to waive (gpu_memory_curve, clean_gpu, energy)")] = None,
         data_docs: Annotated[Path | None, typer.Option("--data-docs", help="build GX Data Docs into this folder")] = None,
         report_json: Annotated[Path | None, typer.Option("--json", help="write the ValidationReport here")] = None,
         show_all: Annotated[bool, typer.Option("--all", help="list passing expectations too")] = False,
@@ -51,22 +98,34 @@ def register(app: typer.Typer) -> None:
         quiet_info("servetune.validation")  # its one INFO line says what the verdict table says
         err = Console(stderr=True)
         out = console(stderr=json_mode())  # --json: the document alone on stdout
+        overrides = {k: v for k, v in (("min_window_s", min_window_s), ("min_completions", min_completions))
+                     if v is not None}
+
+        plan = _folder_plan(result) if result.is_dir() else {}  # a campaign is judged as its plan asked
+        needed = min_measured or (plan.get("validation") or {}).get("min_measured") or 200
+        waive = [*(waive or ()), *((plan.get("validation") or {}).get("waive") or [])]
+
+        def check(path: Path) -> tuple[TrialResult, Any]:
+            """One trial file through the checklist; a file that cannot be judged is one line and exit 2."""
+            try:
+                trial = TrialResult.read(path)  # the check `servetune load` runs too: the same line for a bad file
+                rules = trial_rules(trial).model_copy(update=overrides)
+                return trial, run_checklist(trial, min_measured=needed, expected_interval_ms=interval_ms,
+                                            waive=tuple(waive or ()), data_docs_dir=data_docs, rules=rules)
+            except (ResultError, OSError, ValueError, KeyError) as exc:
+                text = str(exc) if isinstance(exc, ResultError) else f"{path}: {exc}"
+                err.print(f"[red]validate:[/red] {escape(text)}", soft_wrap=True)
+                raise typer.Exit(BAD_INPUT) from None
+
         try:
             check_waivable(waive or ())  # before any file is read
-            trial = TrialResult.read(result)  # the check `servetune load` runs too: the same line for a bad file
-        except (ResultError, ValueError) as exc:
+        except ValueError as exc:
             err.print(f"[red]validate:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(BAD_INPUT) from None
-        try:
-            rules = trial_rules(trial)
-            overrides = {k: v for k, v in (("min_window_s", min_window_s), ("min_completions", min_completions))
-                         if v is not None}
-            rules = rules.model_copy(update=overrides)
-            report = run_checklist(trial, min_measured=min_measured, expected_interval_ms=interval_ms,
-                                   waive=tuple(waive or ()), data_docs_dir=data_docs, rules=rules)
-        except (OSError, ValueError, KeyError) as exc:
-            err.print(f"[red]validate:[/red] {escape(f'{result}: {exc}')}", soft_wrap=True)
-            raise typer.Exit(BAD_INPUT) from None
+        if result.is_dir():
+            _validate_folder(result, check, out, report_json)
+            return
+        trial, report = check(result)
         table = Table(title=f"trial {trial.trial_id}: {'ACCEPTED' if report.success else 'REJECTED'} "
                             f"(GX {report.gx_version})")
         for col in ("", "checklist", "expectation", "column", "observed"):
