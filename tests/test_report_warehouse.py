@@ -31,14 +31,15 @@ def test_report_from_experiment_id_matches_the_files(fresh_database_url: str, tm
     assert key_cards(from_db) == key_cards(from_files)
     for a, b in zip(from_db.trials, from_files.trials, strict=True):
         assert a.summary == b.summary, a.trial_id  # the flattened columns rebuild the same summary
-        assert len(a.gpu["samples"]) == len(b.gpu["samples"]) == 50
+        assert len(a.gpu["samples"]) == len(b.gpu["samples"]) == 55  # the fixture's curve: 0 .. 64.8 s
         assert a.validation["success"] == b.validation["success"]
 
     out = tmp_path / "db-report"
     result = runner.invoke(app, ["report", exp_id, "--database-url", fresh_database_url, "--out", str(out)])
     assert result.exit_code == 0, result.output
     html = (out / "report.html").read_text()
-    assert len(re.findall(r'<img src="data:image/png;base64,', html)) == 5
+    assert len(re.findall(r'<img src="data:image/png;base64,', html)) == 6
+    assert 'id="fig-energy"' in html  # drawn from the stored energy columns and power samples
     rejected = next(t for t in from_db.trials if t.status == "rejected")
     row = html[html.index(f'id="check-{rejected.trial_id}"'):]
     assert "<div>gpu_memory_curve: expect_gpu_samples_cover_window(t_s)</div>" in row[: row.index("</tr>")]
