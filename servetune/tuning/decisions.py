@@ -11,11 +11,11 @@ from typing import Any
 
 from servetune.plan import TuningPlan
 from servetune.tuning.ceiling import find_ceiling
-from servetune.tuning.evidence import current
+from servetune.tuning.evidence import passing
 from servetune.tuning.recommend import recommend
 from servetune.tuning.refine import RefineResult, refine
 from servetune.tuning.robustness import checks_so_far, robustness
-from servetune.tuning.state import UNPAIRED, CampaignState, Ceiling, Decision, Flags, TrialOutcome, TrialSpec
+from servetune.tuning.state import CampaignState, Ceiling, Decision, Flags, TrialOutcome, TrialSpec
 
 
 def base_flags(plan: TuningPlan) -> Flags:
@@ -103,9 +103,7 @@ def _budget_reason(plan: TuningPlan, state: CampaignState) -> str:
 def best_passing(plan: TuningPlan, state: CampaignState) -> TrialOutcome | None:
     """The (config, level) whose pooled evidence passes (by majority; every seed in rate mode) with the most
     mean goodput, as its representative trial: one lucky seed of a config that fails on the others is not it."""
-    pairs = {o.key: (o.flags, o.level) for o in state.outcomes if o.stage not in UNPAIRED and o.valid}
-    passing = [ev for ev in (current(plan, state, f, lv) for f, lv in pairs.values()) if ev.n and ev.passed]
-    best = max(passing, key=lambda ev: ev.goodput.mean or 0.0, default=None)
+    best = max(passing(plan, state), key=lambda ev: ev.goodput.mean or 0.0, default=None)
     return best.representative if best is not None else None
 
 

@@ -202,6 +202,13 @@ def current(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level) 
                 superseded=[o.trial_id for o in everything if not _sized(o, ref)])
 
 
+def passing(plan: TuningPlan, state: CampaignState) -> list[Evidence]:
+    """The pooled evidence of every (config, level) the campaign measured that passes (by majority; every seed
+    in rate mode): what an answer may be chosen from."""
+    pairs = {o.key: (o.flags, o.level) for o in state.outcomes if o.stage not in UNPAIRED and o.valid}
+    return [ev for ev in (current(plan, state, f, lv) for f, lv in pairs.values()) if ev.n and ev.passed]
+
+
 def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *, stage: str, reason: str,
            repeats: int = 1) -> TrialSpec | Evidence:
     """The next trial (flags, level) needs, or its evidence once seeds 0..``repeats``-1 are accepted

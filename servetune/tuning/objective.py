@@ -13,8 +13,8 @@ from __future__ import annotations
 from servetune.plan import TuningPlan
 from servetune.result import TrialSummary
 from servetune.stats import paired_compare
-from servetune.tuning.evidence import Evidence, current
-from servetune.tuning.state import UNPAIRED, CampaignState, TrialOutcome
+from servetune.tuning.evidence import Evidence, passing
+from servetune.tuning.state import CampaignState, TrialOutcome
 
 UNITS = {"goodput": "req/s", "goodput_per_watt": "good req/kJ", "cost_per_mtok": "Mtok/$"}  # of figure()
 
@@ -43,12 +43,7 @@ def by_objective(plan: TuningPlan, state: CampaignState, chosen: TrialOutcome) -
     objective = plan.objective
     if objective == "goodput":
         return chosen, []
-    pairs = {o.key: (o.flags, o.level) for o in state.outcomes if o.stage not in UNPAIRED and o.valid}
-    scored: list[tuple[Evidence, dict[int, float]]] = []
-    for flags, level in pairs.values():
-        ev = current(plan, state, flags, level)
-        if ev.n and ev.passed and (values := _by_seed(objective, ev)) is not None:
-            scored.append((ev, values))
+    scored = [(ev, values) for ev in passing(plan, state) if (values := _by_seed(objective, ev)) is not None]
     base = next(((ev, v) for ev, v in scored if ev.flags == chosen.flags and ev.level == chosen.level), None)
     if base is None:
         return chosen, [f"objective {objective}: the goodput answer has no {UNITS[objective]} figure; it stands"]
