@@ -88,6 +88,11 @@ def verbose() -> bool:
     return _State.verbose
 
 
+def set_json() -> None:
+    """A command's own ``--json`` (``servetune CMD --json``): the same switch as ``servetune --json CMD``."""
+    _State.json = True
+
+
 def json_mode() -> bool:
     """``servetune --json CMD``: CMD prints one JSON document on stdout and nothing else there."""
     return _State.json

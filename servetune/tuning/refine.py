@@ -129,14 +129,16 @@ class _Walk:
                 return up
             if cand.n < inc.n and ((inc.marginal and not cand.marginal) or _simpler(cand, inc)):
                 # a tie-break stands on the incumbent's seeds, never fewer (one passing seed is not "steadier")
+                first = f"{what}: a tie within the noise at {at(level)} on {cand.n} seed(s) ({g1} against {g0} req/s)"
                 cand, inc, cmp = self.settle(cand, inc, what, inc.n)
                 outcome = _outcome(cand, inc, cmp)
                 if outcome != "tie":
-                    if outcome == "better":
-                        self.notes.append(f"{what}: goodput {inc.goodput.text()} -> {cand.goodput.text()} req/s"
-                                          f" at {at(level)} ({cmp.text()})")
-                        return cand
-                    return inc
+                    then = (f"goodput {inc.goodput.text()} -> {cand.goodput.text()} req/s" if outcome == "better"
+                            else f"it lost (goodput {cand.goodput.text()} against {inc.goodput.text()} req/s"
+                                 + ("" if cand.passed else f"; it failed: {'; '.join(cand.verdict.reasons)}") + ")")
+                    self.notes.append(f"{first}; on the incumbent's {inc.n} seeds {then} ({cmp.text()})"
+                                      + ("" if outcome == "better" else "; kept the incumbent"))
+                    return cand if outcome == "better" else inc
                 g0, g1 = inc.goodput.text(), cand.goodput.text()
             steadier = inc.marginal and not cand.marginal
             keep = not (steadier or _simpler(cand, inc))
