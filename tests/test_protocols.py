@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from servetune.checklist_report import PLAIN_COLUMN
 from servetune.experiment import ResultFolder
 from servetune.plan import PlanError, load_plan, parse_plan
 from servetune.plan_protocols import deep_merge, headline_value, protocol_workload
@@ -100,8 +101,10 @@ def test_the_checklist_rejects_static_batches_and_keeps_the_distribution(demo_ca
     assert a["quoted"].startswith("decode_tokens_per_s = ") and a["radix"] == "off" and a["load"] == "static batches of 64"
     assert (b["verdict"], b["sla"], b["failed"]) == ("accepted", "met", [])
     assert tuned["verdict"] == "accepted" and tuned["sla"] == "met" and "concurrency" in tuned["quoted"]
+    assert a["plain"] == [PLAIN_COLUMN[("steady_window", "window_source")]] and b["plain"] == []
     assert rejection_sentences(rows) == [
-        "engineer-a: rejected by the checklist (steady_window: window_source = 'waves' not in steady, stated)"]
+        f"engineer-a: rejected by the checklist: {a['plain'][0]} (checklist detail: steady_window: window_source"
+        " = 'waves' not in steady, stated)"]
     html = write_report(load_campaign(str(demo_campaign)), demo_campaign / "report").html_path.read_text()
     assert html.index('id="protocols"') < html.index('id="key-figures"') and html.count('class="protocol"') == 3
 
@@ -126,13 +129,79 @@ def test_a_plan_without_protocols_shows_no_section(demo_campaign: Path, tmp_path
 def test_the_demo_prints_the_protocols_beside_the_answer(demo_campaign: Path, capsys) -> None:
     from rich.console import Console
 
-    from servetune.commands import airflow as demo_cmd
+    from servetune.commands.outcome import print_protocols
 
-    demo_cmd.console = Console(width=160, force_terminal=False)
-    demo_cmd._print_protocols(ResultFolder(demo_campaign))
+    print_protocols(Console(width=160, force_terminal=False), load_campaign(str(demo_campaign)))
     out = capsys.readouterr().out
     assert "one server, measured 3 ways (simulated)" in out
     lines = {ln.split("│")[1].strip(): ln for ln in out.splitlines() if ln.count("│") > 3}
     assert "decode 2,612 tok/s" in lines["engineer-a"] and "rejected" in lines["engineer-a"]
     assert "accepted" in lines["engineer-b"] and "met" in lines["tuned (servetune)"]
-    assert "engineer-a: rejected by the checklist (steady_window: window_source = 'waves'" in out
+    assert "engineer-a: rejected by the checklist: static batches fill and drain" in out
+    assert "(checklist detail: steady_window: window_source = 'waves'" in out
+
+
+def test_the_verdict_opens_the_report_and_a_defaults_answer_says_so(demo_campaign: Path, tmp_path: Path) -> None:
+    """The demo's answer is the engine defaults at one level: the verdict lines name who counts, on what
+    workload and by how much the answer beats the best valid protocol; the recommendation table says
+    "engine defaults" and the level; each heatmap cell is one config at one level, the recommended one the
+    recommendation's own; the page fits 1,400 px in Chromium."""
+    from markupsafe import escape
+
+    from servetune.report.heatmap import AXES, DEFAULT, choose_cells, engine_default
+    from servetune.report.protocols import protocol_trials
+    from servetune.report.verdict import verdict_lines
+
+    campaign = load_campaign(str(demo_campaign))
+    rec = campaign.recommendation
+    assert rec and rec["config"] == {}, rec["config"]  # the plan's story: the defaults win, the level is the answer
+    lines = verdict_lines(campaign, protocol_trials(campaign))
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("engineer-a's decode ") and "does not count: static batches fill and drain" in lines[0]
+    assert lines[1].startswith("engineer-b's p99 E2E ") and "is valid: 1024-4096-token prompts" in lines[1]
+    assert "a shared 512-token system prompt" in lines[1] and "at 32 streams its goodput is" in lines[1]
+    b = next(t for t in campaign.trials if (t.load.get("protocol") or {}).get("name") == "engineer-b")
+    gain = rec["goodput_rps"] / b.summary.goodput_rps - 1
+    assert lines[2].startswith(f"Tuned answer: the engine defaults at {rec['concurrency']} concurrent streams")
+    assert f"{gain:+.0%} over engineer-b" in lines[2] and gain > 0.02, (lines[2], gain)
+
+    html = write_report(campaign, tmp_path / "report").html_path.read_text()
+    assert html.index('id="verdict"') < html.index('id="protocols"') < html.index('id="key-figures"')
+    assert all(str(escape(line)) in html for line in lines)
+    table = html[html.index('id="rec-table"'):]
+    table = table[: table.index("</table>")]
+    assert 'id="rec-defaults"' in table and "engine defaults: no flag changed" in table
+    assert f"<strong>{rec['concurrency']}</strong>" in table
+    ties = rec.get("ties") or []
+    assert ties and all(html.count(str(escape(line))) == 1 for line in ties)  # listed once, not again below
+
+    cells = choose_cells(campaign.refine_trials() + [t for t in campaign.curve_trials()], campaign.sla, rec)
+    chosen = [(cell, c) for cell, c in cells.items() if c[3]]
+    assert [cell for cell, _ in chosen] == [(DEFAULT, DEFAULT)] and chosen[0][1][2] == rec["concurrency"]
+    assert "missed SLA" not in chosen[0][1][1]  # the answer's own cell: its config at its level, which met it
+    assert engine_default(campaign.trials, AXES[0]) == 8192  # the simulated server's own chunked-prefill-size
+
+    from test_report import _chromium_argv
+
+    probe = tmp_path / "report" / "probe.html"
+    probe.write_text(html.replace("</body>", PROBE + "</body>"))
+    import subprocess
+
+    dom = subprocess.run([*_chromium_argv(tmp_path), "--window-size=1400,3000", "--dump-dom", probe.as_uri()],
+                         check=True, timeout=120, capture_output=True, text=True).stdout
+    import html as htmllib
+    import json
+    import re
+
+    found = json.loads(htmllib.unescape(re.search(r'data-probe="([^"]*)"', dom).group(1)))
+    assert found["over"] == [] and found["scroll"] <= 1400, found
+
+
+#: run in Chromium: every table, figure and list of the page against the right edge of <main>
+PROBE = """<script>
+const main = document.querySelector('main').getBoundingClientRect();
+const over = [...document.querySelectorAll('main table, main figure, main ul, main p')]
+  .filter(e => e.getBoundingClientRect().right > main.right + 0.5)
+  .map(e => (e.id || e.tagName) + ':' + Math.round(e.getBoundingClientRect().right));
+document.body.setAttribute('data-probe', JSON.stringify({scroll: document.documentElement.scrollWidth, over}));
+</script>"""

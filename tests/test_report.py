@@ -25,7 +25,8 @@ from servetune.report.campaign import (
     meets_sla,
 )
 from servetune.report.evidence import curve_levels, series, validity_cells
-from servetune.report.figures import _cell_value, all_figures, latency_figure, throughput_figure
+from servetune.report.figures import all_figures, latency_figure, throughput_figure
+from servetune.report.heatmap import cell_value
 from servetune.report.html import diff_rows, write_report
 from servetune.report.sources import load_campaign
 from servetune.stats import spread
@@ -129,8 +130,9 @@ def test_checklist_and_sla_columns(campaign_dir: Path, tmp_path: Path) -> None:
     rejected = next(t for t in campaign.trials if t.status == "rejected")
     row = html[html.index(f'id="check-{rejected.trial_id}"'):]
     row = row[: row.index("</tr>")]
-    assert "rejected" in row and "<div>gpu_memory_curve: expect_gpu_samples_cover_window(t_s)</div>" in row
-    assert "validation failed: gpu_memory_curve" in row
+    # plain words first, the checklist item as detail
+    assert "rejected" in row and '<small class="muted">gpu_memory_curve: expect_gpu_samples_cover_window(t_s)</small>' in row
+    assert row.index("the GPU memory curve is missing or has holes") < row.index("gpu_memory_curve: expect_")
     c96 = next(t for t in campaign.trials if t.stage == "ramp" and t.load["concurrency"] == 96)
     row96 = html[html.index(f'id="check-{c96.trial_id}"'):]
     assert "missed" in row96[: row96.index("</tr>")]  # validated fine, but over the p99 TTFT bound
@@ -337,10 +339,10 @@ def test_heatmap_cells_pool_valid_repeats(noisy_dir: Path) -> None:
     campaign = load_campaign(str(noisy_dir))
     best = [t for t in campaign.refine_trials() if flag_value(t.server_config, "chunked_prefill_size") == 4096
             and flag_value(t.server_config, "schedule_conservativeness") == 0.7]
-    value, note = _cell_value(best, campaign.sla)
+    value, note = cell_value(best, campaign.sla)
     assert len(best) == 3 and note == " (n=3)"
     assert value == pytest.approx(spread([t.summary.goodput_rps for t in best]).mean)
     best[0].summary.valid = False
-    value, note = _cell_value(best, campaign.sla)
+    value, note = cell_value(best, campaign.sla)
     assert note == " (n=2)" and value == pytest.approx(spread([t.summary.goodput_rps for t in best[1:]]).mean)
-    assert _cell_value(best[:1], campaign.sla) == (0.0, "\nINVALID")
+    assert cell_value(best[:1], campaign.sla) == (0.0, "\nINVALID")

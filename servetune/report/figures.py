@@ -8,32 +8,22 @@ showing an empty plot.
 
 from __future__ import annotations
 
-import math
-from typing import Any
 
 import matplotlib
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 
 from servetune.report.campaign import (
     CampaignView,
-    config_key,
-    counts,
-    flag_value,
-    is_invalid,
     is_simulated,
     level_axis,
-    level_of,
-    meets_sla,
     simulated_mark,
 )
 from servetune.report.curves import curve_caption, invalid_legend, mark_ceiling, plot_series
 from servetune.report.energy import energy_figure
 from servetune.report.evidence import curve_levels
 from servetune.report.figure_base import ReportFigure, _png, trial_label
+from servetune.report.heatmap import refine_heatmap_figure
 from servetune.report.scheduler import scheduler_figure
-from servetune.result import TrialResult
-from servetune.stats import spread
 
 GIB = 1024**3
 
@@ -170,94 +160,6 @@ def prefix_hit_figure(campaign: CampaignView) -> ReportFigure:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     return ReportFigure(key, title, caption, _png(fig))
-
-
-DEFAULT = "default"  # a flag the trial left to the engine's default
-
-
-def _axis_key(value: Any) -> tuple[int, float | str]:
-    return (0, 0.0) if value == DEFAULT else (1, value if isinstance(value, int | float) else str(value))
-
-
-def refine_heatmap_figure(campaign: CampaignView) -> ReportFigure:
-    key, title = "refine_heatmap", "Refinement: chunked-prefill-size x schedule-conservativeness"
-    caption = ("Goodput (req/s) near the ceiling for each chunked-prefill-size x schedule-conservativeness "
-               "tried; 'default' is the engine's own value (the refinement changes one flag at a time, and "
-               "the ramp's trial at the same concurrency is the default/default cell). A cell shows the mean "
-               "goodput over the VALID repeats of its best config when several (e.g. max-running-requests "
-               "values) were tried; INVALID trials are not used ('INVALID': none of the cell's trials was "
-               "valid). Hatched: not measured; 'missed SLA': most repeats there missed the p99 SLA or failed.")
-    refine = campaign.refine_trials()
-    if not refine:
-        return ReportFigure(key, title, caption, None, "no refinement trials in this campaign")
-
-    def cell(t: TrialResult) -> tuple[Any, Any]:
-        chunk = flag_value(t.server_config, "chunked_prefill_size")
-        cons = flag_value(t.server_config, "schedule_conservativeness")
-        return (DEFAULT if chunk is None else chunk, DEFAULT if cons is None else cons)
-
-    levels = {level_of(t) for t in refine}
-    start = [t for t in campaign.curve_trials() if level_of(t) in levels and cell(t) == (DEFAULT, DEFAULT)]
-    trials = refine + start
-    chunks = sorted({cell(t)[0] for t in trials}, key=_axis_key)
-    conss = sorted({cell(t)[1] for t in trials}, key=_axis_key)
-    grid = [[math.nan] * len(chunks) for _ in conss]
-    notes = [[""] * len(chunks) for _ in conss]
-    groups: dict[tuple[int, int, str], list[TrialResult]] = {}
-    for t in trials:
-        groups.setdefault((conss.index(cell(t)[1]), chunks.index(cell(t)[0]), config_key(t.server_config)),
-                          []).append(t)
-    for (i, j, _), group in groups.items():
-        value, note = _cell_value(group, campaign.sla)
-        if math.isnan(grid[i][j]) or value > grid[i][j]:
-            grid[i][j], notes[i][j] = value, note
-    fig = Figure(figsize=(2.2 + 1.3 * len(chunks), 1.6 + 0.9 * len(conss)))
-    ax = fig.subplots()
-    values = [v for row in grid for v in row if not math.isnan(v)]
-    lo, hi = min(values), max(values)
-    pad = max(0.02 * abs(hi), 0.1 * (hi - lo), 1e-6)  # near-equal goodputs must not look far apart
-    im = ax.imshow(grid, cmap="YlGn", aspect="auto", origin="lower", vmin=lo - pad, vmax=hi + pad)
-    rec_cfg = (campaign.recommendation or {}).get("config") or {}
-    rec_cell = (flag_value(rec_cfg, "chunked_prefill_size"), flag_value(rec_cfg, "schedule_conservativeness"))
-    rec_cell = tuple(DEFAULT if v is None else v for v in rec_cell)
-    for i, row in enumerate(grid):
-        for j, v in enumerate(row):
-            if math.isnan(v):
-                ax.add_patch(_hatch(j, i))
-                continue
-            dark = float(im.norm(v)) > 0.6  # white text only on the dark end of the colour map
-            ax.text(j, i, f"{v:.2f}" + notes[i][j], ha="center", va="center",
-                    fontsize=9, color="white" if dark else "black")
-            if campaign.recommendation and rec_cell == (chunks[j], conss[i]):
-                ax.add_patch(_outline(j, i))
-    ax.set_xticks(range(len(chunks)), [str(c) for c in chunks])
-    ax.set_yticks(range(len(conss)), [c if c == DEFAULT else f"{c:g}" for c in conss])
-    ax.set(xlabel="--chunked-prefill-size (tokens)", ylabel="--schedule-conservativeness (factor)",
-           title="goodput (req/s)")
-    cbar = fig.colorbar(im, ax=ax, label="goodput req/s")
-    cbar.formatter.set_useOffset(False)
-    return ReportFigure(key, title, caption + " The recommended cell is outlined in red.", _png(fig))
-
-
-def _cell_value(group: list[TrialResult], sla: dict[str, float]) -> tuple[float, str]:
-    """One config's cell: mean goodput over its counted repeats (a rejected trial counts as 0), and a note.
-
-    The note says "missed SLA" when most counted repeats missed it, "INVALID" when none counted."""
-    used = [t for t in group if counts(t)]
-    if not used:
-        return 0.0, "\nINVALID" if any(is_invalid(t) for t in group) else "\nfailed"
-    mean = spread([(t.summary.goodput_rps or 0.0) if t.status == "ok" else 0.0 for t in used]).mean or 0.0
-    passes = sum(meets_sla(t, sla) for t in used)
-    note = (f" (n={len(used)})" if len(used) > 1 else "") + ("" if passes * 2 > len(used) else "\nmissed SLA")
-    return mean, note
-
-
-def _hatch(j: int, i: int) -> Rectangle:
-    return Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", edgecolor="#bdbdbd", linewidth=0)
-
-
-def _outline(j: int, i: int) -> Rectangle:
-    return Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, edgecolor="#c0392b", linewidth=2.5)
 
 
 def all_figures(campaign: CampaignView) -> list[ReportFigure]:

@@ -18,6 +18,7 @@ from servetune import __version__
 from servetune.experiment import REPORT_FILE, ResultFolder
 from servetune.report.campaign import (CampaignView, flag_value, is_simulated, level_label, level_of,
                                        meets_sla, simulated_mark)
+from servetune.report.verdict import plain_rejection
 from servetune.report.evidence import ceiling_evidence, failed_checks, goodput_text, validity_cells
 from servetune.report.figures import ReportFigure, all_figures
 from servetune.report.scheduler import hit_rate_text
@@ -141,7 +142,7 @@ def checklist_rows(campaign: CampaignView) -> list[dict[str, Any]]:
             verdict = "not judged (INVALID)"
         rows.append({"trial_id": t.trial_id, "stage": t.stage or "bench", "concurrency": fmt(level_of(t)),
                      "status": t.status, "validation": label, "validation_class": css, "failed": failed,
-                     "failure_reason": t.failure_reason, "validity": v["validity"],
+                     "failure_reason": t.failure_reason, "validity": v["validity"], "plain": plain_rejection(t),
                      "validity_class": v["validity_class"], "invalid_reasons": t.summary.invalid_reasons,
                      "sla": verdict, "sla_class": "ok" if met else "bad", "simulated": is_simulated(t)})
     return rows
@@ -281,9 +282,13 @@ def render_html(campaign: CampaignView, figures: list[ReportFigure], png_files: 
     from servetune.report.diagnoses import diagnosis_rows  # the "Diagnoses" section (servetune.diagnose)
 
     context["diagnoses"] = diagnosis_rows(campaign)
-    from servetune.report.protocols import protocol_rows  # the "Protocols side by side" section
+    from servetune.report.protocols import protocol_rows, protocol_trials  # "Protocols side by side"
+    from servetune.report.verdict import verdict_lines  # the two or three lines that open the report
 
     context["protocols"] = protocol_rows(campaign)
+    context["verdict"] = verdict_lines(campaign, protocol_trials(campaign)) if is_campaign else []
+    ties = set(context["ties"])  # a tie is listed once, under "Ties", not again among the explanation's lines
+    context["explanation"] = [line for line in (rec or {}).get("explanation") or [] if line not in ties]
     from servetune.report.images import image_rows  # the "Images" section (servetune.multimodal)
 
     context["image_rows"] = image_rows(campaign)

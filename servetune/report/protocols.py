@@ -13,6 +13,7 @@ from typing import Any
 from servetune.plan_protocols import HEADLINES, headline_value
 from servetune.report.campaign import CampaignView, flag_value, is_simulated, level_of, meets_sla
 from servetune.report.evidence import failed_checks
+from servetune.report.verdict import plain_rejection
 from servetune.result import TrialResult
 
 
@@ -45,17 +46,26 @@ def _row(t: TrialResult, sla: dict[str, float], *, who: str, about: str, quoted:
         "ttft_p99": _num(s.ttft_ms.p99), "tpot_p99": _num(s.tpot_ms.p99, 1), "e2e_p99": _num(s.e2e_ms.p99),
         "goodput": _num(s.goodput_rps, 2), "hit": "-" if s.prefix_hit_rate is None else f"{s.prefix_hit_rate:.0%}",
         "input_len": f"{_num(s.input_len.p50)} / {_num(s.input_len.p99)}",
-        "verdict": verdict, "verdict_class": css, "failed": failed_checks(t), "sla": sla_text,
+        "verdict": verdict, "verdict_class": css, "failed": failed_checks(t), "plain": plain_rejection(t),
+        "sla": sla_text,
         "simulated": is_simulated(t),
     }
 
 
-def protocol_rows(campaign: CampaignView) -> list[dict[str, Any]]:
-    """One row per protocol trial, in the plan's order, then the recommendation's evidence ([] without protocols)."""
+def protocol_trials(campaign: CampaignView) -> list[TrialResult]:
+    """The protocol trials in the plan's order."""
     planned = [p.get("name") for p in (campaign.experiment.get("plan") or {}).get("protocols") or []]
-    protocols = sorted((t for t in campaign.trials if t.stage == "protocol"), key=lambda t: (
+    return sorted((t for t in campaign.trials if t.stage == "protocol"), key=lambda t: (
         planned.index(name) if (name := (t.load.get("protocol") or {}).get("name")) in planned else len(planned),
         t.created_at))
+
+
+def protocol_rows(campaign: CampaignView) -> list[dict[str, Any]]:
+    """One row per protocol trial, in the plan's order, then the recommendation's ([] without protocols).
+
+    The tuned row quotes the recommendation's figures (means over its repeats, as the key figures do);
+    the other columns come from one of its trials."""
+    protocols = protocol_trials(campaign)
     if not protocols:
         return []
     sla = campaign.sla
@@ -76,12 +86,20 @@ def protocol_rows(campaign: CampaignView) -> list[dict[str, Any]]:
     if at_answer:
         quoted = f"goodput_rps = {_num(rec.get('goodput_rps'), 2)} req/s at the SLA, concurrency {rec.get('concurrency')}"
         short = f"goodput {_num(rec.get('goodput_rps'), 2)} req/s at the SLA"
-        rows.append(_row(at_answer[0], sla, who="tuned (servetune)", quoted=quoted, short=short,
-                         about="the staged campaign: the plan's workload, continuous batching, one steady window"))
+        n = rec.get("repeats") or 1
+        row = _row(at_answer[0], sla, who="tuned (servetune)", quoted=quoted, short=short,
+                   about="the staged campaign: the plan's workload, continuous batching, one steady window"
+                         + (f"; figures are means over {n} seeds" if n > 1 else ""))
+        for key, field, digits in (("ttft_p99", "p99_ttft_ms", 0), ("tpot_p99", "p99_tpot_ms", 1),
+                                   ("e2e_p99", "p99_e2e_ms", 0), ("goodput", "goodput_rps", 2),
+                                   ("output_tps", "output_tokens_per_s", 0)):
+            if isinstance(rec.get(field), int | float):
+                row[key] = _num(rec[field], digits)
+        rows.append(row)
     return rows
 
 
 def rejection_sentences(rows: list[dict[str, Any]]) -> list[str]:
-    """'engineer-a: rejected by the checklist (steady_window: ...)' for each protocol that did not pass."""
-    return [f"{r['who']}: {r['verdict']} by the checklist ({'; '.join(r['failed']) or 'see its trial'})"
-            for r in rows if r["verdict"] == "rejected"]
+    """'engineer-a: rejected by the checklist: <plain words> (steady_window: ...)' for each protocol that did not pass."""
+    return [f"{r['who']}: rejected by the checklist: {'; '.join(r['plain']) or 'see its trial'}"
+            f" (checklist detail: {'; '.join(r['failed']) or '-'})" for r in rows if r["verdict"] == "rejected"]
