@@ -11,12 +11,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from servetune.experiment import ResultFolder
 from servetune.result import TrialResult
 from servetune.result_check import ResultError, read_json
 from servetune.warehouse.tables import TRIGGERS
+
+
+#: an experiment in one of these ended without its answer: experiment.json's ``status_reason`` says why
+FAILED_STATUSES = ("failed", "interrupted")
+REASON_MAX = 500  # characters of a stored failure reason
+
+
+def one_line(text: str | None) -> str | None:
+    """The first non-blank line of ``text``, stripped and at most ``REASON_MAX`` characters; None when empty."""
+    line = next((ln.strip() for ln in (text or "").splitlines() if ln.strip()), "")
+    if not line:
+        return None
+    return line if len(line) <= REASON_MAX else line[:REASON_MAX - 1] + "…"
 
 
 class LoadError(ValueError):
@@ -49,9 +62,25 @@ class ExperimentInfo(BaseModel):
     dag_run_id: str | None = None
     plan: dict[str, Any] | None = None
     status: str | None = None
+    failure_reason: str | None = None  # from status_reason when the status is failed (redacted when stored)
     started_at: datetime | None = None
     finished_at: datetime | None = None
     recommendation: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _failure_from_status_reason(cls, data: Any) -> Any:
+        """experiment.json says why in ``status_reason`` (also for a paused or done campaign): kept only
+        when the campaign failed, so a resumed campaign that then concluded clears it on reload."""
+        if isinstance(data, dict) and "failure_reason" not in data:
+            failed = data.get("status") in FAILED_STATUSES
+            data = {**data, "failure_reason": data.get("status_reason") if failed else None}
+        return data
+
+    @field_validator("failure_reason", mode="before")
+    @classmethod
+    def _one_line(cls, v: Any) -> str | None:  # a malformed reason never blocks the load
+        return one_line(v) if isinstance(v, str) else None
 
     @field_validator("trigger")
     @classmethod
@@ -69,6 +98,7 @@ class ExperimentInfo(BaseModel):
             engine=result.target.get("engine"),
             trigger="bench" if result.experiment_id is None else "manual",
             status=result.status,
+            failure_reason=result.failure_reason if result.status == "failed" else None,
             started_at=ts(result.t0_unix) or iso(result.created_at),
         )
 

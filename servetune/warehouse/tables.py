@@ -57,6 +57,7 @@ experiments = Table(
     Column("dag_run_id", Text),
     Column("plan", JSONB),
     Column("status", Text),
+    Column("failure_reason", Text),  # why a failed campaign failed: one line, redacted (0014)
     Column("started_at", DateTime(timezone=True)),
     Column("finished_at", DateTime(timezone=True)),
     Column("recommendation", JSONB),
