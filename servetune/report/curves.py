@@ -40,3 +40,14 @@ def curve_caption(levels: list[Level], text: str) -> str:
     invalid = sum(len(lv.invalid) for lv in levels)
     counted = f" Up to {repeats} repeats per level; {invalid} INVALID trial(s) not used." if levels else ""
     return f"{text} {CURVE_NOTE}{counted}"
+
+
+def per_instant(samples: list[dict], field: str) -> tuple[list[float], list[float]]:
+    """A GPU sample field summed over the trial's GPUs at each sampling instant (instants without it skipped)."""
+    by_time: dict[float, float] = {}
+    for smp in samples:
+        if smp.get(field) is not None:
+            ts = round(float(smp["t_s"]), 3)
+            by_time[ts] = by_time.get(ts, 0.0) + float(smp[field])
+    times = sorted(by_time)
+    return times, [by_time[t] for t in times]

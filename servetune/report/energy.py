@@ -14,23 +14,12 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from servetune.report.campaign import CampaignView, level_axis
-from servetune.report.curves import curve_caption, invalid_legend, mark_ceiling, plot_series
+from servetune.report.curves import curve_caption, invalid_legend, mark_ceiling, per_instant, plot_series
 from servetune.report.evidence import curve_levels
 from servetune.report.figure_base import ReportFigure, _png, trial_label
 
 METHODS = {"counter": "NVML's total-energy counter", "power_curve": "the integrated NVML power curve",
            "modelled": "the simulator's power model (not a measurement)"}
-
-
-def _power_by_time(samples: list[dict]) -> tuple[list[float], list[float]]:
-    """Watts summed over the trial's GPUs at each sampling instant."""
-    by_time: dict[float, float] = {}
-    for smp in samples:
-        if smp.get("power_w") is not None:
-            ts = round(float(smp["t_s"]), 3)
-            by_time[ts] = by_time.get(ts, 0.0) + float(smp["power_w"])
-    times = sorted(by_time)
-    return times, [by_time[t] for t in times]
 
 
 def energy_figure(campaign: CampaignView) -> ReportFigure:
@@ -43,7 +32,7 @@ def energy_figure(campaign: CampaignView) -> ReportFigure:
                                     "and the mean power. Right: power (W, summed over the trial's GPUs) against "
                                     f"time since the trial's t0. Energy from {how or 'no trial'}.")
     trials = [t for t in campaign.trials if t.stage != "correctness"]
-    curves = [(t, *_power_by_time(t.gpu.get("samples") or [])) for t in trials]
+    curves = [(t, *per_instant(t.gpu.get("samples") or [], "power_w")) for t in trials]
     curves = [c for c in curves if c[1]]
     if not methods and not curves:
         return ReportFigure(key, title, caption, None, "no power readings in any trial")
@@ -68,7 +57,8 @@ def energy_figure(campaign: CampaignView) -> ReportFigure:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     ax1.legend(fontsize=8, loc="upper right")
-    watts.legend(fontsize=8, loc="lower left")
+    if watts.get_legend_handles_labels()[0]:  # no mean power on any level: no empty legend
+        watts.legend(fontsize=8, loc="lower left")
     ax2.legend(fontsize=7, ncol=2 if len(curves) > 8 else 1, loc="lower right")
     return ReportFigure(key, title, caption, _png(fig))
 

@@ -18,7 +18,7 @@ from servetune.report.campaign import (
     level_axis,
     simulated_mark,
 )
-from servetune.report.curves import curve_caption, invalid_legend, mark_ceiling, plot_series
+from servetune.report.curves import curve_caption, invalid_legend, mark_ceiling, per_instant, plot_series
 from servetune.report.energy import energy_figure
 from servetune.report.evidence import curve_levels
 from servetune.report.figure_base import ReportFigure, _png, trial_label
@@ -99,17 +99,12 @@ def gpu_memory_figure(campaign: CampaignView) -> ReportFigure:
         states.add(t.summary.gpu_state or t.gpu.get("state") or "unknown")
         if not samples:
             continue
-        by_time: dict[float, float] = {}
-        total_by_time: dict[float, float] = {}
-        for smp in samples:
-            ts = round(float(smp["t_s"]), 3)
-            by_time[ts] = by_time.get(ts, 0.0) + float(smp.get("mem_used") or 0)
-            total_by_time[ts] = total_by_time.get(ts, 0.0) + float(smp.get("mem_total") or 0)
-        times = sorted(by_time)
+        times, used = per_instant([{**smp, "mem_used": smp.get("mem_used") or 0} for smp in samples], "mem_used")
+        _, total = per_instant([{**smp, "mem_total": smp.get("mem_total") or 0} for smp in samples], "mem_total")
         color = cmap(i / max(1, len(trials) - 1))
         label = trial_label(t) + (" (simulated)" if is_simulated(t) and mark != " (simulated)" else "")
-        ax.plot(times, [by_time[x] / GIB for x in times], color=color, linewidth=1.2, label=label)
-        totals.append(int(max(total_by_time.values())))
+        ax.plot(times, [u / GIB for u in used], color=color, linewidth=1.2, label=label)
+        totals.append(int(max(total)))
         drawn += 1
     if not drawn:
         return ReportFigure(key, title, caption, None,
