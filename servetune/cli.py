@@ -8,6 +8,7 @@ Airflow log), so one line stays one line.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import traceback
 from typing import Any
@@ -16,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
+
+from servetune.commands.jsonout import JsonFlag, use_json
 
 # Typer vendors click (>= 0.26) and exports only some of its exceptions: the base classes come from
 # the MRO of the public ``typer.BadParameter`` rather than from a private module.
@@ -61,8 +64,45 @@ def unexpected_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+def _paragraphs(text: str) -> str:
+    """A docstring as ``--help`` shows it: each paragraph one line for Rich to wrap at the terminal's width.
+
+    Typer's rich mode keeps a docstring's single line breaks after the first paragraph, cutting sentences
+    at the source's 120 columns; a paragraph marked ``\\b`` (click's "keep as is") or a list keeps them.
+    """
+    body, cut, rest = inspect.cleandoc(text).partition("\f")
+    kept = [p if p.startswith("\b") or p.lstrip().startswith(("- ", "* ")) else " ".join(p.split())
+            for p in body.split("\n\n")]
+    return "\n\n".join(kept) + cut + rest
+
+
+def _readable_help(cmd: Any) -> None:
+    """Every command under ``cmd``, once: paragraphs rewrapped, and a switch (``--dry-run``, ``--help``)
+    shown bare: Typer 0.29 prints a flag's type, ``<bool>``, as if it took a value."""
+    if cmd.help:
+        cmd.help = _paragraphs(cmd.help)
+    own_params = cmd.get_params
+
+    def get_params(ctx: Any) -> Any:  # --help and the completion switches are added late: all of them here
+        params = own_params(ctx)
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""  # the rich help prints a set metavar instead of the type
+        return params
+
+    cmd.get_params = get_params
+    for sub in (getattr(cmd, "commands", None) or {}).values():
+        _readable_help(sub)
+
+
 class OneLineErrors(TyperGroup):
-    """The root group: runs the command with Typer's handling off and reports every failure as one line."""
+    """The root group: runs the command with Typer's handling off and reports every failure as one line.
+
+    Built once per invocation, after every command under it: it makes their help readable then."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _readable_help(self)
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
@@ -103,8 +143,9 @@ app = typer.Typer(
 
 @app.callback()
 def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="debug logging, libraries' too; tracebacks"),
-          json: bool = typer.Option(False, "--json", help="bench, tune, validate, query: one JSON document on"
-                                    " stdout, human text on stderr")) -> None:
+          json: bool = typer.Option(False, "--json", help="machine output of any command that gives a result:"
+                                    " one JSON document on stdout, human text on stderr (the same as"
+                                    " `servetune CMD --json`)")) -> None:
     _Run.verbose = verbose
     from servetune.logs import setup
     from servetune.redact import install_log_redaction
@@ -115,10 +156,14 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="debug log
 
 
 @app.command()
-def version() -> None:
+def version(json_out: JsonFlag = False) -> None:
     """Print servetune's version."""
     from servetune import __version__
+    from servetune.logs import emit_json
 
+    if use_json(json_out):
+        emit_json({"version": __version__})
+        return
     typer.echo(__version__)
 
 

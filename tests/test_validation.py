@@ -196,7 +196,7 @@ def test_cli_validate_and_data_docs(tmp_path):
     assert "ACCEPTED" in res.output
     index = tmp_path / "docs" / "index.html"
     assert index.is_file() and "trial_summary" in index.read_text()
-    res = runner.invoke(app, ["validate", str(tmp_path / "bad.json"), "--json", str(tmp_path / "r.json")])
+    res = runner.invoke(app, ["validate", str(tmp_path / "bad.json"), "--report-out", str(tmp_path / "r.json")])
     assert res.exit_code == 1
     assert "REJECTED" in res.output and "prefix_hit_rate" in res.output
     assert orjson.loads((tmp_path / "r.json").read_bytes())["success"] is False

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from servetune.commands.jsonout import JsonFlag, use_json
 from servetune.experiment import ResultFolder
 from servetune.gpu_pools import runner_pools
 
@@ -44,6 +45,7 @@ def _localdb() -> Any:
 
 REPO = Path(__file__).resolve().parents[2]
 console = Console()
+_err = Console(stderr=True)  # --json: the human text, stdout holding the document alone
 
 
 def dags_folder() -> Path:
@@ -163,18 +165,24 @@ app = typer.Typer(help="Run servetune's DAGs with a real Airflow (metadata and w
 
 
 @app.command("env")
-def env_cmd(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow home and results live here")) -> None:
+def env_cmd(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow home and results live here"),
+            json_out: JsonFlag = False) -> None:
     """Print the environment (as shell exports, passwords redacted) the DAGs run with."""
+    as_json = use_json(json_out)
     server_url, cluster = _localdb().resolve_server()
     try:
         setup = AirflowSetup(state_dir / "airflow", _make_url(server_url).set(database="servetune_airflow")
                              .render_as_string(hide_password=False),
                              _make_url(server_url).set(database="servetune").render_as_string(hide_password=False),
                              REPO / "plans" / "weekly", state_dir / "results")
-        for k, v in sorted(setup.env().items()):
-            if k.startswith(("AIRFLOW", "SERVETUNE")):
-                v = _localdb().redact(v) if "://" in v else v
-                typer.echo(f"export {k}={v}")
+        shown = {k: _localdb().redact(v) if "://" in v else v for k, v in sorted(setup.env().items())
+                 if k.startswith(("AIRFLOW", "SERVETUNE"))}
+        if as_json:  # the variables by name
+            from servetune.logs import emit_json
+
+            emit_json(shown)
+        else:
+            typer.echo("\n".join(f"export {k}={v}" for k, v in shown.items()))
     finally:
         if cluster:
             cluster.stop()
@@ -208,15 +216,23 @@ def standalone(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow
 
 @app.command("pools")
 def pools_cmd(plans_dir: Path = typer.Option(REPO / "plans" / "weekly", envvar="SERVETUNE_PLANS_DIR",
-                                             help="the plans whose GPU runners need a pool")) -> None:
+                                             help="the plans whose GPU runners need a pool"),
+              json_out: JsonFlag = False) -> None:
     """Create (or resize) the `servetune-<runner>` pools, one slot each, in the Airflow this environment points
     at (docker compose runs it in airflow-init): Airflow schedules no task of a pool that does not exist."""
+    as_json = use_json(json_out)
     exe = shutil.which("airflow")
     if exe is None:
         raise typer.BadParameter("airflow is not installed in this environment (pip install 'servetune[airflow]')")
+    made = []
     for pool, slots, what in runner_pools(plans_dir):
         subprocess.run([exe, "pools", "set", pool, str(slots), what], check=True, stdout=subprocess.DEVNULL)
-        console.print(f"pool {pool}: {slots} slot ({what})")
+        (_err if as_json else console).print(f"pool {pool}: {slots} slot ({what})")
+        made.append({"pool": pool, "slots": slots, "description": what})
+    if as_json:
+        from servetune.logs import emit_json
+
+        emit_json(made)
 
 
 def demo(
@@ -227,14 +243,18 @@ def demo(
     clock: str = typer.Option("virtual", help="the DAG's clock Param: virtual (the simulator's virtual time, a"
                                               " couple of minutes) | live (the simulated server over HTTP in real"
                                               " time: as long as the GPU would take)"),
+    json_out: JsonFlag = False,
 ) -> None:
     """The main job: run `servetune_weekly` through real Airflow against the simulated engine.
 
     The demo plan measures one server three ways: engineer A's protocol, engineer B's and the staged
     campaign; the report puts them side by side with the checklist's verdicts. Uses
     SERVETUNE_DATABASE_URL's server when set, else PostgreSQL on 127.0.0.1:5432, else a private
-    cluster started (and stopped) here. Prints the comparison, the recommendation and the report path.
+    cluster started (and stopped) here. Prints the comparison, the recommendation and the report path
+    (--json: every experiment's outcome as one document; the tables on stderr).
     """
+    as_json = use_json(json_out)
+    out = _err if as_json else console
     if load_mode not in ("plan", "concurrency", "rate"):
         raise typer.BadParameter(f"must be plan, concurrency or rate, got {load_mode!r}", param_hint="--load-mode")
     if clock not in ("virtual", "live"):
@@ -244,10 +264,10 @@ def demo(
     run_dir = (state_dir / "runs" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     try:
         with _airflow_errors():
-            console.print(f"[bold]servetune demo[/]: PostgreSQL at {_localdb().redact(server_url)}"
+            out.print(f"[bold]servetune demo[/]: PostgreSQL at {_localdb().redact(server_url)}"
                           + (" (private cluster, stopped at the end)" if cluster else ""))
             setup = prepare(setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), run_dir / "results"))
-            console.print("running DAG [bold]servetune_weekly[/] with `airflow dags test` ...")
+            out.print("running DAG [bold]servetune_weekly[/] with `airflow dags test` ...")
             conf = ["--conf", orjson.dumps({"load_mode": load_mode, "clock": clock}).decode()]
             proc = setup.airflow("dags", "test", "servetune_weekly", *conf, check=False)
             (run_dir / "airflow-dags-test.log").write_text(proc.stdout or "")
@@ -256,29 +276,51 @@ def demo(
                 raise AirflowFailed(f"the DAG run failed (log: {run_dir / 'airflow-dags-test.log'})",
                                     (proc.stdout or "").splitlines()[-30:])
             for folder in experiments:
-                _print_outcome(folder, setup.warehouse_url)
+                _print_outcome(folder, setup.warehouse_url, out)
             log = run_dir / "airflow-dags-test.log"
-            console.print(f"done in {time.monotonic() - t_start:.0f} s; Airflow log: {log}")
-            console.print("the warehouse, for `servetune history`, `servetune query` and SQL (password redacted):\n"
-                          f"  export SERVETUNE_DATABASE_URL={_localdb().redact(setup.warehouse_url)}",
-                          highlight=False, soft_wrap=True)
+            out.print(f"done in {time.monotonic() - t_start:.0f} s; Airflow log: {log}")
+            if as_json:
+                from servetune.logs import emit_json
+
+                emit_json({"experiments": [_outcome(f, setup.warehouse_url) for f in experiments],
+                           "airflow_log": str(log), "warehouse": _localdb().redact(setup.warehouse_url)})
+            out.print("the warehouse, for `servetune history`, `servetune query` and SQL (password redacted):\n"
+                      f"  export SERVETUNE_DATABASE_URL={_localdb().redact(setup.warehouse_url)}",
+                      highlight=False, soft_wrap=True)
     finally:
         if cluster:
             cluster.stop()
 
 
-def _print_outcome(folder: ResultFolder, warehouse_url: str) -> None:
+def _trial_counts(warehouse_url: str, experiment_id: str) -> Any:
+    """The experiment's trials in the warehouse: (accepted, rejected, all)."""
     from sqlalchemy import text
 
     from servetune.warehouse.db import engine
 
+    with engine(warehouse_url).connect() as conn:
+        return conn.execute(text(
+            "select count(*) filter (where status = 'ok'), count(*) filter (where status = 'rejected'),"
+            " count(*) from trials where experiment_id = :e"), {"e": experiment_id}).one()
+
+
+def _outcome(folder: ResultFolder, warehouse_url: str) -> dict[str, Any]:
+    """``demo --json``: one experiment's outcome (the recommendation's secrets masked)."""
+    from servetune.redact import redact
+
+    exp, rec, report = folder.read_experiment(), folder.read_recommendation(), folder.report_file
+    accepted, rejected, total = _trial_counts(warehouse_url, exp["experiment_id"])
+    return {"experiment_id": exp["experiment_id"], "model": exp.get("model"), "status": exp.get("status"),
+            "folder": str(folder.path), "report": str(report) if report.exists() else None,
+            "recommendation": redact(rec) if rec else None,
+            "warehouse_trials": {"accepted": accepted, "rejected": rejected, "all": total}}
+
+
+def _print_outcome(folder: ResultFolder, warehouse_url: str, console: Console) -> None:
     exp = folder.read_experiment()
     rec = folder.read_recommendation()
-    _print_protocols(folder)
-    with engine(warehouse_url).connect() as conn:
-        counts = conn.execute(text(
-            "select count(*) filter (where status = 'ok'), count(*) filter (where status = 'rejected'),"
-            " count(*) from trials where experiment_id = :e"), {"e": exp["experiment_id"]}).one()
+    _print_protocols(folder, console)
+    counts = _trial_counts(warehouse_url, exp["experiment_id"])
     t = Table(title=f"experiment {exp['experiment_id']} ({exp.get('model')}, status {exp.get('status')})")
     t.add_column("what")
     t.add_column("value")
@@ -302,7 +344,7 @@ def _print_outcome(folder: ResultFolder, warehouse_url: str) -> None:
     console.print(f"report: {report}" if report.exists() else "report: not written", soft_wrap=True)
 
 
-def _print_protocols(folder: ResultFolder) -> None:
+def _print_protocols(folder: ResultFolder, console: Console) -> None:
     """The report's "Protocols side by side" in the terminal, when the plan has protocols."""
     from servetune.report.protocols import protocol_rows, rejection_sentences
     from servetune.report.sources import load_campaign

@@ -21,6 +21,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from servetune.commands.bench_names import cli_names
+from servetune.commands.jsonout import JsonFlag, use_json
 from servetune.commands.outpath import check_out_file, write_result
 from servetune.loadgen import TargetUnreachable
 from servetune.plan_types import check_bench_options, error_text
@@ -250,8 +252,10 @@ def bench(
     read_batch_ms: Annotated[float, typer.Option(
         help="raw client: read the sockets at most once per this many ms (kernel-stamped, so the stamps stay"
              " exact; a request a stream's end lets out waits up to this long; 0: read at once)")] = 1.0,
+    json_out: JsonFlag = False,
 ) -> None:
     """Benchmark a running endpoint: one trial, its summary, and a JSON result with every record."""
+    use_json(json_out)
     from servetune.commands.trace import bench_trace
     from servetune.trial import Interrupt, TrialRequest, run_trial
 
@@ -310,7 +314,7 @@ def bench(
                 }
             )
         except ValidationError as exc:
-            raise BadInput(_cli_names(_pydantic_line(exc))) from exc
+            raise BadInput(cli_names(_pydantic_line(exc))) from exc
         result = _run_with_progress(run_trial, req, interrupt)
     except (BadInput, TargetUnreachable, ValueError) as exc:
         # ValueError: from building the workload (e.g. a length the tokenizer cannot reach)
@@ -345,33 +349,6 @@ def bench(
         console.print("[red]trial failed:[/red]", escape(redact_text(result.failure_reason or "?")), highlight=False,
                       soft_wrap=True)
         raise typer.Exit(1)
-
-
-_CLI_NAMES = {
-    "load.concurrency": "--concurrency",
-    "load.rate": "--rate",
-    "load.arrival": "--arrival",
-    "load.burstiness": "--burstiness",
-    "load.warmup_requests": "--warmup",
-    "load.prime_cache": "--prime/--no-prime",
-    "target.url": "--url",
-    "target.endpoint": "--endpoint",
-    "target.timeout_s": "--timeout-s",
-    "target.http_client": "--http-client",
-    "target.read_batch_ms": "--read-batch-ms",
-    "target.idle_timeout_s": "--idle-timeout",
-    "num_requests": "--requests",
-    "gpu_interval_ms": "--gpu-interval-ms",
-    "validity.min_window_s": "--min-window-s",
-    "validity.min_completions": "--min-completions",
-}
-
-
-def _cli_names(line: str) -> str:
-    """Name the option the user typed, not our internal field path."""
-    for field, option in _CLI_NAMES.items():
-        line = line.replace(f"{field}:", f"{option}:")
-    return line
 
 
 def _run_with_progress(run_trial, req, interrupt) -> TrialResult:  # noqa: ANN001 - keeps the import lazy

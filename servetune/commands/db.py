@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from servetune.commands.jsonout import JsonFlag, use_json
+
 BAD_INPUT = 2
 # before alembic is imported (lazily, by a command): it logs one INFO line per plugin as it loads
 logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
@@ -54,6 +56,22 @@ def warehouse_errors(command: str) -> Iterator[None]:
         raise typer.Exit(BAD_INPUT) from None
 
 
+def _revision(database_url: str | None, revision: str | None = None) -> None:
+    """A db command's answer: the warehouse (password redacted), its revision and servetune's newest one;
+    ``--json``: the same as one document."""
+    from servetune.logs import emit_json, json_mode
+    from servetune.warehouse import db, migrate
+
+    url = db.redact(db.resolve_url(database_url))
+    at = migrate.current(database_url)
+    if json_mode():
+        emit_json({"database": url, "revision": at, "head": migrate.head()})
+    elif revision == "current":
+        typer.echo(f"{url}: at {at or 'base'} (head {migrate.head()})")
+    else:
+        typer.echo(f"{url}: at revision {at or 'base'}")
+
+
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="The warehouse schema (Alembic migrations shipped with servetune).",
                         no_args_is_help=True)
@@ -62,22 +80,26 @@ def register(app: typer.Typer) -> None:
     def upgrade(
         revision: Annotated[str, typer.Argument(help="target revision")] = "head",
         database_url: DatabaseUrl = None,
+        json_out: JsonFlag = False,
     ) -> None:
         """Create or migrate the warehouse tables and views up to REVISION."""
-        from servetune.warehouse import db, migrate
+        use_json(json_out)
+        from servetune.warehouse import migrate
 
         with warehouse_errors("db upgrade"):
             migrate.upgrade(database_url, revision)
-            typer.echo(f"{db.redact(db.resolve_url(database_url))}: at revision {migrate.current(database_url)}")
+            _revision(database_url)
 
     @group.command("downgrade")
     def downgrade(
         revision: Annotated[str, typer.Argument(help="target revision: -1, a revision id, or base")] = "-1",
         database_url: DatabaseUrl = None,
         yes: Annotated[bool, typer.Option("--yes", help="confirm dropping tables (downgrade to base)")] = False,
+        json_out: JsonFlag = False,
     ) -> None:
         """Migrate the warehouse down to REVISION (``base`` drops everything and needs --yes)."""
-        from servetune.warehouse import db, migrate
+        use_json(json_out)
+        from servetune.warehouse import migrate
 
         if revision == "base" and not yes:
             Console(stderr=True).print("[red]db downgrade:[/red] downgrading to base drops every table "
@@ -85,16 +107,13 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(BAD_INPUT)
         with warehouse_errors("db downgrade"):
             migrate.downgrade(database_url, revision)
-            typer.echo(f"{db.redact(db.resolve_url(database_url))}: at revision "
-                       f"{migrate.current(database_url) or 'base'}")
+            _revision(database_url)
 
     @group.command("current")
-    def current(database_url: DatabaseUrl = None) -> None:
+    def current(database_url: DatabaseUrl = None, json_out: JsonFlag = False) -> None:
         """Print the warehouse's revision and the newest one servetune ships."""
-        from servetune.warehouse import db, migrate
-
+        use_json(json_out)
         with warehouse_errors("db current"):
-            typer.echo(f"{db.redact(db.resolve_url(database_url))}: at {migrate.current(database_url) or 'base'}"
-                       f" (head {migrate.head()})")
+            _revision(database_url, "current")
 
     app.add_typer(group, name="db")

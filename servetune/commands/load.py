@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -11,7 +11,22 @@ from rich.markup import escape
 from rich.table import Table
 
 from servetune.commands.db import BAD_INPUT, DatabaseUrl, warehouse_errors
+from servetune.commands.jsonout import JsonFlag, use_json
 from servetune.redact import redact_text
+
+
+def _counts(report: Any) -> dict[str, Any]:
+    """``load --json``: how many trials each action and status had, and every trial's line."""
+    from collections import Counter
+
+    return {"experiment_id": report.experiment_id, "trials": len(report.trials),
+            "actions": dict(Counter(t.action for t in report.trials)),
+            "statuses": dict(Counter(t.status for t in report.trials)),
+            "request_rows": sum(t.rows.get("request_records", 0) for t in report.trials),
+            "loaded": [{"trial_id": t.trial_id, "action": t.action, "status": t.status, "rows": t.rows,
+                        "reason": redact_text(t.failure_reason) if t.failure_reason else None}
+                       for t in report.trials],
+            "errors": [redact_text(e) for e in report.errors]}
 
 
 def register(app: typer.Typer) -> None:
@@ -27,10 +42,13 @@ def register(app: typer.Typer) -> None:
                                                   help="fewest measured requests a trial needs")] = 200,
         waive: Annotated[list[str] | None, typer.Option(
             "--waive", help="checklist item to waive (gpu_memory_curve, clean_gpu, energy), e.g. for a CPU engine")] = None,
+        json_out: JsonFlag = False,
     ) -> None:
         """Store every trial of RESULT: one transaction each; reloading the same trial changes nothing."""
+        as_json = use_json(json_out)
         from servetune.validation.checklist import check_waivable
         from servetune.ingest import load_result
+        from servetune.logs import emit_json
 
         try:
             check_waivable(waive or ())  # before the warehouse is touched
@@ -47,7 +65,9 @@ def register(app: typer.Typer) -> None:
             style = {"ok": "green", "rejected": "yellow", "failed": "red"}.get(t.status, "")
             table.add_row(t.trial_id, t.action, f"[{style}]{t.status}[/{style}]" if style else t.status,
                           str(t.rows.get("request_records", "-")), escape(redact_text(t.failure_reason or "")))
-        Console().print(table)
+        Console(stderr=as_json).print(table)  # --json: stdout holds the document alone
+        if as_json:
+            emit_json(_counts(report))
         err = Console(stderr=True)
         for e in report.errors:
             err.print(f"[red]load:[/red] {escape(redact_text(e))}", soft_wrap=True)

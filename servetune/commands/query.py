@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from servetune.commands.db import BAD_INPUT, DatabaseUrl, warehouse_errors
+from servetune.commands.jsonout import JsonFlag, use_json
 
 
 def _plain(v: Any) -> Any:
@@ -30,16 +31,18 @@ def register(app: typer.Typer) -> None:
     def query(
         name: Annotated[str | None, typer.Argument(help="query name (a file in sql/queries/); omit to list")] = None,
         param: Annotated[list[str] | None, typer.Option("--param", "-p", help="k=v, repeatable")] = None,
-        fmt: Annotated[str, typer.Option("--format", "-f", help="table | csv | json")] = "table",
+        fmt: Annotated[str, typer.Option("--format", "-f", help="table | csv | json (--json: json)")] = "table",
         database_url: DatabaseUrl = None,
+        json_out: JsonFlag = False,
     ) -> None:
         """Run a named history query (e.g. ceiling_last_month --param model=llama-8b)."""
-        from servetune.logs import emit_json, json_mode
+        as_json = use_json(json_out)
+        from servetune.logs import emit_json
         from servetune.warehouse import queries
 
         err = Console(stderr=True, soft_wrap=True, highlight=False)  # one unwrapped line per error
-        fmt = "json" if json_mode() else fmt  # servetune --json query: the rows as one JSON document
-        if name is None and json_mode():
+        fmt = "json" if as_json else fmt  # --json: the rows as one JSON document, as -f json
+        if name is None and fmt == "json":
             emit_json([{"name": q.name, "description": q.description,
                         "parameters": [{"name": p.name, "default": p.default} for p in q.params]}
                        for q in queries.available().values()])

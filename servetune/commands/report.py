@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from servetune.commands.db import DatabaseUrl, warehouse_errors
+from servetune.commands.jsonout import JsonFlag, use_json
 from servetune.commands.outpath import OutPathError, check_out_dir
 
 BAD_INPUT = 2
@@ -30,9 +31,12 @@ def register(app: typer.Typer) -> None:
             "--out", help="folder for report.html and the PNGs (default: DIR/report, FILE-report/, ./report-ID)")]
         = None,
         database_url: DatabaseUrl = None,
+        json_out: JsonFlag = False,
     ) -> None:
         """Write a self-contained HTML report: curves vs concurrency, GPU memory, hit rate, refinement heatmap,
         the recommendation and its difference from the last one, and every trial's checklist status."""
+        as_json = use_json(json_out)
+        from servetune.logs import emit_json
         from servetune.report.campaign import ReportInputError
         from servetune.report.sources import load_campaign
         from servetune.report.html import default_out_dir, write_report
@@ -53,4 +57,9 @@ def register(app: typer.Typer) -> None:
             if fig.png is None:
                 console.print(f"[yellow]not drawn[/yellow] {fig.title}: {escape(fig.note)}", soft_wrap=True)
         console.print(f"{len(campaign.trials)} trials, {len(rendered.png_paths)} figures")
+        if as_json:
+            emit_json({"report": str(rendered.html_path), "trials": len(campaign.trials),
+                       "figures": [str(p) for p in rendered.png_paths],
+                       "not_drawn": [fig.title for fig in rendered.figures if fig.png is None]})
+            return
         typer.echo(str(rendered.html_path))

@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from servetune.commands.jsonout import JsonFlag, use_json
+
 console = Console(stderr=True, soft_wrap=True)
 RUNNERS = ("local", "ssh", "kubernetes")
 #: an engine or runner field -> the option that sets it, so an error names what the user typed
@@ -90,8 +92,14 @@ def serve(
     log_dir: Path = typer.Option(None, "--log-dir", help="engine logs (default ~/.cache/servetune/logs)"),
     ready_timeout: float = typer.Option(None, "--ready-timeout", help="seconds to wait for readiness"),
     no_preflight: bool = typer.Option(False, "--no-preflight", help="skip the clean-environment check"),
+    json_out: JsonFlag = False,
 ) -> None:
-    """Start an engine with a configuration and serve until Ctrl-C; --dry-run prints the exact command."""
+    """Start an engine with a configuration and serve until Ctrl-C; --dry-run prints the exact command.
+
+    With --json: the command (--dry-run), or once the engine serves its URL, pid, log and command, as one
+    JSON document on stdout."""
+    as_json = use_json(json_out)
+    from servetune.logs import emit_json
     from pydantic import ValidationError
 
     from servetune.engines import ENGINE_KINDS, ENGINES, EngineFailure, FlagError, engine_from_cli
@@ -137,15 +145,23 @@ def serve(
             console.print("[red]error:[/red] --runner kubernetes prints manifests only: add --dry-run and "
                           "kubectl apply -f them (docs/engines.md)", highlight=False)
             raise typer.Exit(2)
-        typer.echo(manifests_yaml(build_manifests(cfg, run_cfg)), nl=False)
+        manifests = build_manifests(cfg, run_cfg)
+        if as_json:
+            emit_json({"engine": cfg.kind, "manifests": manifests})
+        else:
+            typer.echo(manifests_yaml(manifests), nl=False)
         return
 
     server = Server(cfg, run_cfg, port=port, log_dir=log_dir)
     if dry_run:
-        if not cfg.launches:
+        argv = server.plan(dry_run=True) if cfg.launches else None
+        if as_json:
+            emit_json({"engine": cfg.kind, "launches": cfg.launches, "url": None if argv else cfg.endpoint_url,
+                       "command": argv})
+        elif argv is None:
             typer.echo(f"# {cfg.kind} endpoint {cfg.endpoint_url}: measured, not launched")
-            return
-        typer.echo(shlex.join(server.plan(dry_run=True)))
+        else:
+            typer.echo(shlex.join(argv))
         return
 
     def _terminate(signum, frame):  # a SIGTERM (Airflow, systemd) tears down like Ctrl-C
@@ -154,8 +170,12 @@ def serve(
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         running = server.wait_ready()
-        typer.echo(f"ready: {running.url}  (engine {cfg.describe()}, pid {running.pid}, log {running.log_path})")
-        typer.echo(f"command: {shlex.join(running.argv)}")
+        if as_json:  # the one document, as soon as the engine serves; the teardown's line goes to stderr
+            emit_json({"engine": cfg.kind, "url": running.url, "pid": running.pid, "log": running.log_path,
+                       "command": running.argv})
+        else:
+            typer.echo(f"ready: {running.url}  (engine {cfg.describe()}, pid {running.pid}, log {running.log_path})")
+            typer.echo(f"command: {shlex.join(running.argv)}")
         sys.stdout.flush()
         while True:
             running.check_alive()

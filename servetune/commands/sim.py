@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from servetune.commands.jsonout import JsonFlag, use_json
+
 sim_app = typer.Typer(
     name="sim",
     help="Simulated SGLang server: same flags, endpoints and /metrics, modelled timings (docs/sim.md).",
@@ -59,9 +61,16 @@ def serve(ctx: typer.Context) -> None:
 
 
 @sim_app.command("profiles")
-def profiles() -> None:
+def profiles(json_out: JsonFlag = False) -> None:
     """List the GPU and model profiles (built in, and from $SERVETUNE_SIM_PROFILES)."""
+    as_json = use_json(json_out)
+    from servetune.logs import emit_json
     from servetune.sim.profiles import available, load_gpu_profile, load_model_profile
+
+    if as_json:  # every field of every profile, by name
+        emit_json({"gpu": {name: load_gpu_profile(name) for name in available("gpu")},
+                   "model": {name: load_model_profile(name) for name in available("model")}})
+        return
 
     gt = Table(title="GPU profiles")
     for col in ("name", "memory GiB", "bf16 TFLOP/s", "HBM GB/s", "efficiency (compute/memory)"):

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from servetune.commands.jsonout import JsonFlag, use_json
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.trace import TraceReplay, TraceSchedule
 
@@ -34,9 +35,12 @@ def convert(
     limit: Annotated[int | None, typer.Option(help="keep at most this many requests (after the window)")] = None,
     start_s: Annotated[float, typer.Option(help="window start, seconds after the source's first request")] = 0.0,
     duration_s: Annotated[float | None, typer.Option(help="window length in seconds (default: to the end)")] = None,
+    json_out: JsonFlag = False,
 ) -> None:
     """Convert IN (``--from azure|mooncake``) into OUT: arrival_s from the window's start, token lengths,
     and Mooncake's first hash id as prefix_group."""
+    as_json = use_json(json_out)
+    from servetune.logs import emit_json
     from servetune.workload.trace_convert import convert as run
 
     try:
@@ -46,6 +50,9 @@ def convert(
         console.print(f"[red]error:[/red] {escape(text)}", highlight=False, soft_wrap=True)
         raise typer.Exit(BAD_INPUT) from None
     console.print(escape(done.text(dst)), highlight=False, soft_wrap=True)
+    if as_json:
+        emit_json({"out": str(dst), "rows": done.rows, "read": done.read, "span_s": done.span_s,
+                   "raised_to_one": done.raised_to_one})
 
 
 def bench_trace(spec: WorkloadSpec, trace: Path | None, speed: float | None, arrival: str | None,

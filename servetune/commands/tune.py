@@ -18,6 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from servetune.commands.jsonout import JsonFlag, use_json
 from servetune.commands.outpath import OutPathError, check_out_dir
 from servetune.experiment import EXPERIMENT_FILE, RECOMMENDATION_FILE, ResultFolder
 from servetune.logs import console as _console
@@ -205,8 +206,10 @@ def tune(
     stop_after: Annotated[float | None, typer.Option(
         "--stop-after", min=1, help="pause (resumable) before a trial that would end later than this many seconds")
     ] = None,
+    json_out: JsonFlag = False,
 ) -> None:
     """Run a tuning campaign: correctness, baseline, ramp, ceiling, refinement, recommendation."""
+    use_json(json_out)
     import time
 
     from servetune.tuning.campaign import TRIGGERS
@@ -274,7 +277,7 @@ def tune(
 
 
 def _emit(campaign: Any, status: str, decision: Any = None) -> None:
-    """``servetune --json tune``: the campaign's outcome as one JSON document on stdout."""
+    """``servetune tune --json``: the campaign's outcome as one JSON document on stdout."""
     from servetune.logs import emit_json, json_mode
 
     if json_mode():

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from servetune.commands.db import BAD_INPUT
+from servetune.commands.jsonout import JsonFlag, use_json
 
 CAMPAIGN_FILES = {"experiment.json", "recommendation.json", "state.json", "plan.json"}  # not trials
 
@@ -80,15 +81,18 @@ def register(app: typer.Typer) -> None:
         waive: Annotated[list[str] | None, typer.Option(
             "--waive", help="checklist item to waive (gpu_memory_curve, clean_gpu, energy)")] = None,
         data_docs: Annotated[Path | None, typer.Option("--data-docs", help="build GX Data Docs into this folder")] = None,
-        report_json: Annotated[Path | None, typer.Option("--json", help="write the ValidationReport here")] = None,
+        report_json: Annotated[Path | None, typer.Option(
+            "--report-out", help="also write the ValidationReport (a folder: every trial's) to this JSON file")] = None,
         show_all: Annotated[bool, typer.Option("--all", help="list passing expectations too")] = False,
         min_window_s: Annotated[float | None, typer.Option(
             "--min-window-s", min=0, help="shortest steady window (default: the rule the trial was measured under)")]
         = None,
         min_completions: Annotated[int | None, typer.Option(
             "--min-completions", min=0, help="fewest completions in the window (default: the trial's rule)")] = None,
+        json_out: JsonFlag = False,
     ) -> None:
         """Check RESULT against the report checklist (Great Expectations suites in expectations/)."""
+        use_json(json_out)
         from servetune.result import TrialResult
         from servetune.result_check import ResultError
         from servetune.validation import validate as run_checklist
