@@ -149,7 +149,12 @@ def test_each_defect_rejects(defect, expected):
     assert expected in failed
     # one defect at a time: every failure belongs to the defect's checklist item
     assert {f[0] for f in failed} == {expected[0]}, failed
-    assert report.failure_reason().startswith("validation failed: " + expected[0])
+    # plain words first, the item and its expectation as detail
+    from servetune.checklist_report import PLAIN
+    reason = report.failure_reason()
+    assert reason.startswith("validation failed: ") and f"[{expected[0]}: " in reason, reason
+    assert f"{expected[0]}: {expected[1]}" in reason, reason
+    assert PLAIN[expected[0]] in reason or expected[0] == "steady_window", reason
 
 
 def test_observed_values_are_reported():
