@@ -3,7 +3,8 @@
 Each rule family lives in its own module (memory, interference, prefix_cache, queue, batching) as pure
 functions over ``servetune.result.TrialResult``; thresholds are module constants, documented in
 docs/diagnoses.md. A finding states its figures (``evidence``) so a reader can check the verdict, and
-the advice names the SGLang flag to move. No finding is ever a measurement of its own: every figure
+the advice names the SGLang flag to move. ``summary`` turns a campaign's findings into the one-screen view
+``servetune diagnose DIR`` prints first. No finding is ever a measurement of its own: every figure
 comes from the trial's records, GPU samples, server telemetry, summary and workload spec.
 """
 
@@ -16,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune.experiment import CAMPAIGN_FILES, ResultFolder
+from servetune.records import RequestRecord
 from servetune.result import TrialResult
 
 Severity = Literal["info", "warning", "critical"]
@@ -96,6 +98,36 @@ def workload_spec(result: TrialResult) -> dict[str, Any]:
     """The workload spec the trial was built from (``result.workload["spec"]``), or {} when not kept."""
     spec = (result.workload or {}).get("spec")
     return spec if isinstance(spec, dict) else {}
+
+
+def steady_set(result: TrialResult) -> tuple[list[RequestRecord], str]:
+    """The requests the trial's summary figures cover, and their name for a reader.
+
+    As ``servetune.metrics.summarize``: the successful measured requests that completed inside the
+    steady window (an open loop's: that arrived inside it). A trial without a stored window (a
+    synthetic or pre-window result) gives every successful measured request; so does an INVALID one,
+    whose window is its whole span."""
+    ok = [r for r in result.records if not r.warmup and r.ok]
+    s = result.summary
+    ws, we = s.window_start_s, s.window_end_s
+    if ws is None or we is None:
+        return ok, f"{every_measured(len(ok))} (warm-up left out)"
+    if s.window_source == "no_steady_window":
+        return ok, f"{every_measured(len(ok))} (no steady window: the trial is INVALID)"
+    if s.window_source == "steady" and s.scenario == "open_loop":
+        inside = [r for r in ok if ws <= r.t_send_s <= we]
+        return inside, f"the {len(inside)} successful requests that arrived inside the {we - ws:.0f} s steady window"
+    inside = [r for r in ok if r.e2e_ms is not None and ws < r.t_send_s + r.e2e_ms / 1000.0 <= we]
+    timed = sum(r.ttft_ms is not None for r in ok)
+    if s.ttft_ms.count and s.ttft_ms.count != sum(r.ttft_ms is not None for r in inside) and s.ttft_ms.count == timed:
+        return ok, f"{every_measured(len(ok))} (the set this older result's summary used)"
+    window = "waves window" if s.window_source == "waves" else "stated window" if s.window_source == "stated" \
+        else "steady window"
+    return inside, f"the {len(inside)} successful requests that completed inside the {we - ws:.0f} s {window}"
+
+
+def every_measured(n: int) -> str:
+    return "the only successful measured request" if n == 1 else f"all {n} successful measured requests"
 
 
 def r3(x: float | None) -> float | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from servetune.diagnose import Finding, flag, r3
+from servetune.diagnose import Finding, every_measured, flag, r3, steady_set
 from servetune.records import RequestRecord
 from servetune.result import TrialResult
 
@@ -46,6 +46,14 @@ def _pcts(values: list[float]) -> dict[str, float | None]:
     return {"p50": r3(float(np.percentile(a, 50))), "p99": r3(float(np.percentile(a, 99)))}
 
 
+def _row(label: str, rs: list[RequestRecord]) -> dict[str, Any]:
+    ttft = _pcts([r.ttft_ms for r in rs if r.ttft_ms is not None])
+    itl = _pcts([g for r in rs for g in r.itl_gaps_ms()])
+    tpot = _pcts([t for r in rs if (t := r.tpot_ms()) is not None])
+    return {"bucket": label, "requests": len(rs), "ttft_p50_ms": ttft["p50"], "ttft_p99_ms": ttft["p99"],
+            "itl_p50_ms": itl["p50"], "itl_p99_ms": itl["p99"], "tpot_p50_ms": tpot["p50"], "tpot_p99_ms": tpot["p99"]}
+
+
 def buckets(records: list[RequestRecord]) -> list[dict[str, Any]]:
     """TTFT and ITL (per-token gaps) percentiles per input-length bucket, for the buckets with requests."""
     groups: dict[int, list[RequestRecord]] = {}
@@ -53,16 +61,7 @@ def buckets(records: list[RequestRecord]) -> list[dict[str, Any]]:
         p = _prompt(r)
         if p is not None:
             groups.setdefault(int(np.searchsorted(BUCKET_EDGES, p, side="right")), []).append(r)
-    rows = []
-    for i in sorted(groups):
-        rs = groups[i]
-        ttft = _pcts([r.ttft_ms for r in rs if r.ttft_ms is not None])
-        itl = _pcts([g for r in rs for g in r.itl_gaps_ms()])
-        tpot = _pcts([t for r in rs if (t := r.tpot_ms()) is not None])
-        rows.append({"bucket": _label(i), "requests": len(rs), "ttft_p50_ms": ttft["p50"], "ttft_p99_ms": ttft["p99"],
-                     "itl_p50_ms": itl["p50"], "itl_p99_ms": itl["p99"], "tpot_p50_ms": tpot["p50"],
-                     "tpot_p99_ms": tpot["p99"]})
-    return rows
+    return [_row(_label(i), groups[i]) for i in sorted(groups)]
 
 
 def short_gaps(shorts: list[RequestRecord], intervals: np.ndarray) -> tuple[list[float], list[float], list[float]]:
@@ -107,19 +106,30 @@ def diagnose(result: TrialResult) -> list[Finding]:
     if not ok:
         return [Finding(trial_id=tid, kind="interference.no_data", severity="info",
                         summary="no successful measured request with a prompt length: nothing to bucket")]
-    table = buckets(ok)
+    # the table covers the summary's requests (the steady window), so its figures sit beside the summary's;
+    # the interference test below reads the whole run: every long prefill counts, start-up burst included
+    inside, named = steady_set(result)
+    inside = [r for r in inside if _prompt(r) is not None]
+    if not inside:
+        inside, named = ok, f"{every_measured(len(ok))} (none completed inside the window)"
+    table = buckets(inside)
+    sets = {"buckets": table, "request_set": named, "requests_in_set": len(inside)}
+    if len(inside) < len(ok):  # the whole run beside it: what the start-up burst and the drain add
+        sets["whole_run"] = _row("whole run", ok)
+        sets["whole_run_set"] = f"{every_measured(len(ok))} (warm-up left out)"
     prompts = np.asarray([_prompt(r) for r in ok], dtype=np.float64)
     median = float(np.median(prompts))
     long_min = max(LONG_PROMPT_MIN, LONG_PROMPT_FACTOR * median)
     longs = [r for r in ok if _prompt(r) >= long_min and r.ttft_ms is not None]  # type: ignore[operator]
     chunk = flag(result, "chunked_prefill_size")
-    ev: dict[str, Any] = {"buckets": table, "median_prompt": r3(median), "long_prompt_min": r3(long_min),
+    ev: dict[str, Any] = {"buckets": table, "tested_set": f"{every_measured(len(ok))} (whole run)",
+                          "median_prompt": r3(median), "long_prompt_min": r3(long_min),
                           "long_requests": len(longs), "chunked_prefill_size": chunk}
     head = ", ".join(f"{b['bucket']}: {b['requests']} req, TTFT p50 {b['ttft_p50_ms']} ms, "
                      + (f"ITL p50 {b['itl_p50_ms']} ms" if b["itl_p50_ms"] is not None else f"TPOT p50 {b['tpot_p50_ms']} ms")
                      for b in table)
-    out = [Finding(trial_id=tid, kind="interference.by_input_length", severity="info", evidence={"buckets": table},
-                   summary=f"by input length: {head}")]
+    out = [Finding(trial_id=tid, kind="interference.by_input_length", severity="info", evidence=dict(sets),
+                   summary=f"by input length, over {named}: {head}")]
     if not longs:
         out[0].summary += f" (no prompt of {long_min:.0f}+ tokens: no long-prompt interference to test)"
         return out
