@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -19,6 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from servetune.records import RequestRecord
 from servetune.redact import redact, redact_text
 from servetune.result_check import RecordIn, ResultError, check_samples, first_error, read_json
+
+#: the one list of stage names: a trial's ``stage`` (TrialSpec, TrialOutcome, TrialResult, the warehouse)
+#: ``protocol``: a plan's other ways of measuring (servetune.plan_protocols), run first, never decided on
+Stage = Literal["protocol", "correctness", "baseline", "ramp", "bisect", "refine", "robustness"]
+#: every stage, in the order a campaign walks them
+ALL_STAGES: tuple[Stage, ...] = get_args(Stage)
 
 SCHEMA = "servetune.trial/1"
 

@@ -125,7 +125,7 @@ def test_validate_json_after_the_command(tmp_path: Path) -> None:
     doc, err, code = _run("validate", str(H200_TRIAL), "--json", "--report-out", str(tmp_path / "r.json"))
     assert code == 1 and doc["accepted"] is False  # rejected: the hit rate is missing
     assert "prefix_hit_rate" in {o["checklist"] for o in doc["report"]["results"] if not o["success"]}
-    assert "REJECTED" in err and "rejected by: prefix_hit_rate" in err  # the human verdict, on stderr
+    assert "REJECTED" in err and "checklist items: prefix_hit_rate" in err and "rejected: the prefix-cache hit rate" in err  # the human verdict, on stderr
     assert orjson.loads((tmp_path / "r.json").read_bytes())["success"] is False  # the report file as before
     assert _run("--json", "validate", str(H200_TRIAL))[0]["report"]["success"] is False  # the global form agrees
 
@@ -181,13 +181,14 @@ def test_warehouse_commands_json_after_the_command(warehouse: tuple[str, Path], 
     current, _, code = _run("db", "current", "--database-url", url, "--json")
     assert code == 0 and current["revision"] == current["head"]
 
-    from servetune.commands.airflow import _outcome  # `demo --json`'s entry per experiment (demo needs Airflow)
+    from servetune.commands.outcome import outcome_document  # `demo --json`'s entry per experiment (demo needs Airflow)
     from servetune.experiment import ResultFolder
 
-    outcome = orjson.loads(orjson.dumps(_outcome(ResultFolder(campaign), url)))  # plain JSON types only
+    outcome = orjson.loads(orjson.dumps(outcome_document(ResultFolder(campaign), url)))  # plain JSON types only
     assert outcome["experiment_id"] == loaded["experiment_id"] and outcome["model"] == MODEL
     assert outcome["warehouse_trials"] == {"accepted": 14, "rejected": 1, "all": 15}
     assert outcome["recommendation"]["concurrency"] > 0 and outcome["report"] is None
+    assert outcome["verdict"][-1].startswith("Tuned answer: "), outcome["verdict"]
 
 
 def test_report_json_after_the_command(warehouse: tuple[str, Path], tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from sse_server import Scenario
 from test_trial import _serve
 from typer.testing import CliRunner
 
+from servetune.checklist_report import PLAIN
 from servetune.cli import app
 from servetune.logs import Policy, quiet_info, setup
 
@@ -35,7 +36,8 @@ def test_validate_prints_only_its_verdict_table() -> None:
     lines = proc.stdout.splitlines()
     assert "REJECTED (GX" in lines[0] and "┃ checklist" in proc.stdout
     assert "│ FAIL │ prefix_hit_rate" in proc.stdout
-    assert lines[-1].startswith("rejected by: prefix_hit_rate")
+    assert lines[-2].startswith(f"rejected: {PLAIN['prefix_hit_rate']}")  # plain words, then the items as detail
+    assert lines[-1].startswith("checklist items: prefix_hit_rate")
 
 
 def _record(name: str, level: int) -> logging.LogRecord:

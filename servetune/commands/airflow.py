@@ -23,9 +23,9 @@ import orjson
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from servetune.commands.jsonout import JsonFlag, use_json
+from servetune.commands.outcome import outcome_document, print_outcome
 from servetune.experiment import ResultFolder
 from servetune.gpu_pools import runner_pools
 
@@ -276,13 +276,13 @@ def demo(
                 raise AirflowFailed(f"the DAG run failed (log: {run_dir / 'airflow-dags-test.log'})",
                                     (proc.stdout or "").splitlines()[-30:])
             for folder in experiments:
-                _print_outcome(folder, setup.warehouse_url, out)
+                print_outcome(out, folder, setup.warehouse_url)
             log = run_dir / "airflow-dags-test.log"
             out.print(f"done in {time.monotonic() - t_start:.0f} s; Airflow log: {log}")
             if as_json:
                 from servetune.logs import emit_json
 
-                emit_json({"experiments": [_outcome(f, setup.warehouse_url) for f in experiments],
+                emit_json({"experiments": [outcome_document(f, setup.warehouse_url) for f in experiments],
                            "airflow_log": str(log), "warehouse": _localdb().redact(setup.warehouse_url)})
             out.print("the warehouse, for `servetune history`, `servetune query` and SQL (password redacted):\n"
                       f"  export SERVETUNE_DATABASE_URL={_localdb().redact(setup.warehouse_url)}",
@@ -290,78 +290,6 @@ def demo(
     finally:
         if cluster:
             cluster.stop()
-
-
-def _trial_counts(warehouse_url: str, experiment_id: str) -> Any:
-    """The experiment's trials in the warehouse: (accepted, rejected, all)."""
-    from sqlalchemy import text
-
-    from servetune.warehouse.db import engine
-
-    with engine(warehouse_url).connect() as conn:
-        return conn.execute(text(
-            "select count(*) filter (where status = 'ok'), count(*) filter (where status = 'rejected'),"
-            " count(*) from trials where experiment_id = :e"), {"e": experiment_id}).one()
-
-
-def _outcome(folder: ResultFolder, warehouse_url: str) -> dict[str, Any]:
-    """``demo --json``: one experiment's outcome (the recommendation's secrets masked)."""
-    from servetune.redact import redact
-
-    exp, rec, report = folder.read_experiment(), folder.read_recommendation(), folder.report_file
-    accepted, rejected, total = _trial_counts(warehouse_url, exp["experiment_id"])
-    return {"experiment_id": exp["experiment_id"], "model": exp.get("model"), "status": exp.get("status"),
-            "folder": str(folder.path), "report": str(report) if report.exists() else None,
-            "recommendation": redact(rec) if rec else None,
-            "warehouse_trials": {"accepted": accepted, "rejected": rejected, "all": total}}
-
-
-def _print_outcome(folder: ResultFolder, warehouse_url: str, console: Console) -> None:
-    exp = folder.read_experiment()
-    rec = folder.read_recommendation()
-    _print_protocols(folder, console)
-    counts = _trial_counts(warehouse_url, exp["experiment_id"])
-    t = Table(title=f"experiment {exp['experiment_id']} ({exp.get('model')}, status {exp.get('status')})")
-    t.add_column("what")
-    t.add_column("value")
-    if rec:
-        from servetune.engines.catalog import command_text  # as a user types them: a switch is a bare flag
-
-        t.add_row("recommended flags", command_text({k: True if v is None else v for k, v in rec["config"].items()}))
-        if rec.get("rate") is not None:
-            t.add_row("capacity at the SLA", f"{rec['rate']:g} req/s (about {rec['concurrency']} in flight)")
-        else:
-            t.add_row("recommended concurrency", str(rec["concurrency"]))
-        for key in ("goodput_rps", "output_tokens_per_s", "p99_ttft_ms", "p99_tpot_ms", "prefix_hit_rate"):
-            v = rec.get(key)
-            t.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
-        t.add_row("evidence trials", ", ".join(rec["evidence_trial_ids"][:4]))
-    else:
-        t.add_row("recommendation", "none (see experiment.json)")
-    t.add_row("warehouse trials (accepted / rejected / all)", f"{counts[0]} / {counts[1]} / {counts[2]}")
-    console.print(t)
-    report = folder.report_file
-    console.print(f"report: {report}" if report.exists() else "report: not written", soft_wrap=True)
-
-
-def _print_protocols(folder: ResultFolder, console: Console) -> None:
-    """The report's "Protocols side by side" in the terminal, when the plan has protocols."""
-    from servetune.report.protocols import protocol_rows, rejection_sentences
-    from servetune.report.sources import load_campaign
-
-    rows = protocol_rows(load_campaign(str(folder.path)))
-    if not rows:
-        return
-    simulated = " (simulated)" if any(r["simulated"] for r in rows) else ""
-    t = Table(title=f"one server, measured {len(rows)} ways{simulated}")
-    for col in ("who", "quotes", "load", "p99 TTFT / TPOT / E2E ms", "SLA", "checklist"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(r["who"], r["quoted_short"], r["load_short"], f"{r['ttft_p99']} / {r['tpot_p99']} / {r['e2e_p99']}",
-                  r["sla"], r["verdict"])
-    console.print(t)
-    for line in rejection_sentences(rows):
-        console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
 
 
 def register(root: typer.Typer) -> None:

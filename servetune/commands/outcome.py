@@ -16,25 +16,49 @@ from rich.table import Table
 from servetune.experiment import ResultFolder
 
 
-def print_outcome(console: Console, folder: ResultFolder, warehouse_url: str) -> None:
-    """The verdict, the protocols side by side, the recommendation, the warehouse counts, the report path."""
+def trial_counts(warehouse_url: str, experiment_id: str) -> Any:
+    """The experiment's trials in the warehouse: (accepted, rejected, all)."""
     from sqlalchemy import text
 
+    from servetune.warehouse.db import engine
+
+    with engine(warehouse_url).connect() as conn:
+        return conn.execute(text(
+            "select count(*) filter (where status = 'ok'), count(*) filter (where status = 'rejected'),"
+            " count(*) from trials where experiment_id = :e"), {"e": experiment_id}).one()
+
+
+def _verdict(folder: ResultFolder) -> list[str]:
     from servetune.report.protocols import protocol_trials
     from servetune.report.sources import load_campaign
     from servetune.report.verdict import verdict_lines
-    from servetune.warehouse.db import engine
 
     campaign = load_campaign(str(folder.path))
+    return verdict_lines(campaign, protocol_trials(campaign))
+
+
+def outcome_document(folder: ResultFolder, warehouse_url: str) -> dict[str, Any]:
+    """``demo --json``: one experiment's outcome, its verdict lines first (the recommendation's secrets masked)."""
+    from servetune.redact import redact
+
+    exp, rec, report = folder.read_experiment(), folder.read_recommendation(), folder.report_file
+    accepted, rejected, total = trial_counts(warehouse_url, exp["experiment_id"])
+    return {"experiment_id": exp["experiment_id"], "model": exp.get("model"), "status": exp.get("status"),
+            "verdict": _verdict(folder), "folder": str(folder.path),
+            "report": str(report) if report.exists() else None, "recommendation": redact(rec) if rec else None,
+            "warehouse_trials": {"accepted": accepted, "rejected": rejected, "all": total}}
+
+
+def print_outcome(console: Console, folder: ResultFolder, warehouse_url: str) -> None:
+    """The verdict, the protocols side by side, the recommendation, the warehouse counts, the report path."""
+    from servetune.report.sources import load_campaign
+
     exp, rec = folder.read_experiment(), folder.read_recommendation()
     console.print("[bold]Verdict[/]")
-    for line in verdict_lines(campaign, protocol_trials(campaign)):
+    for line in _verdict(folder):
         console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
-    print_protocols(console, campaign)
-    with engine(warehouse_url).connect() as conn:
-        counts = conn.execute(text(
-            "select count(*) filter (where status = 'ok'), count(*) filter (where status = 'rejected'),"
-            " count(*) from trials where experiment_id = :e"), {"e": exp["experiment_id"]}).one()
+    print_protocols(console, load_campaign(str(folder.path)))
+    counts = trial_counts(warehouse_url, exp["experiment_id"])
     t = Table(title=f"experiment {exp['experiment_id']} ({exp.get('model')}, status {exp.get('status')})")
     t.add_column("what")
     t.add_column("value")

@@ -54,8 +54,9 @@ def _validate_folder(folder: Path, check: Any, out: Any, report_json: Path | Non
     for trial, report in checked:
         level = trial.load.get("rate") if trial.load.get("mode") == "rate" else trial.load.get("concurrency")
         failed = ", ".join(dict.fromkeys(o.checklist or o.suite for o in report.failed))
+        why = "; ".join(report.plain()) + f" [dim]({failed})[/dim]" if failed else "-"
         table.add_row(trial.trial_id[:12], trial.stage or "bench", "-" if level is None else f"{level:g}",
-                      "[green]ACCEPTED[/green]" if report.success else "[red]REJECTED[/red]", failed or "-")
+                      "[green]ACCEPTED[/green]" if report.success else "[red]REJECTED[/red]", why)
     out.print(table)
     documents = [{"trial_id": t.trial_id, "accepted": r.success, "valid": t.summary.valid,
                   "invalid_reasons": t.summary.invalid_reasons, "report": r} for t, r in checked]
@@ -144,7 +145,8 @@ def register(app: typer.Typer) -> None:
             failed: dict[str, list[str]] = {}
             for o in report.failed:
                 failed.setdefault(o.checklist or o.suite, []).append(o.column or o.expectation)
-            out.print("rejected by: " + "; ".join(f"{k} ({', '.join(dict.fromkeys(v))})"
+            out.print("rejected: " + "; ".join(report.plain()), soft_wrap=True, highlight=False)
+            out.print("checklist items: " + "; ".join(f"{k} ({', '.join(dict.fromkeys(v))})"
                                                        for k, v in failed.items()), soft_wrap=True, highlight=False)
         s = trial.summary
         if s.valid is False:

@@ -13,9 +13,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from servetune.checklist_report import plain_words
 from servetune.diagnose import SEVERITY_ORDER, Finding
-from servetune.result import TrialResult
-from servetune.tuning.state import ALL_STAGES
+from servetune.result import ALL_STAGES, TrialResult
 
 STAGE_ORDER: dict[str | None, int] = {s: i for i, s in enumerate(ALL_STAGES)}
 GROUP_OVER = 24  # more trials than this: one row per (stage, level, config) group
@@ -227,7 +227,7 @@ def _notes(trials: list[TrialResult]) -> list[str]:
     for t in trials:
         s = status(t)
         if s == "rejected" and (items := failed_items(t)):
-            out.append(f"{_where(t)} rejected: the checklist failed {', '.join(items)}")
+            out.append(f"{_where(t)} rejected: {'; '.join(plain_words(failed_pairs(t)))} (checklist: {', '.join(items)})")
         elif s in ("rejected", "failed"):
             out.append(f"{_where(t)} {s}: {t.failure_reason or 'no reason recorded'}")
         elif s == "INVALID":
@@ -235,6 +235,12 @@ def _notes(trials: list[TrialResult]) -> list[str]:
     if len(out) > NOTES:
         out = [*out[:NOTES], f"... and {len(out) - NOTES} more (--all)"]
     return out
+
+
+def failed_pairs(t: TrialResult) -> list[tuple[str | None, str | None]]:
+    """(checklist item, column) of each expectation the trial failed."""
+    return [(r.get("checklist"), r.get("column")) for r in (t.validation or {}).get("results") or []
+            if isinstance(r, dict) and r.get("success") is False]
 
 
 def failed_items(t: TrialResult) -> list[str]:

@@ -7,20 +7,16 @@ CLI can replay a campaign from its result folder.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from servetune.engines.knobs import FlagValue, Flags
 from servetune.plan import Level
-from servetune.result import TrialResult, TrialSummary
+from servetune.result import ALL_STAGES, Stage, TrialResult, TrialSummary
 
-#: the one list of stage names: a trial's ``stage`` (TrialSpec, TrialOutcome, TrialResult, the warehouse)
-#: ``protocol``: a plan's other ways of measuring (servetune.plan_protocols), run first, never decided on
-Stage = Literal["protocol", "correctness", "baseline", "ramp", "bisect", "refine", "robustness"]
-#: every stage, in the order a campaign walks them
-ALL_STAGES: tuple[Stage, ...] = get_args(Stage)
+__all__ = ["ALL_STAGES", "Stage"]  # defined beside TrialResult, which every layer may read
 #: a trial's failure_reason starts with this when the engine died under it: a fault, not a verdict
 ENGINE_CRASH = "engine_crash"
 #: stages whose trials are not the level's load (one request; other arrivals; another method)
