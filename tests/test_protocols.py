@@ -181,27 +181,7 @@ def test_the_verdict_opens_the_report_and_a_defaults_answer_says_so(demo_campaig
     assert "missed SLA" not in chosen[0][1][1]  # the answer's own cell: its config at its level, which met it
     assert engine_default(campaign.trials, AXES[0]) == 8192  # the simulated server's own chunked-prefill-size
 
-    from test_report import _chromium_argv
+    from test_report import page_overflow
 
-    probe = tmp_path / "report" / "probe.html"
-    probe.write_text(html.replace("</body>", PROBE + "</body>"))
-    import subprocess
-
-    dom = subprocess.run([*_chromium_argv(tmp_path), "--window-size=1400,3000", "--dump-dom", probe.as_uri()],
-                         check=True, timeout=120, capture_output=True, text=True).stdout
-    import html as htmllib
-    import json
-    import re
-
-    found = json.loads(htmllib.unescape(re.search(r'data-probe="([^"]*)"', dom).group(1)))
+    found = page_overflow(html, tmp_path)
     assert found["over"] == [] and found["scroll"] <= 1400, found
-
-
-#: run in Chromium: every table, figure and list of the page against the right edge of <main>
-PROBE = """<script>
-const main = document.querySelector('main').getBoundingClientRect();
-const over = [...document.querySelectorAll('main table, main figure, main ul, main p')]
-  .filter(e => e.getBoundingClientRect().right > main.right + 0.5)
-  .map(e => (e.id || e.tagName) + ':' + Math.round(e.getBoundingClientRect().right));
-document.body.setAttribute('data-probe', JSON.stringify({scroll: document.documentElement.scrollWidth, over}));
-</script>"""

@@ -31,6 +31,7 @@ from servetune.report.html import diff_rows, write_report
 from servetune.report.sources import load_campaign
 from servetune.stats import spread
 
+REPO = Path(__file__).resolve().parents[1]
 FIGURE_KEYS = ("throughput", "latency", "gpu_memory", "energy", "prefix_hit_rate", "refine_heatmap")
 PREVIOUS = {"config": {"chunked-prefill-size": 8192, "schedule-conservativeness": 1.0, "max-running-requests": 64,
                        "enable-cache-report": True},
@@ -53,6 +54,38 @@ def _chromium_argv(tmp: Path) -> list[str]:
     return [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
             f"--user-data-dir={tmp / 'chromium-profile'}", "--window-size=1280,2000"]
+
+
+#: run in Chromium: every table, figure and list of the page against the right edge of <main>
+PROBE = """<script>
+const main = document.querySelector('main').getBoundingClientRect();
+const over = [...document.querySelectorAll('main table, main figure, main ul, main p')]
+  .filter(e => e.getBoundingClientRect().right > main.right + 0.5)
+  .map(e => (e.closest('section') || e).id + ' ' + e.tagName + ':' + Math.round(e.getBoundingClientRect().right));
+document.body.setAttribute('data-probe', JSON.stringify({scroll: document.documentElement.scrollWidth, over}));
+</script>"""
+
+
+def page_overflow(html: str, tmp: Path, width: int = 1400) -> dict:
+    """What of a report runs past the page in Chromium at ``width`` px: the page's scroll width and each
+    table, figure, list or paragraph wider than <main> (by its section)."""
+    probe = tmp / "probe.html"
+    probe.write_text(html.replace("</body>", PROBE + "</body>"))
+    dom = subprocess.run([*_chromium_argv(tmp), f"--window-size={width},3000", "--dump-dom", probe.as_uri()],
+                         check=True, timeout=120, capture_output=True, text=True).stdout
+    return orjson.loads(htmllib.unescape(re.search(r'data-probe="([^"]*)"', dom).group(1)))
+
+
+def test_a_real_open_loop_campaign_fits_1400_px(tmp_path: Path) -> None:
+    """Real SGLang trials (an H200 rate campaign) carry the widest cells: scheduler hit rates, dispatch
+    fractions, long flags. The report still fits a 1,400-px window."""
+    import tarfile
+
+    with tarfile.open(REPO / "tests" / "data" / "gpu-h200-sglang" / "rate-a.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    html = write_report(load_campaign(str(tmp_path / "rate-a")), tmp_path / "report").html_path.read_text()
+    found = page_overflow(html, tmp_path)
+    assert found["over"] == [] and found["scroll"] <= 1400, found
 
 
 def _colour_pixels(img: Image.Image, rgb: tuple[int, int, int], tol: int = 12) -> int:
