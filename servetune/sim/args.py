@@ -32,7 +32,9 @@ class SimArgsError(ValueError):
 def build_parser(prog: str = "servetune sim serve") -> argparse.ArgumentParser:
     """SGLang's flags (the modelled subset) plus the simulator's own (profiles, load time, seed)."""
     p = argparse.ArgumentParser(prog=prog, description="Start the simulated SGLang server (a model, not a"
-                                " measurement): SGLang's flags plus the simulator's profiles.")
+                                " measurement): SGLang's flags plus the simulator's profiles. Parsed and shown"
+                                " as SGLang's own `python -m sglang.launch_server` does (argparse), so a launch"
+                                " line runs unchanged against either.")
     sim = p.add_argument_group("simulator")
     sim.add_argument("--model-profile", default=DEFAULT_MODEL_PROFILE, help="model profile name or YAML path")
     sim.add_argument("--gpu-profile", default=DEFAULT_GPU_PROFILE, help="GPU profile name or YAML path")
