@@ -42,7 +42,7 @@ def test_report_from_experiment_id_matches_the_files(fresh_database_url: str, tm
     assert 'id="fig-energy"' in html  # drawn from the stored energy columns and power samples
     rejected = next(t for t in from_db.trials if t.status == "rejected")
     row = html[html.index(f'id="check-{rejected.trial_id}"'):]
-    assert "<div>gpu_memory_curve: expect_gpu_samples_cover_window(t_s)</div>" in row[: row.index("</tr>")]
+    assert '<small class="muted">gpu_memory_curve: expect_gpu_samples_cover_window(t_s)</small>' in row[: row.index("</tr>")]
 
 
 def test_unknown_experiment_id(fresh_database_url: str) -> None:
