@@ -185,3 +185,20 @@ def test_the_verdict_opens_the_report_and_a_defaults_answer_says_so(demo_campaig
 
     found = page_overflow(html, tmp_path)
     assert found["over"] == [] and found["scroll"] <= 1400, found
+
+
+def test_a_protocol_that_did_not_hold_its_load_does_not_count(demo_campaign: Path) -> None:
+    """An INVALID protocol trial (it did not measure the load it states) is named with its reason and never
+    compared with: with no valid protocol left, the tuned answer stands alone."""
+    from servetune.report.protocols import protocol_trials
+    from servetune.report.verdict import verdict_lines
+
+    campaign = load_campaign(str(demo_campaign))
+    b = next(t for t in campaign.trials if (t.load.get("protocol") or {}).get("name") == "engineer-b")
+    b.summary.valid, b.summary.invalid_reasons = False, ["in flight 20.1 of 32 streams"]
+    lines = verdict_lines(campaign, protocol_trials(campaign))
+    assert len(lines) == 3 and lines[0].startswith("engineer-a's ")
+    assert lines[1].startswith("engineer-b's p99 E2E ") and lines[1].endswith(
+        "does not count: it did not measure the load it states (in flight 20.1 of 32 streams).")
+    assert lines[2].startswith("Tuned answer: the engine defaults at ")
+    assert lines[2].endswith("; no protocol passed the checklist to compare with.")

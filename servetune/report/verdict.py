@@ -77,13 +77,16 @@ def _tuned_goodputs(campaign: CampaignView) -> list[float]:
 
 
 def verdict_lines(campaign: CampaignView, protocols: list[TrialResult]) -> list[str]:
-    """Two or three sentences; [] when there is neither a recommendation nor a protocol to speak of."""
+    """Two or three sentences: each protocol that does not count, the best valid one, the tuned answer
+    against it (or "No answer" when the campaign found none)."""
     rec = campaign.recommendation
     lines: list[str] = []
     valid = [t for t in protocols if t.status == "ok" and counts(t)]
     for t in protocols:
         if t not in valid:
-            why = plain_rejection(t) or [t.failure_reason or "its trial did not count"]
+            invalid = [f"it did not measure the load it states ({'; '.join(t.summary.invalid_reasons)})"
+                       ] if t.summary.valid is False else []
+            why = plain_rejection(t) or invalid or [t.failure_reason or "its trial did not count"]
             lines.append(f"{_who(t)}'s {_quoted(t)} does not count: {'; '.join(why)}.")
     if not rec:
         lines.append("No answer: no config met the SLA at any level tried (see the recommendation section).")
