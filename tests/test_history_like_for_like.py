@@ -13,8 +13,9 @@ from typing import Any
 
 import orjson
 from report_fixtures import make_trial, write_campaign
+from test_warehouse_schema import table_columns
 from rich.console import Console
-from sqlalchemy import inspect, select, text
+from sqlalchemy import select, text
 from typer.testing import CliRunner
 
 from servetune.cli import app
@@ -214,23 +215,15 @@ def test_bench_results_compare_at_the_same_load_only(fresh_database_url: str, tm
     assert _arrows(rows[again]) >= 3 and _arrows(rows[c16]) == 0
 
 
-def _experiment_columns(url: str) -> set[str]:
-    eng = db.engine(url)
-    try:
-        return {c["name"] for c in inspect(eng).get_columns("experiments")}
-    finally:
-        eng.dispose()
-
-
 def test_migration_0014_up_and_down(fresh_database_url: str, tmp_path: Path) -> None:
     url = fresh_database_url
     migrate.upgrade(url)
     assert migrate.current(url) == migrate.head() == "0014"
-    assert "failure_reason" in _experiment_columns(url)
+    assert "failure_reason" in table_columns(url, "experiments")
     failed = _load(url, _failed_campaign(tmp_path, 0, status_reason="campaign aborted: OSError: disk full"))
 
     migrate.downgrade(url, "0013")
-    assert migrate.current(url) == "0013" and "failure_reason" not in _experiment_columns(url)
+    assert migrate.current(url) == "0013" and "failure_reason" not in table_columns(url, "experiments")
     eng = db.engine(url)
     try:
         with eng.connect() as conn:  # the experiment itself stays
@@ -240,5 +233,5 @@ def test_migration_0014_up_and_down(fresh_database_url: str, tmp_path: Path) -> 
         eng.dispose()
 
     migrate.upgrade(url)
-    assert "failure_reason" in _experiment_columns(url)
+    assert "failure_reason" in table_columns(url, "experiments")
     assert _stored(url, failed)[0] is None  # dropped with the column; a reload puts it back

@@ -31,10 +31,11 @@ def _objects(url: str) -> tuple[set[str], set[str]]:
         eng.dispose()
 
 
-def _trial_columns(url: str) -> set[str]:
+def table_columns(url: str, table: str = "trials") -> set[str]:
+    """The columns a warehouse table has now (a migration test's before and after)."""
     eng = db.engine(url)
     try:
-        return {c["name"] for c in inspect(eng).get_columns("trials")}
+        return {c["name"] for c in inspect(eng).get_columns(table)}
     finally:
         eng.dispose()
 
@@ -49,9 +50,9 @@ def test_migrations_up_down_up(fresh_database_url):
 
     migrate.downgrade(url, "0004")  # 0005 added scheduler_batches and the sched_* summary columns
     assert _objects(url)[0] == TABLES - {"scheduler_batches", "diagnoses"}
-    assert not SCHED_COLUMNS & _trial_columns(url)
+    assert not SCHED_COLUMNS & table_columns(url)
     migrate.upgrade(url)
-    assert SCHED_COLUMNS <= _trial_columns(url)
+    assert SCHED_COLUMNS <= table_columns(url)
 
     migrate.downgrade(url, "0001")
     assert _objects(url) == (CORE_TABLES, set())
