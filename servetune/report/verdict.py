@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from servetune.checklist_report import plain_words
+from servetune.engines.catalog import command_text
 from servetune.plan_protocols import HEADLINES, headline_value
 from servetune.report.campaign import CampaignView, config_key, counts, level_of
 from servetune.result import TrialResult
@@ -92,8 +93,8 @@ def verdict_lines(campaign: CampaignView, protocols: list[TrialResult]) -> list[
         lines.append("No answer: no config met the SLA at any level tried (see the recommendation section).")
         return lines
     flags = rec.get("config") or {}
-    config = "the engine defaults" if not flags else ", ".join(
-        f"--{k}" if v is True or v is None else f"--{k} {v}" for k, v in sorted(flags.items()))
+    typed = command_text({k: True if v is None else v for k, v in sorted(flags.items())})  # None: a switch
+    config = f"`{typed}`" if flags else "the engine defaults"
     level = (f"{rec['rate']:g} req/s (about {rec.get('concurrency')} in flight)" if rec.get("rate") is not None
              else f"{rec.get('concurrency')} concurrent streams")
     goodputs = _tuned_goodputs(campaign) or [rec.get("goodput_rps") or 0.0]
