@@ -28,13 +28,17 @@ def trial_counts(warehouse_url: str, experiment_id: str) -> Any:
             " count(*) from trials where experiment_id = :e"), {"e": experiment_id}).one()
 
 
-def _verdict(folder: ResultFolder) -> list[str]:
+def _verdict(campaign: Any) -> list[str]:
     from servetune.report.protocols import protocol_trials
-    from servetune.report.sources import load_campaign
     from servetune.report.verdict import verdict_lines
 
-    campaign = load_campaign(str(folder.path))
     return verdict_lines(campaign, protocol_trials(campaign))
+
+
+def _campaign(folder: ResultFolder) -> Any:
+    from servetune.report.sources import load_campaign
+
+    return load_campaign(str(folder.path))
 
 
 def outcome_document(folder: ResultFolder, warehouse_url: str) -> dict[str, Any]:
@@ -44,20 +48,18 @@ def outcome_document(folder: ResultFolder, warehouse_url: str) -> dict[str, Any]
     exp, rec, report = folder.read_experiment(), folder.read_recommendation(), folder.report_file
     accepted, rejected, total = trial_counts(warehouse_url, exp["experiment_id"])
     return {"experiment_id": exp["experiment_id"], "model": exp.get("model"), "status": exp.get("status"),
-            "verdict": _verdict(folder), "folder": str(folder.path),
+            "verdict": _verdict(_campaign(folder)), "folder": str(folder.path),
             "report": str(report) if report.exists() else None, "recommendation": redact(rec) if rec else None,
             "warehouse_trials": {"accepted": accepted, "rejected": rejected, "all": total}}
 
 
 def print_outcome(console: Console, folder: ResultFolder, warehouse_url: str) -> None:
     """The verdict, the protocols side by side, the recommendation, the warehouse counts, the report path."""
-    from servetune.report.sources import load_campaign
-
-    exp, rec = folder.read_experiment(), folder.read_recommendation()
+    exp, rec, campaign = folder.read_experiment(), folder.read_recommendation(), _campaign(folder)
     console.print("[bold]Verdict[/]")
-    for line in _verdict(folder):
+    for line in _verdict(campaign):  # the trials are read once, for the verdict and the protocols both
         console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
-    print_protocols(console, load_campaign(str(folder.path)))
+    print_protocols(console, campaign)
     counts = trial_counts(warehouse_url, exp["experiment_id"])
     t = Table(title=f"experiment {exp['experiment_id']} ({exp.get('model')}, status {exp.get('status')})")
     t.add_column("what")
