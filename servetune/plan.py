@@ -60,6 +60,8 @@ class RampStage(_Strict):
     min_gain: Number = Field(default=0.05, ge=0, le=1, description="a level gaining less goodput (beyond the noise) is a plateau")
     bisect: bool = Field(default=True, description="bisect between the last passing and first failing level")
     bisect_min_step: Int = Field(default=4, ge=1, description="stop bisecting when the gap is this small")
+    rate_step: Number = Field(default=0.025, gt=0, le=0.5, description="rate mode: stop bisecting when the gap is this"
+                                                                      " fraction of the failing rate (the capacity's resolution)")
 
     @field_validator("levels")
     @classmethod
@@ -126,7 +128,11 @@ class Budget(_Strict):
     """The campaign stops (and recommends from what it has) once this much GPU time is spent."""
 
     max_gpu_minutes: Number = Field(default=240.0, gt=0)
-    restart_cost_s: Number = Field(default=60.0, ge=0, description="GPU time charged per server (re)start")
+    restart_cost_s: Number = Field(default=60.0, ge=0, description="GPU time charged per server (re)start until"
+                                   " the campaign has measured its own (then the mean of its measured start-ups)")
+    warmup_after_start: Requests | None = Field(
+        default=None, description="requests at the first trial's load, unmeasured, after each server start: the"
+                                  " engine's JIT compiles and first-use costs land there, not in a measured window")
     max_requests_per_trial: Requests = Field(default=20000, description="cap on a trial sized to be valid")
 
 

@@ -30,6 +30,11 @@ class RepeatsSection(_Strict):
     crash_retries: Int = Field(default=2, ge=0, le=5,
                                description="a trial the engine died under is re-run this many times on a restarted"
                                            " engine; then the level is a fault (never a capacity verdict)")
+    clear_margin: Number | None = Field(
+        default=None, gt=0, lt=1,
+        description="adaptive repeats: a verdict this far from the SLA's edge is settled on one seed (a pass whose"
+                    " p99s' 95% intervals stay under this fraction of their bounds; a failure beyond the bounds"
+                    " divided by it); None: every walk level gets its seeds")
 
     @model_validator(mode="after")
     def _max_at_least_count(self) -> RepeatsSection:

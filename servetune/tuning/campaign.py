@@ -27,7 +27,7 @@ from servetune.plan import TuningPlan
 from servetune.plan_protocols import MeasurementProtocol
 from servetune.result import TrialResult
 from servetune.redact import MASK, redact
-from servetune.tuning.ceiling import RATE_STEP, walk_seeds
+from servetune.tuning.ceiling import walk_seeds
 from servetune.tuning.decisions import next_trials
 from servetune.tuning.plan_identity import check_same_plan, plan_digest, plan_fingerprints
 from servetune.tuning.runner import RunReport, TrialRunner, failed_result
@@ -57,7 +57,7 @@ def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: 
     if st.refine.enabled:
         refine = 1 + len(st.refine.shared_prefix_policies) + sum(len(v) for v in st.refine.grid.values())
         refine += st.refine.extend_levels + int(st.refine.set_max_running)
-    halvings = math.ceil(math.log2(1 / RATE_STEP)) if plan.rate_mode else 4
+    halvings = math.ceil(math.log2(1 / st.ramp.rate_step)) if plan.rate_mode else 4
     bisect = halvings * walk_seeds(plan) if st.ramp.bisect else 0
     measured = {o.level for o in state.outcomes if o.stage in ("baseline", "ramp")}
     ramp_left = sum(1 for c in [plan.baseline_level, *st.ramp.levels] if c not in measured)
@@ -71,6 +71,31 @@ def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: 
     if stage == "robustness":
         return max(1, robust - len(state.by_stage("robustness")))
     return max(1, refine + 2 * extra * refine - len(state.by_stage("refine")) + robust)
+
+
+def restart_cost(plan: TuningPlan, state: CampaignState) -> float:
+    """Seconds a server start costs: the mean of the campaign's own measured start-ups (warm-up included),
+    the plan's ``budget.restart_cost_s`` until one is measured."""
+    measured = [o.startup_seconds for o in state.outcomes if o.restarted and o.startup_seconds > 0]
+    return sum(measured) / len(measured) if measured else float(plan.budget.restart_cost_s)
+
+
+def mean_trial_s(state: CampaignState) -> float:
+    """The mean measured trial so far, its start-up apart (0 before any)."""
+    done = [o.gpu_seconds - o.startup_seconds for o in state.outcomes  # a start-up not kept apart: left out
+            if o.stage != "correctness" and (not o.restarted or o.startup_seconds > 0)]
+    if not done:
+        return 0.0
+    return sum(done) / len(done)
+
+
+def restarts_left_upper_bound(plan: TuningPlan, state: CampaignState) -> int:
+    """Server starts left at most: one per refinement config not measured yet."""
+    st = plan.stages.refine
+    if not st.enabled:
+        return 0
+    configs = len(st.shared_prefix_policies) + sum(len(v) for v in st.grid.values()) + int(st.set_max_running)
+    return max(0, configs - len({o.key[0] for o in state.by_stage("refine")}))
 
 
 class Campaign:
@@ -232,7 +257,8 @@ class Campaign:
             float(self.experiment.get("protocols_gpu_seconds") or 0.0) + report.gpu_seconds, 3)
         self._write_experiment()
         if self.progress:
-            outcome = TrialOutcome.from_result(spec, result, gpu_seconds=report.gpu_seconds, restarted=report.restarted)
+            outcome = TrialOutcome.from_result(spec, result, gpu_seconds=report.gpu_seconds, restarted=report.restarted,
+                                           startup_seconds=report.startup_s)
             self.progress(Progress("end", spec, 0, self.state.gpu_seconds, None, outcome))
         return result
 
@@ -254,13 +280,12 @@ class Campaign:
         return report
 
     def expected_cost_s(self, spec: TrialSpec) -> float:
-        """Seconds the next trial should take: the mean of those so far, plus a restart when its flags
-        differ from the last trial's (the plan's ``budget.restart_cost_s``)."""
-        done = [o for o in self.state.outcomes if o.stage != "correctness" and not o.restarted]
-        mean = sum(o.gpu_seconds for o in done) / len(done) if done else 0.0
+        """Seconds the next trial should take: the mean measured trial so far (start-ups apart), plus a
+        start-up when its flags differ from the last trial's (``restart_cost``: measured once there is one)."""
+        mean = mean_trial_s(self.state)
         last = self.state.outcomes[-1] if self.state.outcomes else None
         fresh = not self._ran_here or last is None or last.flags != spec.flags  # a new runner starts its engine
-        return mean + (self.plan.budget.restart_cost_s if fresh else 0.0)
+        return mean + (restart_cost(self.plan, self.state) if fresh else 0.0)
 
     def _run_one(self, spec: TrialSpec, stage: str) -> TrialOutcome:
         index = len(self.state.outcomes) + 1
@@ -270,7 +295,8 @@ class Campaign:
         report = self._measure(spec)
         self._ran_here = True
         result = report.result
-        outcome = TrialOutcome.from_result(spec, result, gpu_seconds=report.gpu_seconds, restarted=report.restarted)
+        outcome = TrialOutcome.from_result(spec, result, gpu_seconds=report.gpu_seconds, restarted=report.restarted,
+                                           startup_seconds=report.startup_s)
         self.state = self.state.add(outcome)
         self.experiment["gpu_seconds"] = round(self.state.gpu_seconds, 3)
         self._write_experiment()
@@ -282,8 +308,8 @@ class Campaign:
         done = [o for o in self.state.outcomes if o.stage != "correctness"]
         if not done:
             return None
-        mean = sum(o.gpu_seconds for o in done) / len(done)
-        return mean * remaining_trials_upper_bound(self.plan, self.state, stage)
+        return mean_trial_s(self.state) * remaining_trials_upper_bound(self.plan, self.state, stage) \
+            + restart_cost(self.plan, self.state) * restarts_left_upper_bound(self.plan, self.state)
 
     def _finish(self, decision: Decision | None, *, failed: bool, reason: str, status: str | None = None) -> None:
         rec = decision.recommendation if decision else None

@@ -7,18 +7,18 @@ two levels that decide the ceiling, the last passing and the first failing (or p
 walk is replayed with the pooled verdicts, so a repeat that overturns a verdict moves the ceiling.
 The ramp stops on goodput, the figure the plan asks for: a gain within the noise is a plateau.
 In rate mode the levels are offered requests/s; the ceiling is the capacity at the SLA, bisected
-to within ``RATE_STEP`` of the failing rate (an overloaded open loop fails as ``overload``).
+to within ``ramp.rate_step`` (``RATE_STEP``, 2.5%, by default) of the failing rate (an overloaded open loop fails as ``overload``).
 """
 
 from __future__ import annotations
 
 from servetune.plan import Level, TuningPlan
 from servetune.stats import compare, paired_compare
-from servetune.tuning.evidence import Evidence, current, gather, settle
+from servetune.tuning.evidence import Evidence, clear, current, gather, settle
 from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialOutcome, TrialSpec
 from servetune.tuning.verdict import judge  # re-exported: the one trial verdict (servetune.tuning.verdict)
 
-__all__ = ["bisect_between", "climb", "find_ceiling", "judge", "ramp_levels", "throughput", "gains", "walk_seeds"]
+__all__ = ["adaptive_gather", "bisect_between", "climb", "find_ceiling", "first_seeds", "judge", "ramp_levels", "throughput", "gains", "walk_seeds"]
 
 RATE_STEP = 0.025  # rate mode: bisect until the gap is this fraction of the failing rate
 RATE_HALVINGS = 4  # rate mode, nothing passing: halve the lowest rate this many times before giving up
@@ -50,9 +50,26 @@ def walk_seeds(plan: TuningPlan) -> int:
     return plan.repeat_count if plan.rate_mode else 1
 
 
+def first_seeds(plan: TuningPlan) -> int:
+    """Seeds a comparison starts from: one under adaptive repeats (more are added while it is inside the noise,
+    and a level's own verdict gets its seeds when it is near the SLA's edge), else ``walk_seeds``."""
+    return 1 if plan.repeats.clear_margin is not None else walk_seeds(plan)
+
+
 def _gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, stage: str, reason: str,
             repeats: int = 1) -> TrialSpec | Evidence:
-    return gather(plan, state, flags, level, stage=stage, reason=reason, repeats=max(repeats, walk_seeds(plan)))
+    return adaptive_gather(plan, state, flags, level, stage=stage, reason=reason, repeats=max(repeats, walk_seeds(plan)))
+
+
+def adaptive_gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *, stage: str, reason: str,
+                    repeats: int) -> TrialSpec | Evidence:
+    """``gather`` with adaptive repeats (``repeats.clear_margin``): seed 0 first, and the other seeds only when
+    its verdict is not clear of the SLA's edge (evidence.clear); without a margin, every seed asked for."""
+    if repeats > 1 and plan.repeats.clear_margin is not None:
+        first = gather(plan, state, flags, level, stage=stage, reason=reason, repeats=1)
+        if isinstance(first, TrialSpec) or (first.n and all(clear(plan, o) for o in first.outcomes)):
+            return first
+    return gather(plan, state, flags, level, stage=stage, reason=reason, repeats=repeats)
 
 
 def climb(plan: TuningPlan, state: CampaignState, flags: Flags, levels: list[Level], stage: str, what: str,
@@ -72,7 +89,7 @@ def climb(plan: TuningPlan, state: CampaignState, flags: Flags, levels: list[Lev
         if best is not None:
             settled = settle(plan, state, (flags, level, stage, f"{what}: level {level:g}"),
                              (best.flags, best.level, best.outcomes[-1].stage, f"{what}: level {best.level:g}"),
-                             min_change=ramp.min_gain, seeds=max(walk_seeds(plan), min(ev.n, best.n)))
+                             min_change=ramp.min_gain, seeds=max(first_seeds(plan), min(ev.n, best.n)))
             if isinstance(settled, TrialSpec):
                 return settled
             ev, best, cmp = settled
@@ -154,8 +171,11 @@ def _decisive(plan: TuningPlan, state: CampaignState, flags: Flags, evs: list[Ev
     for ev in evs:
         if ev is None or not ev.n:
             continue
-        need = _gather(plan, state, flags, ev.level, ev.outcomes[-1].stage,
-                       f"ceiling decided at level {ev.level}", repeats=plan.repeat_count)
+        if not plan.rate_mode and all(clear(plan, o) for o in ev.outcomes):
+            continue  # a closed loop's verdict far from the SLA's edge: another seed could not turn it
+        # an open loop's capacity holds on every seed, whatever its margin (bursts differ by seed)
+        need = gather(plan, state, flags, ev.level, stage=ev.outcomes[-1].stage,
+                      reason=f"ceiling decided at level {ev.level}", repeats=max(plan.repeat_count, walk_seeds(plan)))
         if isinstance(need, TrialSpec):
             return need
     return None
@@ -164,11 +184,11 @@ def _decisive(plan: TuningPlan, state: CampaignState, flags: Flags, evs: list[Ev
 def bisect_between(plan: TuningPlan, state: CampaignState, flags: Flags, lo_ev: Evidence | None, hi_ev: Evidence,
                    stage: str) -> TrialSpec | tuple[Evidence | None, Evidence]:
     """Halve the gap between a passing and a failing level of ``flags`` until it is ``bisect_min_step`` wide
-    (``RATE_STEP`` of the failing rate); from nothing passing, down to 1 stream (a few halvings of a rate)."""
+    (``ramp.rate_step`` of the failing rate); from nothing passing, down to 1 stream (a few halvings of a rate)."""
     lo, hi = (lo_ev.level if lo_ev else 0), hi_ev.level
     step: float = plan.stages.ramp.bisect_min_step if lo_ev is not None else 1
     floor = hi_ev.level / 2 ** RATE_HALVINGS
-    while hi - lo > (RATE_STEP * hi if plan.rate_mode else step):
+    while hi - lo > (plan.stages.ramp.rate_step * hi if plan.rate_mode else step):
         if plan.rate_mode:
             if not lo and hi <= floor:
                 break

@@ -24,7 +24,8 @@ from servetune.tuning.state import Flags, TrialSpec
 
 log = logging.getLogger(__name__)
 
-DEATH_WAIT_S = 2.0  # how long a failed trial's engine may take to be seen dead
+DEATH_WAIT_S = 2.0
+WARMUP_SEED = 7919  # the post-start warm-up's seed offset: its requests are none of the measured ones  # how long a failed trial's engine may take to be seen dead
 #: where the engine's own key waits for the client (children inherit it; only this name is ever recorded)
 ENGINE_KEY_ENV = "SERVETUNE_ENGINE_API_KEY"
 
@@ -150,7 +151,8 @@ class LiveTrialRunner:
             self._stop()
             result = failed_result(spec, f"server failed to start: {type(exc).__name__}: {exc}",
                                    experiment_id=experiment_id)
-            return RunReport(result=result, gpu_seconds=time.monotonic() - t0, restarted=True)
+            spent = time.monotonic() - t0
+            return RunReport(result=result, gpu_seconds=spent, restarted=True, startup_s=spent)
         url = self.url or self._server.url
         model = getattr(self._server, "model", None) or getattr(self.plan.engine, "model", None) or self.plan.model
         target = Target(url=url, endpoint=self.plan.endpoint, model=model)
@@ -176,6 +178,9 @@ class LiveTrialRunner:
             server_log=_local_log(self._server),
         )
         preflight = self._preflight if self._preflight is not None else running_preflight(self._server)
+        if restarted and spec.stage != "correctness" and (warm := self.plan.budget.warmup_after_start):
+            self._warm_up(req, warm)
+        startup = time.monotonic() - t0 if restarted else 0.0
         try:
             result = run_trial(req, preflight=preflight)
         except Exception as exc:  # noqa: BLE001 - unreachable / bad input before any request: recorded
@@ -185,7 +190,27 @@ class LiveTrialRunner:
             # the engine died under this trial: a fault (the decisions re-run it), never a capacity verdict
             result.failure_reason = f"{ENGINE_CRASH}: {died} (the trial: {result.failure_reason})"
             self._stop()
-        return RunReport(result=result, gpu_seconds=time.monotonic() - t0, restarted=restarted)
+        return RunReport(result=result, gpu_seconds=time.monotonic() - t0, restarted=restarted, startup_s=startup)
+
+    @staticmethod
+    def _warm_up(req: Any, requests: int) -> None:
+        """``requests`` at the trial's load on another seed, unmeasured and unjudged, right after a start: the
+        engine's JIT compiles (kernels for new shapes, the vision tower's first images) land here instead of
+        in the first measured window (on an H100 a VLM's first trial after a start was INVALID by them)."""
+        from servetune.trial import run_trial
+
+        load = req.load.model_copy(update={"seed": req.load.seed + WARMUP_SEED, "warmup_requests": 0})
+        workload = req.workload.model_copy(update={"seed": req.workload.seed + WARMUP_SEED})
+        warm = req.model_copy(update={"load": load, "workload": workload, "num_requests": requests, "stage": "warmup",
+                                      "server_log": None, "validity": type(req.validity)(min_window_s=0,
+                                                                                         min_completions=1)})
+        t = time.monotonic()
+        try:
+            out = run_trial(warm)
+            log.info("warm-up after the start: %d requests in %.0f s (%s)", requests, time.monotonic() - t,
+                     out.summary.requests_ok)
+        except Exception as exc:  # noqa: BLE001 - a warm-up that breaks is the first trial's business
+            log.warning("warm-up after the start failed: %s", exc)
 
     def _dead(self, wait_s: float = 0.0) -> str | None:
         """Why the engine we started is gone (its exit and log tail), or None while it lives.

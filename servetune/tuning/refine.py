@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from servetune.stats import Comparison
 from servetune.tuning import signals
-from servetune.tuning.ceiling import bisect_between, climb, ramp_levels, walk_seeds
+from servetune.tuning.ceiling import adaptive_gather, bisect_between, climb, first_seeds, ramp_levels, walk_seeds
 from servetune.tuning.evidence import Evidence, gather, settle
 from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialOutcome, TrialSpec
 
@@ -87,10 +87,15 @@ class _Walk:
                 if tid not in self.compared:
                     self.compared.append(tid)
 
-    def measure(self, flags: Flags, level: Level, reason: str, repeats: int = 1) -> Evidence:
-        """The evidence for ``flags`` at ``level`` with ``repeats`` accepted seeds, or _NeedTrial."""
-        ev = self.need(gather(self.plan, self.state, flags, level, stage="refine", reason=reason,
-                              repeats=max(repeats, walk_seeds(self.plan))))
+    def measure(self, flags: Flags, level: Level, reason: str, repeats: int = 1, *, exact: bool = False) -> Evidence:
+        """The evidence for ``flags`` at ``level`` with ``repeats`` accepted seeds (at least the walk's, one while
+        its verdict is clear of the SLA's edge under adaptive repeats), or exactly ``repeats`` with ``exact``;
+        or _NeedTrial."""
+        if exact:
+            ev = self.need(gather(self.plan, self.state, flags, level, stage="refine", reason=reason, repeats=repeats))
+        else:
+            ev = self.need(adaptive_gather(self.plan, self.state, flags, level, stage="refine", reason=reason,
+                                           repeats=max(repeats, walk_seeds(self.plan))))
         self.note(ev)
         return ev
 
@@ -101,7 +106,7 @@ class _Walk:
         c, i, cmp = self.need(settle(
             self.plan, self.state, (cand.flags, level, "refine", f"refine {what} at {at(level)}"),
             (inc.flags, level, _stage(inc), f"incumbent against {what} at {at(level)}"),
-            min_change=self.plan.stages.refine.min_improvement, seeds=max(seeds, walk_seeds(self.plan))))
+            min_change=self.plan.stages.refine.min_improvement, seeds=max(seeds, first_seeds(self.plan))))
         self.note(c, i)
         return c, i, cmp
 
@@ -110,6 +115,23 @@ class _Walk:
         level where the incumbent fails), or ties and is simpler; else the incumbent."""
         at = self.plan.level_text
         level = inc.level
+        if self.plan.rate_mode and self.plan.repeats.clear_margin is not None \
+                and complexity(flags) >= complexity(inc.flags):
+            # adaptive repeats, open loop: every config that passes a rate serves it, so at the capacity a passing
+            # candidate that is not simpler can at best tie, and a tie keeps the incumbent; what could make it
+            # better is holding the rate above, tried first (one failing seed there ends it) instead of proving
+            # the tie on every seed at the capacity
+            first = self.measure(flags, level, f"refine {what} at {at(level)}", exact=True)
+            if not first.passed:
+                return inc
+            up = self.carry_up(first, inc, what)
+            if up is not None:
+                return up
+            text = (f"{what}: passes {at(level)} on {first.n} seed(s) but does not hold a rate above it;"
+                    " at best a tie at the capacity: kept the incumbent (fewer flags set)")
+            self.ties.append(text)
+            self.notes.append(text)
+            return inc
         cand = self.measure(flags, level, f"refine {what} at {at(level)}")
         started = cand.n > 1  # once its repeats started they finish (the replay must not stop half-way)
         if not cand.passed and not _near_miss(cand, inc) and not started:
@@ -177,6 +199,11 @@ class _Walk:
         self.note(best, last, stop)
         if best is None or best.level <= cand.level:
             return None
+        if plan.rate_mode and best.n < plan.repeat_count:  # a capacity holds on every seed, whatever its margin
+            best = self.measure(best.flags, best.level, f"refine {what}: its capacity {at(best.level)} on every seed",
+                                repeats=plan.repeat_count, exact=True)
+            if not best.passed:
+                return None
         gain = self.need(settle(plan, self.state, (best.flags, best.level, "refine", f"refine {what} at {at(best.level)}"),
                                 (inc.flags, inc.level, _stage(inc), f"incumbent at {at(inc.level)}"),
                                 min_change=plan.stages.ramp.min_gain, seeds=max(1, min(best.n, inc.n))))

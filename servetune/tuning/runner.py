@@ -24,6 +24,7 @@ class RunReport:
     result: TrialResult
     gpu_seconds: float  # trial time plus the (re)start it needed
     restarted: bool
+    startup_s: float = 0.0  # of gpu_seconds: the (re)start and its unmeasured warm-up
 
 
 class TrialRunner(Protocol):
@@ -144,7 +145,7 @@ class SimTrialRunner:
         except ValueError as exc:  # SimArgsError: what SGLang would refuse at start-up
             self._running = None
             result = failed_result(spec, f"server failed to start: {exc}", experiment_id=experiment_id)
-            return RunReport(result=result, gpu_seconds=restart, restarted=True)
+            return RunReport(result=result, gpu_seconds=restart, restarted=True, startup_s=restart)
         self._running = dict(spec.flags)
         load = trial_load(self.plan, spec)
         batch = self._batch(spec)
@@ -154,7 +155,8 @@ class SimTrialRunner:
         result.workload = batch.describe()  # the spec a reader (diagnose, the report) needs, as a live trial's
         result.server_config = dict(spec.flags)
         result.target["model"] = self.plan.model  # one identity, as a live trial of the plan says (the profile stays)
-        return RunReport(result=result, gpu_seconds=virtual_duration_s(result) + restart, restarted=restarted)
+        return RunReport(result=result, gpu_seconds=virtual_duration_s(result) + restart, restarted=restarted,
+                         startup_s=restart)
 
     def close(self) -> None:
         self._running = None

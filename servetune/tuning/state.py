@@ -79,6 +79,8 @@ class TrialOutcome(_AtALevel):
     summary: TrialSummary = Field(default_factory=TrialSummary)
     gpu_seconds: float = Field(default=0.0, ge=0, description="trial time plus any server (re)start")
     restarted: bool = False
+    startup_seconds: float = Field(default=0.0, ge=0, description="of gpu_seconds: the server's (re)start and its"
+                                   " unmeasured warm-up (budget.warmup_after_start)")
     resolved: dict[str, FlagValue] = Field(
         default_factory=dict, description="scalar server args as the server resolved them (/server_info)"
     )
@@ -102,7 +104,7 @@ class TrialOutcome(_AtALevel):
 
     @classmethod
     def from_result(
-        cls, spec: TrialSpec, result: TrialResult, *, gpu_seconds: float, restarted: bool
+        cls, spec: TrialSpec, result: TrialResult, *, gpu_seconds: float, restarted: bool, startup_seconds: float = 0.0
     ) -> TrialOutcome:
         status: Literal["ok", "failed", "rejected"] = (
             result.status if result.status in ("failed", "rejected") else "ok")  # type: ignore[assignment]
@@ -121,6 +123,7 @@ class TrialOutcome(_AtALevel):
             summary=result.summary,
             gpu_seconds=gpu_seconds,
             restarted=restarted,
+            startup_seconds=min(startup_seconds, gpu_seconds),
             resolved=resolved_args(result),
         )
 
