@@ -371,7 +371,7 @@ def dry_run(plan: TuningPlan, runner: TrialRunner, *, max_trials: int = 500, che
                     check_trial(plan, report.result)
                 specs.append(spec)
                 state = state.add(TrialOutcome.from_result(spec, report.result, gpu_seconds=report.gpu_seconds,
-                                                           restarted=report.restarted))
+                                                           restarted=report.restarted, startup_seconds=report.startup_s))
     finally:
         runner.close()
     raise RuntimeError(f"the campaign did not finish within {max_trials} trials")

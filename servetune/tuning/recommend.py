@@ -63,6 +63,7 @@ def recommend(
     if s.prefix_hit_rate is not None:
         explanation.append(f"prefix hit rate {s.prefix_hit_rate:.1%} (cached/prompt tokens from usage)")
     explanation.extend(notes or [])
+    explanation.append(bought(plan, state))
     rec = Recommendation(
         config=dict(chosen.flags),
         concurrency=concurrency,
@@ -85,6 +86,29 @@ def recommend(
     if previous is not None:
         rec.diff_from_previous = diff_recommendations(previous, rec)
     return rec
+
+
+def bought(plan: TuningPlan, state: CampaignState) -> str:
+    """What the answer cost and what confidence that bought: GPU minutes (start-ups apart), trials, and under
+    adaptive repeats the (config, level) pairs settled on one seed because they were far from the SLA's edge."""
+    from servetune.tuning.evidence import clear
+
+    starts = [o for o in state.outcomes if o.restarted]
+    startup = sum(o.startup_seconds for o in starts)
+    text = (f"bought with {state.gpu_seconds / 60:.1f} GPU min over {len(state.outcomes)} trial(s) and {len(starts)}"
+            f" server start(s)" + (f" ({startup / 60:.1f} min of start-ups and their warm-ups)" if startup else ""))
+    if plan.repeats.clear_margin is None:
+        return text
+    seeds: dict[tuple[str, float], list[TrialOutcome]] = {}
+    for o in state.outcomes:
+        if o.valid and o.stage not in ("correctness", "robustness", "protocol"):
+            seeds.setdefault(o.key, []).append(o)
+    one = [plan.level_text(level) for level in sorted({v[0].level for v in seeds.values()
+                                                       if len({o.seed_offset for o in v}) == 1 and clear(plan, v[0])})]
+    if one:
+        text += (f"; {len(one)} measurement(s) settled on one seed, their verdicts beyond"
+                 f" {plan.repeats.clear_margin:.0%} of the SLA's bounds: {', '.join(one)}")
+    return text
 
 
 def _energy_and_cost(outcomes: list[TrialOutcome]) -> dict[str, float | None]:
