@@ -31,13 +31,26 @@
 # The machine keeps its state in $ST (/tmp/vlmst) while warm: a trial whose JSON exists is not run again, the
 # model in $MODEL is reused, the overlay is not unpacked twice. Each call stops before $DEADLINE seconds and
 # leaves $OUT/vlm-st.tar.xz (trial JSONs without per-chunk arrays, server log tails, GPU memory samples).
-# Needs .sgl/ (git-ignored, carried): sglpkgs.tar.xz, sgl_h200.sh (../shared/recipes/sglang-h200/) and
-# vlm_device.sh, make_random_vlm.py, vlmextra.tar.xz (../shared/recipes/sglang-h200-vlm/); for `detach`, also
-# servetune.tar.gz (`git archive --format=tar.gz -o .sgl/servetune.tar.gz HEAD servetune`, + .sgl/servetune.commit).
-# A tune needs the checklist's packages the image lacks, as wheels in .whl/ (installed into /tmp/site); .sgl/ and
-# .whl/ together exceed a call's 64 MiB, so a cold machine takes two calls: SETUP_ONLY=1 with .sgl carried (the
-# overlay and the model), then the tune with .whl and .sgl's small files carried.
+# Needs the kit, git-ignored and carried: the SGLang 0.5.17 overlay sglpkgs.tar.xz with sgl_h200.sh
+# (../shared/recipes/sglang-h200/) and vlm_device.sh, make_random_vlm.py, vlmextra.tar.xz (../shared/recipes/
+# sglang-h200-vlm/), either whole in .sgl/ or split in two (the overlay, 57.3 MB, no longer fits one call beside the
+# tree): .sgl1/ = sglpkgs.tar.xz.00 + the small files + sglpkgs.tar.xz.sha256 + sglpkgs.parts.sha256, .sgl2/ =
+# sglpkgs.tar.xz.01 + the same small files. Every call copies what it carries into $SGLKIT (/tmp/sglkit), so a later
+# call that carries nothing finds the small files there. A tune also needs the checklist's packages the image lacks,
+# as wheels in .whl/ (installed into /tmp/site). A cold machine, two calls within the 30 s warm window:
+#   call 1  carry [.sgl1]        `[TEXT_MODEL=1] bash scripts/gpu-h200-vlm.sh STEP...`: part 1 staged, the model
+#           writers started in their own sessions (they go on between calls: /tmp/vlm7b, and with TEXT_MODEL=1 the
+#           random 7.2B Llama /tmp/m8b of scripts/gpu-h200-sglang.sh), exits in seconds, runs no step
+#   call 2  carry [.sgl2, .whl]  `NEED_STATE=1 bash scripts/gpu-h200-vlm.sh STEP...`: part 2 staged, the overlay
+#           reassembled and checked against its sha256, unpacked, the writers waited for, the wheels installed, then
+#           the steps; later calls carry nothing (the same command: a tune resumes from /tmp/vlmst).
+# events.log (in the archive) has a wall-clock line per setup step: each part staged, reassembled, unpacked, each
+# model written (by its writer's own start and end), tokenizer, wheels installed.
+# For `detach`, .sgl/ also needs servetune.tar.gz (`git archive --format=tar.gz -o .sgl/servetune.tar.gz HEAD
+# servetune`, + .sgl/servetune.commit). A campaign state to resume on a cold machine: .sgl/ or .sgl1/vlm-st.tar.xz.
 # Env: NEED_STATE=1 (exit at once on a machine without $ST: a follow-up call that found a cold machine)
+# TEXT_MODEL=1 (also write /tmp/m8b, $M8B) SGLKIT (/tmp/sglkit) RESTORE (archives to seed a fresh $ST, instead of
+# .sgl/ or .sgl1/vlm-st.tar.xz)
 # SEEDS ("1 2 3") CONC (64) REQUESTS (640) WARM (32 warm-up requests of each config's first workload)
 # ONLY (workload names, in order) ORDER (seed) DEADLINE (560; for detach the whole campaign's) TRIAL_GUARD (80 s:
 # no trial starts with less left) MINSTART (240) ST MODEL PY RUN; DRY=1 runs the same steps on a CPU machine
@@ -47,7 +60,12 @@ T0=$(date +%s)
 OUT=${OUT:-/tmp/vlm-out}; mkdir -p "$OUT"
 ST=${ST:-/tmp/vlmst}
 # a cold machine: the last call's archive, if carried, restores the trials and paused campaigns
-[ ! -d "$ST" ] && [ -f .sgl/vlm-st.tar.xz ] && mkdir -p "$ST" && tar -C "$ST" -xJf .sgl/vlm-st.tar.xz && echo "restored $ST"
+# (or RESTORE: archives in the tree, e.g. the kept tests/data/gpu-h200-vlm/2026-12-05-rate/{tune-rate,logs}.tar.xz)
+if [ ! -d "$ST" ]; then
+  for a in ${RESTORE:-.sgl/vlm-st.tar.xz .sgl1/vlm-st.tar.xz}; do
+    [ -f "$a" ] && mkdir -p "$ST" && tar -C "$ST" -xJf "$a" && echo "restored $a into $ST"
+  done
+fi
 if [ "${NEED_STATE:-0}" = 1 ] && [ ! -d "$ST" ]; then   # a call meant to go on, that found a fresh machine
   echo "NEED_STATE=1: no $ST on this machine and no .sgl/vlm-st.tar.xz: a cold machine; nothing run"; exit 4
 fi
@@ -66,6 +84,10 @@ EVENTS=$ST/events.log
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 ev() { echo "$(date +%s.%N | cut -c1-14) +$(( $(date +%s) - T0 ))s $*" | tee -a "$EVENTS"; }
 SPID=; SGID=; SLOG=
+K=${SGLKIT:-/tmp/sglkit}          # the kit on the machine: small files, overlay parts, wheels, model writers' records
+M8B=${M8B:-/tmp/m8b}
+PARTIAL=; CARRIED_PARTS=
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
 workloads_of() {
   case "$1" in
@@ -85,39 +107,194 @@ flags_of() {
   esac
 }
 
-setup() {
-  if [ "$DRY" = 1 ]; then
-    [ -f "$MODEL/tokenizer.json" ] || "$PY" .sgl/make_random_vlm.py "$MODEL" --preset 7b --parts tokenizer,config | tail -1
-    export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
+stage_kit() {  # copy what this call carries (.sgl, .sgl1, .sgl2, .whl) into $K; check each overlay part's sha256
+  local d f p b t want got
+  mkdir -p "$K"
+  for d in .sgl .sgl1 .sgl2; do
+    [ -d "$d" ] || continue
+    for f in sgl_h200.sh vlm_device.sh make_random_vlm.py vlmextra.tar.xz sglpkgs.tar.xz.sha256 sglpkgs.parts.sha256; do
+      [ -f "$d/$f" ] && cp "$d/$f" "$K/"
+    done
+  done
+  cp scripts/make_random_llama.py "$K/" 2>/dev/null   # writers run from $K: the tree may change between calls
+  for p in .sgl1/sglpkgs.tar.xz.[0-9]* .sgl2/sglpkgs.tar.xz.[0-9]* .sgl/sglpkgs.tar.xz.[0-9]*; do
+    [ -f "$p" ] || continue
+    b=$(basename "$p"); t=$(date +%s.%N)
+    cp "$p" "$K/$b.tmp" || { ev "overlay: part $b: copy failed"; return 3; }
+    want=$(grep " $b\$" "$K/sglpkgs.parts.sha256" 2>/dev/null | cut -d' ' -f1); got=$(sha256sum "$K/$b.tmp" | cut -d' ' -f1)
+    if [ -z "$want" ] || [ "$want" != "$got" ]; then
+      ev "overlay: part $b: sha256 ${got:0:12} is not the listed ${want:-(none)}: not staged"; rm -f "$K/$b.tmp"; return 3
+    fi
+    mv "$K/$b.tmp" "$K/$b"; CARRIED_PARTS="$CARRIED_PARTS $b"
+    ev "overlay: part $b staged in $K ($(( $(stat -c %s "$K/$b") / 1000000 )) MB, sha256 ok) in $(since "$t")s"
+  done
+  if ls .whl/*.whl > /dev/null 2>&1; then rm -rf "$K/whl"; mkdir -p "$K/whl"; cp .whl/*.whl "$K/whl/"; fi
+  for f in make_random_vlm.py sgl_h200.sh vlm_device.sh; do
+    [ -f "$K/$f" ] && continue
+    ev "kit: $f is neither carried (.sgl1, .sgl2 or .sgl) nor staged in $K by an earlier call on this machine"; return 3
+  done
+}
+
+detached() {  # NAME CMD...: CMD in its own session, holding no descriptor of this call's, so that it goes on between
+  # device calls while the machine stays warm; $K/NAME.pid, $K/NAME.log, and at its end $K/NAME.rc: "rc start end"
+  local name=$1; shift
+  rm -f "$K/$name.rc" "$K/$name.pid" "$K/$name.reported"
+  "$PY" -c 'import os, sys
+if os.fork(): os._exit(0)
+os.setsid()
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.dup2(fd, 1); os.dup2(fd, 2); os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+os.closerange(3, 65536); os.chdir(os.path.dirname(sys.argv[2]))
+script = "echo $$ > \"$0.pid\"; s=$(date +%s.%N); \"$@\"; rc=$?; echo \"$rc $s $(date +%s.%N)\" > \"$0.rc.tmp\"; mv \"$0.rc.tmp\" \"$0.rc\""
+os.execvp("bash", ["bash", "-c", script, sys.argv[2]] + sys.argv[3:])' "$K/$name.log" "$K/$name" "$@"
+  for _ in $(seq 1 50); do [ -s "$K/$name.pid" ] && break; sleep 0.1; done
+  ev "model $name: writer started in its own session (pid $(cat "$K/$name.pid" 2>/dev/null), log $K/$name.log)"
+}
+
+writer_state() {  # NAME: none | running | done | failed
+  local rc _ p
+  if [ -f "$K/$1.rc" ]; then read -r rc _ < "$K/$1.rc"; [ "$rc" = 0 ] && echo done || echo failed
+  elif p=$(cat "$K/$1.pid" 2>/dev/null) && [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then echo running
+  else echo none; fi
+}
+
+start_writers() {  # the random models, written in the background; reused while the machine stays warm
+  local st
+  st=$(writer_state vlm7b)
+  if [ "$st" = none ] && [ -f "$MODEL/model.safetensors.index.json" ] && [ -f "$MODEL/tokenizer.json" ]; then
+    ev "model vlm7b: reusing $MODEL"
+  elif [ "$st" = none ] || [ "$st" = failed ]; then
+    [ "$st" = failed ] && { ev "model vlm7b: the last write failed (rc $(cut -d' ' -f1 "$K/vlm7b.rc")); writing again"; tail -3 "$K/vlm7b.log"; }
+    rm -rf "$MODEL"; mkdir -p "$MODEL"
+    if [ "$DRY" = 1 ]; then   # no GPU: the configs stand in for the weights (the tokenizer comes with the overlay's python)
+      detached vlm7b "$PY" "$K/make_random_vlm.py" "$MODEL" --preset 7b --parts config
+    else
+      detached vlm7b env -u PYTHONPATH "$PY" "$K/make_random_vlm.py" "$MODEL" --preset 7b --device cuda --parts weights,verify
+    fi
+  fi
+  [ "${TEXT_MODEL:-0}" = 1 ] || return 0
+  st=$(writer_state m8b)
+  if [ "$st" = none ] && [ -f "$M8B/config.json" ] && ls "$M8B"/*.safetensors > /dev/null 2>&1; then ev "model m8b: reusing $M8B"
+  elif [ "$st" = none ] || [ "$st" = failed ]; then
+    [ "$st" = failed ] && { ev "model m8b: the last write failed; writing again"; tail -3 "$K/m8b.log"; }
+    rm -rf "$M8B"
+    if [ "$DRY" != 1 ]; then   # as scripts/gpu-h200-sglang.sh: 8B-shaped, GQA 32/8, its own BPE tokenizer (vocab 32k)
+      detached m8b env -u PYTHONPATH "$PY" "$K/make_random_llama.py" "$M8B" --hidden 4096 --layers 32 --heads 32 \
+        --kv-heads 8 --inter 14336
+    elif "$PY" -c "import torch, transformers" 2> /dev/null; then   # DRY: a tiny one on the CPU
+      detached m8b "$PY" "$K/make_random_llama.py" "$M8B" --hidden 64 --layers 2 --heads 2 --kv-heads 1 --inter 128 \
+        --vocab 2000 --files 40 --device cpu --dtype float32
+    else
+      detached m8b bash -c "echo 'DRY: no torch here: a stand-in for the text model writer'; sleep ${DRY_TEXT_S:-15}"
+    fi
+  fi
+}
+
+wait_writer() {  # NAME: wait for its writer (if one was started) and say how long it took
+  local name=$1 st rc s e
+  st=$(writer_state "$name")
+  [ "$st" = none ] && return 0
+  if [ "$st" = running ]; then
+    ev "model $name: waiting for its writer (pid $(cat "$K/$name.pid"))"
+    while [ "$(writer_state "$name")" = running ]; do
+      [ "$(left)" -lt 60 ] && { ev "model $name: still being written with $(left)s left"; return 75; }
+      sleep 2
+    done
+    sleep 0.5
+  fi
+  [ -f "$K/$name.rc" ] || { ev "model $name: its writer ended without a result"; tail -5 "$K/$name.log"; return 1; }
+  read -r rc s e < "$K/$name.rc"
+  if [ "$rc" != 0 ]; then ev "model $name: its writer failed (rc $rc)"; tail -8 "$K/$name.log"; return 1; fi
+  [ -f "$K/$name.reported" ] && return 0
+  tail -n 2 "$K/$name.log"
+  ev "model $name: written in $(awk -v a="$s" -v b="$e" 'BEGIN { printf "%.1f", b - a }')s (its writer ran $(date -d "@${s%.*}" +%T)-$(date -d "@${e%.*}" +%T))"
+  touch "$K/$name.reported"
+}
+
+assemble() {  # the overlay from the parts staged in $K, checked against its sha256; PARTIAL=1 while a part is missing
+  local p missing= t got want
+  [ -f "$K/sglpkgs.tar.xz.ok" ] && [ -f "$K/sglpkgs.tar.xz" ] && return 0
+  [ -f "$K/sglpkgs.parts.sha256" ] && [ -f "$K/sglpkgs.tar.xz.sha256" ] \
+    || { ev "overlay: no overlay here: carry .sgl1 (then .sgl2 and .whl in the next call) or .sgl"; return 3; }
+  for p in $(awk '{ print $2 }' "$K/sglpkgs.parts.sha256"); do [ -f "$K/$p" ] || missing="$missing $p"; done
+  if [ -n "$missing" ]; then
+    PARTIAL=1; ev "overlay: staged so far: $(cd "$K" && ls sglpkgs.tar.xz.[0-9]* 2>/dev/null | xargs); missing:$missing"; return 0
+  fi
+  t=$(date +%s.%N)
+  (cd "$K" && cat $(awk '{ print $2 }' sglpkgs.parts.sha256) > sglpkgs.tar.xz.tmp) || { ev "overlay: reassembly failed"; return 3; }
+  got=$(sha256sum "$K/sglpkgs.tar.xz.tmp" | cut -d' ' -f1); want=$(cut -d' ' -f1 "$K/sglpkgs.tar.xz.sha256")
+  if [ "$got" != "$want" ]; then ev "overlay: reassembled sha256 ${got:0:12} != ${want:0:12}: not used"; rm -f "$K/sglpkgs.tar.xz.tmp"; return 3; fi
+  mv "$K/sglpkgs.tar.xz.tmp" "$K/sglpkgs.tar.xz" && touch "$K/sglpkgs.tar.xz.ok"
+  (cd "$K" && rm -f $(awk '{ print $2 }' sglpkgs.parts.sha256))
+  ev "overlay: reassembled from $(wc -l < "$K/sglpkgs.parts.sha256") parts, $(( $(stat -c %s "$K/sglpkgs.tar.xz") / 1000000 )) MB, sha256 ${got:0:12} ok, in $(since "$t")s"
+}
+
+overlay() {  # the SGLang overlay in /tmp/sglpkgs: unpacked already, or from .sgl/sglpkgs.tar.xz, or from the parts in $K
+  local vd t rc n
+  if [ "$DRY" != 1 ] && [ -f /tmp/sglpkgs/.sglpkgs.sha256 ] && [ -d /tmp/sglpkgs/sglang ]; then ev "overlay: already in /tmp/sglpkgs"; return 0; fi
+  if [ -f .sgl/sglpkgs.tar.xz ]; then vd=.sgl/vlm_device.sh
+  else
+    assemble || return $?
+    [ -n "$PARTIAL" ] && return 0
+    vd=$K/vlm_device.sh
+  fi
+  if [ "$DRY" = 1 ]; then   # no unpack on a CPU machine (the extras probe wants torchvision): the archive is read through
+    [ -f "$K/dry-overlay-listed" ] && return 0
+    t=$(date +%s.%N); n=$(tar -tJf "$(dirname "$vd")/sglpkgs.tar.xz" | wc -l) || return 3
+    ev "overlay: DRY: not unpacked; $(dirname "$vd")/sglpkgs.tar.xz reads through, $n entries, in $(since "$t")s"; touch "$K/dry-overlay-listed"
     return 0
   fi
-  nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader
-  local wpid=
-  if [ -f "$MODEL/model.safetensors.index.json" ] && [ -f "$MODEL/tokenizer.json" ]; then ev "model: reusing $MODEL"
+  t=$(date +%s.%N); ev "overlay: unpacking ($vd unpack)"
+  OUT=$ST bash "$vd" unpack | tail -4; rc=${PIPESTATUS[0]}
+  [ -f /tmp/sglpkgs/.sglpkgs.sha256 ] && [ -d /tmp/sglpkgs/sglang ] || { ev "overlay: unpack failed (rc $rc)"; return 3; }
+  [ "$rc" = 0 ] || ev "overlay: WARN: vlm_device.sh unpack exit $rc (the extras probe; see $ST/vlm-probe.txt)"
+  ev "overlay: unpacked into /tmp/sglpkgs ($(du -sh /tmp/sglpkgs | cut -f1)) in $(since "$t")s"
+}
+
+install_wheels() {  # the checklist's packages the image lacks (great_expectations, ...): $K/whl into /tmp/site
+  local site=/tmp/site t extra=()
+  ls "$K"/whl/*.whl > /dev/null 2>&1 || return 0
+  # DRY: the venv has these packages; the cp312 wheels go to a folder of their own, not on PYTHONPATH
+  [ "$DRY" = 1 ] && { site=$ST/site-dry; extra=(--python-version 3.12 --implementation cp --only-binary=:all: --platform manylinux2014_x86_64); }
+  if [ -f "$site/.kit-wheels" ] && [ "$(cat "$site/.kit-wheels")" = "$(ls "$K/whl")" ]; then ev "wheels: already in $site"; return 0; fi
+  t=$(date +%s.%N)
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "${extra[@]}" \
+    "$K"/whl/*.whl || { ev "wheels: pip install failed"; return 1; }
+  ls "$K/whl" > "$site/.kit-wheels"
+  ev "wheels: $(ls "$K/whl" | wc -l) installed into $site ($(du -sh "$site" | cut -f1)) in $(since "$t")s"
+}
+
+setup() {  # rc 0 with PARTIAL=1: a part of the overlay is still to come (call 1 of a cold machine)
+  local rc
+  stage_kit || return $?
+  if [ "$DRY" != 1 ]; then
+    nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader
+    ev "disk /tmp: $(df -h /tmp | awk 'NR == 2 { print $4 " free of " $2 }') (vlm7b 16.6 GB, m8b 14.5 GB, overlay 0.4 GB)"
+  fi
+  start_writers || return 1
+  overlay || return $?
+  [ -n "$PARTIAL" ] && return 0
+  if [ "$DRY" = 1 ]; then
+    export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
   else
-    rm -rf "$MODEL"; mkdir -p "$MODEL"; ev "model: writing random 7b weights into $MODEL (background)"
-    env -u PYTHONPATH "$PY" .sgl/make_random_vlm.py "$MODEL" --preset 7b --device cuda --parts weights,verify \
-      > "$ST/make_weights.log" 2>&1 &
-    wpid=$!
+    source "$K/sgl_h200.sh" >/dev/null; setup_cuda_home || return 1; sgl_env
+    [ -n "$(ls -A /tmp/vlmextra_active 2>/dev/null)" ] && export PYTHONPATH="$PYTHONPATH:/tmp/vlmextra_active"
   fi
-  if [ -f /tmp/sglpkgs/.sglpkgs.sha256 ] && [ -d /tmp/sglpkgs/sglang ]; then ev "overlay: already in /tmp/sglpkgs"
-  else ev "overlay: unpacking"; OUT=$ST bash .sgl/vlm_device.sh unpack | tail -4; fi
-  source .sgl/sgl_h200.sh >/dev/null; setup_cuda_home || return 1; sgl_env
-  [ -n "$(ls -A /tmp/vlmextra_active 2>/dev/null)" ] && export PYTHONPATH="$PYTHONPATH:/tmp/vlmextra_active"
-  if [ -n "$wpid" ]; then
-    ev "model: tokenizer and configs (overlay python)"
-    "$PY" .sgl/make_random_vlm.py "$MODEL" --preset 7b --parts tokenizer,config > "$ST/make_tok.log" 2>&1 \
+  if [ ! -f "$MODEL/tokenizer.json" ]; then   # with the overlay's transformers 5.12.1 and tokenizers 0.22.2
+    local t; t=$(date +%s.%N)
+    "$PY" "$K/make_random_vlm.py" "$MODEL" --preset 7b --parts tokenizer,config > "$ST/make_tok.log" 2>&1 \
       || { tail -5 "$ST/make_tok.log"; return 1; }
-    wait "$wpid" || { tail -5 "$ST/make_weights.log"; return 1; }
-    tail -2 "$ST/make_weights.log"
+    ev "model vlm7b: tokenizer and configs (overlay python) in $(since "$t")s"
   fi
-  if ls .whl/*.whl > /dev/null 2>&1; then   # the checklist's packages the image lacks (great_expectations, ...)
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-      && ev "wheels: $(ls .whl | wc -l) installed into /tmp/site" || return 1
+  install_wheels || return 1
+  wait_writer vlm7b; rc=$?; [ $rc = 0 ] || return $rc
+  wait_writer m8b; rc=$?; [ $rc = 0 ] || return $rc
+  if [ "$DRY" != 1 ]; then
+    [ -d /tmp/site ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+    export PYTHONPATH="$PWD:$PYTHONPATH" PYTHONUNBUFFERED=1 SERVETUNE_LOG_DIR="$ST/logs"
   fi
-  [ -d /tmp/site ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-  export PYTHONPATH="$PWD:$PYTHONPATH" PYTHONUNBUFFERED=1 SERVETUNE_LOG_DIR="$ST/logs"
-  ev "setup done: $(du -sh "$MODEL" | cut -f1) model"
+  local tm=; [ "$(writer_state m8b)" = done ] && [ -d "$M8B" ] && tm=", text model $(du -sh "$M8B" | cut -f1) in $M8B"
+  ev "setup done: $(du -sh "$MODEL" | cut -f1) model in $MODEL$tm"
 }
 
 start_server() {  # $1 config; sets SPID (servetune serve), SGID (its process group), SLOG (the engine's log)
@@ -313,21 +490,30 @@ fi
 [ "${DRIVER:-0}" = 1 ] && echo $$ > "$ST/driver.pid"
 LOG="$ST/call-$CALL.log"
 {
-  ev "call $CALL: configs $*, seeds $SEEDS, order $ORDER, $REQUESTS requests, deadline ${DEADLINE}s, dry=$DRY"
+  ev "call $CALL: configs $*, seeds $SEEDS, order $ORDER, $REQUESTS requests, deadline ${DEADLINE}s, dry=$DRY, carried: $(ls -d .sgl .sgl1 .sgl2 .whl 2>/dev/null | tr '\n' ' ')"
   if [ "$DRY" != 1 ]; then   # the GPU memory curve over the whole call (0.5 s), beside the events' timestamps
     nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu,power.draw --format=csv,noheader,nounits -lms 500 \
       > "$ST/gpumem-$CALL.csv" 2>&1 &
     SMI=$!
   fi
-  setup || { ev "setup failed"; exit 3; }
-  [ "${SETUP_ONLY:-0}" = 1 ] && { ev "SETUP_ONLY: overlay and model ready"; exit 0; }
+  setup; src=$?
   final=0
-  for cfg in "$@"; do
-    case "$cfg" in tune:*) run_tune "$cfg" ;; *) run_config "$cfg" ;; esac; rc=$?
-    ev "config $cfg: rc=$rc"
-    [ $rc != 0 ] && final=$rc
-    [ $rc = 75 ] && break
-  done
+  if [ $src != 0 ]; then   # 75: a model writer still runs near the deadline (the next call goes on)
+    final=$src; [ $src = 75 ] && EXIT_RC=75 || EXIT_RC=3
+    ev "setup failed (rc $src): no step run"
+  elif [ -n "$PARTIAL" ]; then   # call 1 of a cold machine: part 1 staged, the writers go on between calls
+    [ -f "$K/sglpkgs.tar.xz.00" ] && [ -n "$CARRIED_PARTS" ] || { EXIT_RC=4; final=4; }
+    if [ "${EXIT_RC:-0}" = 4 ]; then ev "overlay incomplete and part 1 is not on this machine (a fresh one?): send the call with .sgl1 again, then this one"
+    else ev "part 1 staged, writers running: next, within the 30 s warm window, the same steps with .sgl2 and .whl carried (NEED_STATE=1)"; fi
+  elif [ "${SETUP_ONLY:-0}" = 1 ]; then ev "SETUP_ONLY: overlay and model ready"
+  else
+    for cfg in "$@"; do
+      case "$cfg" in tune:*) run_tune "$cfg" ;; *) run_config "$cfg" ;; esac; rc=$?
+      ev "config $cfg: rc=$rc"
+      [ $rc != 0 ] && final=$rc
+      [ $rc = 75 ] && break
+    done
+  fi
   stop_server
   [ -n "${SMI:-}" ] && kill "$SMI" 2>/dev/null
   ev "call $CALL done (rc $final)"
@@ -336,3 +522,4 @@ LOG="$ST/call-$CALL.log"
 cp "$LOG" "$OUT/" 2>/dev/null
 archive
 tail -n 120 "$LOG"
+exit "${EXIT_RC:-0}"
