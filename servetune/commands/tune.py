@@ -66,105 +66,6 @@ def _load(plan_path: Path) -> TuningPlan:
         raise typer.Exit(BAD_INPUT) from None
 
 
-def _print_dry_run(plan: TuningPlan) -> None:
-    console = _results()
-    from servetune.engines.catalog import command_text
-    from servetune.logs import emit_json, json_mode
-    from servetune.tuning.campaign import dry_run
-    from servetune.tuning.runner import SimTrialRunner
-
-    runner = SimTrialRunner.for_plan(plan)
-    if runner is None:
-        _print_static_schedule(plan)
-        return
-    if plan.estimate is not None and plan.engine.kind != "sim":
-        console.print(f"estimating with the simulator: {plan.estimate.model} on {plan.estimate.gpu}")
-    # an estimate: the simulator's trials against the validity rules only (the checklist's GX suites cost
-    # about half a second a trial, and a real campaign runs them on every trial it measures)
-    decision, outcomes, specs = dry_run(plan, runner, checklist=False)
-    table = Table(title=f"{plan.name}: trials the campaign would start (simulated, virtual time)")
-    for col in ("#", "stage", f"level ({plan.level_unit})", "requests", "flags changed", "GPU s", "goodput req/s",
-                "valid"):
-        table.add_column(col, no_wrap=col in ("stage", "requests", "valid"))
-    base = plan.engine_flags()
-    for i, (spec, o) in enumerate(zip(specs, outcomes, strict=True), 1):
-        changed = {k: v for k, v in spec.flags.items() if base.get(k, object()) != v or k not in base}
-        removed = [k for k in base if k not in spec.flags]
-        text = " ".join([command_text({k: v}) or f"-{k}" for k, v in changed.items()]  # as typed; a switch
-                        + [f"-{k}" for k in removed]) or "-"  # turned off or dropped: -flag
-        valid = "-" if spec.stage == "correctness" else ("yes" if o.valid else "INVALID")
-        table.add_row(str(i), spec.stage, f"{spec.level:g}", f"{spec.requests}+{spec.warmup}", text,
-                      f"{o.gpu_seconds:.0f}" + ("*" if o.restarted else ""),
-                      f"{o.summary.goodput_rps or 0:.2f}" if o.status == "ok" else "failed", valid)
-    console.print(table)
-    console.print("* the server (re)starts for this trial (its GPU s include the restart)")
-    total = sum(o.gpu_seconds for o in outcomes)
-    if json_mode():
-        emit_json({"plan": plan.name, "simulated": True, "estimated_gpu_s": round(total, 3),
-                   "trials": [{"stage": sp.stage, "level": sp.level, "requests": sp.requests, "warmup": sp.warmup,
-                               "flags": redact(sp.flags), "gpu_seconds": round(o.gpu_seconds, 3), "status": o.status,
-                               "goodput_rps": o.summary.goodput_rps, "valid": o.valid}
-                              for sp, o in zip(specs, outcomes, strict=True)],
-                   "recommendation": _shown(decision.recommendation), "reason": decision.reason})
-    rules = plan.validation
-    repeats = plan.repeats.count or runner.default_repeats
-    console.print(f"{len(specs)} trials, estimated GPU time {fmt_s(total)} (budget {plan.budget.max_gpu_minutes:g} min,"
-                  f" restart cost {plan.budget.restart_cost_s:g} s each); the simulator's estimate, not a measurement.")
-    if plan.protocols:
-        console.print(f"Before them, once each, the plan's protocols: {', '.join(p.name for p in plan.protocols)}"
-                      " (their own workload, flags and batching; not counted above).", highlight=False)
-    per = "requests in flight" if plan.rate_mode else "streams"
-    console.print(f"Each trial is sized for a steady window of >= {rules.min_window_s:g} s and >= max("
-                  f"{rules.min_completions}, {rules.completions_per_stream:g} x {per}) completions"
-                  f" (requests = measured + warm-up); decisive trials: {repeats} trial(s) each")
-    if plan.rate_mode:
-        assert plan.load is not None
-        console.print(f"Open loop: levels are offered requests/s, {plan.load.arrivals_text()},"
-                      f" at most {plan.load.max_in_flight} in flight")
-    if decision.recommendation:
-        r = decision.recommendation
-        at = f"capacity {r.rate:g} req/s (about {r.concurrency} in flight)" if r.rate is not None \
-            else f"concurrency {r.concurrency}"
-        console.print(f"simulated recommendation: {at}, flags {command_text(redact(r.config)) or '(defaults)'},"
-                      f" goodput {r.goodput_rps or 0:.2f} req/s", highlight=False)
-    else:
-        console.print(f"simulated campaign ends without a recommendation: {escape(decision.reason)}")
-
-
-def _print_static_schedule(plan: TuningPlan) -> None:
-    """Without a simulator profile: the worst-case trial list; GPU time cannot be estimated."""
-    console = _results()
-    from servetune.tuning.campaign import remaining_trials_upper_bound
-    from servetune.tuning.ceiling import RATE_STEP
-    from servetune.tuning.state import CampaignState
-
-    st = plan.stages
-    table = Table(title=f"{plan.name}: trials the campaign would start (worst case; no simulator profile)")
-    for col in ("stage", f"levels ({plan.level_unit})", "requests each"):
-        table.add_column(col)
-    if st.correctness.enabled:
-        table.add_row("correctness", "1", str(st.correctness.requests))
-    table.add_row("baseline", f"{plan.baseline_level:g}", str(st.baseline.requests + st.baseline.warmup))
-    table.add_row("ramp", ", ".join(f"{x:g}" for x in st.ramp.levels) + " (stops at the ceiling)",
-                  str(st.ramp.requests + st.ramp.warmup))
-    if st.ramp.bisect:
-        gap = f"{RATE_STEP:.1%} of the failing rate" if plan.rate_mode else str(st.ramp.bisect_min_step)
-        table.add_row("bisect", f"between last pass and first fail, down to a gap of {gap}",
-                      str(st.ramp.requests + st.ramp.warmup))
-    if st.refine.enabled:
-        walk = ", ".join(f"{k} {v}" for k, v in st.refine.grid.items())
-        table.add_row("refine", f"at the ceiling, one flag at a time: {walk}", str(plan.refine_requests()[0]))
-    console.print(table)
-    n = remaining_trials_upper_bound(plan, CampaignState(), "correctness")
-    from servetune.logs import emit_json, json_mode
-
-    if json_mode():
-        emit_json({"plan": plan.name, "simulated": False, "max_trials": n, "estimated_gpu_s": None})
-    console.print(f"at most {n} trials; GPU time cannot be estimated for engine {plan.engine.kind!r}: the"
-                  " simulator models SGLang only (for an sglang plan add `estimate: {gpu: ..., model: ...}`)."
-                  f" The budget caps it at {plan.budget.max_gpu_minutes:g} min.")
-
-
 def _print_recommendation(decision: Any, out: Path) -> None:
     from servetune.engines.catalog import command_text
 
@@ -230,7 +131,9 @@ def tune(
             console.print(f"[red]error:[/red] --previous {previous}: not a recommendation.json (no 'config')")
             raise typer.Exit(BAD_INPUT)
     if dry_run:
-        _print_dry_run(plan)
+        from servetune.commands.tune_dry_run import print_dry_run
+
+        print_dry_run(plan)
         return
     if virtual:
         from servetune.tuning.runner import SimTrialRunner
