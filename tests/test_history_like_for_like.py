@@ -218,7 +218,7 @@ def test_bench_results_compare_at_the_same_load_only(fresh_database_url: str, tm
 def test_migration_0014_up_and_down(fresh_database_url: str, tmp_path: Path) -> None:
     url = fresh_database_url
     migrate.upgrade(url)
-    assert migrate.current(url) == migrate.head() == "0014"
+    assert migrate.current(url) == migrate.head() and migrate.head() >= "0014"
     assert "failure_reason" in table_columns(url, "experiments")
     failed = _load(url, _failed_campaign(tmp_path, 0, status_reason="campaign aborted: OSError: disk full"))
 

@@ -146,6 +146,41 @@ def test_campaign_directory(wh, tmp_path):
     assert any("stray-1" in e and "other" in e for e in report.errors)
 
 
+def _cost_row(eng, experiment_id: str) -> tuple:
+    with eng.connect() as conn:
+        return tuple(conn.execute(text("SELECT gpu_seconds, server_starts, startup_gpu_seconds, xmin::text"
+                                       " FROM experiments WHERE experiment_id = :e"), {"e": experiment_id}).one())
+
+
+def test_the_answer_s_gpu_time_is_stored_with_the_experiment(wh, tmp_path):
+    """experiment.json's gpu_seconds and state.json's server starts (migration 0015): loaded, left alone on an
+    identical reload (the row is not rewritten), updated when a resumed campaign spent more."""
+    import orjson
+
+    exp = {"experiment_id": "cost-1", "model": "qwen-7b", "engine": "sglang", "trigger": "weekly",
+           "status": "paused", "started_at": "2026-12-01T00:00:00+00:00", "gpu_seconds": 612.5}
+    trials = [make_trial(trial_id=f"cost-1-c{c}", experiment_id="cost-1", concurrency=c, seed=c) for c in (8, 16)]
+    d = write_campaign(tmp_path / "cost", exp, trials)
+    state = {"outcomes": [{"trial_id": "cost-1-c8", "restarted": True, "startup_seconds": 90.0, "gpu_seconds": 300.0},
+                          {"trial_id": "cost-1-c16", "restarted": False, "startup_seconds": 0.0, "gpu_seconds": 312.5}]}
+    (d / "state.json").write_bytes(orjson.dumps(state))
+    assert load_result(wh, d, validate=False).ok
+    first = _cost_row(wh, "cost-1")
+    assert first[:3] == (612.5, 1, 90.0)
+    assert load_result(wh, d, validate=False).ok
+    assert _cost_row(wh, "cost-1") == first  # same xmin: an identical reload rewrites nothing
+    # resumed: one more trial on a restarted server, from a state that kept no start-up seconds (older tuner)
+    state["outcomes"] = [{k: v for k, v in o.items() if k != "startup_seconds"} for o in state["outcomes"]]
+    state["outcomes"].append({"trial_id": "cost-1-c32", "restarted": True, "gpu_seconds": 400.0})
+    (d / "state.json").write_bytes(orjson.dumps(state))
+    write_campaign(d, {**exp, "status": "done", "gpu_seconds": 1012.5}, [])
+    assert load_result(wh, d, validate=False).ok
+    assert _cost_row(wh, "cost-1")[:3] == (1012.5, 2, None)  # two starts; their seconds unknown, not 0
+    # a lone bench result states no campaign cost
+    load_result(wh, make_trial(trial_id="cost-bench"), validate=False)
+    assert _cost_row(wh, "bench-cost-bench")[:3] == (None, None, None)
+
+
 def test_bad_experiment_json_names_the_field(wh, tmp_path):
     d = write_campaign(tmp_path / "bad", {"experiment_id": "x", "model": "m", "trigger": "hourly"}, [])
     with pytest.raises(LoadError, match="trigger"):

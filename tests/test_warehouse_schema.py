@@ -64,6 +64,18 @@ def test_migrations_up_down_up(fresh_database_url):
     assert _objects(url)[0] == TABLES
 
 
+def test_migration_0015_adds_the_answer_s_cost_to_experiments(fresh_database_url):
+    url = fresh_database_url
+    cost = {"gpu_seconds", "server_starts", "startup_gpu_seconds"}
+    migrate.upgrade(url)
+    assert cost <= table_columns(url, "experiments")
+    migrate.downgrade(url, "0014")
+    assert migrate.current(url) == "0014" and not cost & table_columns(url, "experiments")
+    assert "failure_reason" in table_columns(url, "experiments")  # 0014's column stays
+    migrate.upgrade(url)
+    assert cost <= table_columns(url, "experiments") and migrate.current(url) == migrate.head()
+
+
 def test_migrations_match_tables_py(fresh_database_url):
     """A TrialSummary field added without a migration shows up here as a difference."""
     migrate.upgrade(fresh_database_url)

@@ -11,13 +11,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from servetune.experiment import ResultFolder
 from servetune.result import TrialResult
 from servetune.result_check import ResultError, read_json
 from servetune.warehouse.tables import TRIGGERS
-
 
 #: an experiment in one of these ended without its answer: experiment.json's ``status_reason`` says why
 FAILED_STATUSES = ("failed", "interrupted")
@@ -66,6 +66,14 @@ class ExperimentInfo(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     recommendation: dict[str, Any] | None = None
+    gpu_seconds: float | None = None  # the campaign's GPU time, start-ups included (protocols apart)
+    server_starts: int | None = None  # from state.json (``spending``)
+    startup_gpu_seconds: float | None = None
+
+    @field_validator("gpu_seconds", "startup_gpu_seconds", mode="before")
+    @classmethod
+    def _seconds(cls, v: Any) -> float | None:  # a figure the file lacks or garbles is unknown, never a failed load
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else None
 
     @model_validator(mode="before")
     @classmethod
@@ -121,9 +129,33 @@ def read_experiment(path: Path) -> ExperimentInfo:
         raise LoadError(f"{path}: field {where!r}: {first['msg']}") from None
 
 
+def spending(state: Any) -> dict[str, Any]:
+    """What state.json says the campaign's GPU time went on: its server starts (trials that started the
+    server) and, where the tuner kept them apart, the start-ups' seconds. Unknown (None) when there is no
+    state, or for start-ups when a start kept none (a state written before the tuner kept them)."""
+    outcomes = state.get("outcomes") if isinstance(state, dict) else None
+    if not isinstance(outcomes, list):
+        return {"server_starts": None, "startup_gpu_seconds": None}
+    starts = [o for o in outcomes if isinstance(o, dict) and o.get("restarted") is True]
+    kept = [o.get("startup_seconds") for o in starts]
+    known = all(isinstance(x, int | float) and not isinstance(x, bool) for x in kept)
+    return {"server_starts": len(starts), "startup_gpu_seconds": round(float(sum(kept)), 3) if known else None}
+
+
+def read_spending(folder: ResultFolder) -> dict[str, Any]:
+    """``spending`` of a folder's state.json; a missing or unreadable one says nothing (never a failed load)."""
+    try:
+        raw = folder.read_state_json()
+        return spending(orjson.loads(raw) if raw is not None else None)
+    except (OSError, orjson.JSONDecodeError):
+        return spending(None)
+
+
 def read_campaign(path: Path) -> tuple[ExperimentInfo, list[Path]]:
-    """A campaign folder: its checked experiment and its trial files (sorted); ``LoadError`` without experiment.json."""
+    """A campaign folder: its checked experiment (with state.json's ``spending``) and its trial files (sorted);
+    ``LoadError`` without experiment.json."""
     folder = ResultFolder(path)
     if not folder.experiment_file.is_file():
         raise LoadError(f"{path}: a campaign directory needs experiment.json")
-    return read_experiment(folder.experiment_file), folder.trial_files()
+    exp = read_experiment(folder.experiment_file)
+    return exp.model_copy(update=read_spending(folder)), folder.trial_files()

@@ -61,6 +61,11 @@ experiments = Table(
     Column("started_at", DateTime(timezone=True)),
     Column("finished_at", DateTime(timezone=True)),
     Column("recommendation", JSONB),
+    # what the answer cost (0015): the campaign's GPU seconds, start-ups included (experiment.json), its
+    # server starts and the start-ups' seconds kept apart (state.json); NULL where the files do not say
+    Column("gpu_seconds", Double),
+    Column("server_starts", Integer),
+    Column("startup_gpu_seconds", Double),
     Column("loaded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint(f"trigger IN ({', '.join(repr(t) for t in TRIGGERS)})", name="trigger"),
     Index(None, "model", "started_at"),
