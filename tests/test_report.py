@@ -185,6 +185,7 @@ def test_lone_bench_result(tmp_path: Path) -> None:
     assert {p.stem for p in out.glob("*.png")} == {"throughput", "latency", "gpu_memory", "energy", "prefix_hit_rate"}
     assert "Not drawn: no refinement trials in this campaign" in html
     assert "No recommendation in this result (a single bench trial)" in html
+    assert 'id="rec-cost"' not in html and 'id="card-gpu-minutes"' not in html  # a bench trial states no GPU time
 
 
 def test_ceiling_derived_when_not_stated(campaign_dir: Path) -> None:
@@ -269,6 +270,15 @@ def test_report_of_a_real_virtual_campaign(tmp_path: Path) -> None:
     rec = orjson.loads((run / "recommendation.json").read_bytes())
     assert f"{rec['goodput_rps']:,.2f}" in html
     assert html.count('<tr id="check-') == len(list((run / "trials").glob("*.json")))
+    # what the answer cost: experiment.json's GPU time, state.json's trials and server starts
+    outcomes = orjson.loads((run / "state.json").read_bytes())["outcomes"]
+    starts = sum(o["restarted"] for o in outcomes)
+    assert 0 < starts < len(outcomes) and experiment["gpu_seconds"] > 0
+    said = (f'<p id="rec-cost">The answer bought with {experiment["gpu_seconds"] / 60:,.1f} GPU min (simulated)'
+            f" over {len(outcomes)} trials, {starts} server starts")
+    assert said in html, html[html.find('id="rec-cost"') - 20:][:300]
+    card = html[html.index('id="card-gpu-minutes"'):][:200]
+    assert f'<div class="value">{experiment["gpu_seconds"] / 60:,.1f}</div>' in card
 
 
 def test_trial_tables_mark_valid_and_invalid_with_reasons(noisy_dir: Path, campaign_dir: Path,
@@ -379,3 +389,21 @@ def test_heatmap_cells_pool_valid_repeats(noisy_dir: Path) -> None:
     value, note = cell_value(best, campaign.sla)
     assert note == " (n=2)" and value == pytest.approx(spread([t.summary.goodput_rps for t in best[1:]]).mean)
     assert cell_value(best[:1], campaign.sla) == (0.0, "\nINVALID")
+
+
+def test_the_answer_s_cost_says_what_it_knows(campaign_dir: Path, tmp_path: Path) -> None:
+    """The GPU time line: trials and starts as stated, start-ups only where kept, the protocols apart; a
+    campaign without an answer still says what it spent."""
+    from servetune.report.cost import AnswerCost, answer_cost
+
+    assert AnswerCost(gpu_seconds=600.0, trials=1).text() == "answer bought with 10.0 GPU min over 1 trial"
+    assert AnswerCost(gpu_seconds=3690.0, trials=12, server_starts=4, startup_seconds=None,
+                      protocols_gpu_seconds=90.0).text(answered=False) == (
+        "no answer, for 61.5 GPU min over 12 trials, 4 server starts; the protocols before it took 1.5 GPU min more")
+    campaign = load_campaign(str(campaign_dir))
+    assert answer_cost(campaign) is None  # written before the figure was kept: no line, no card
+    campaign.experiment.update(gpu_seconds=1230.0, server_starts=1, startup_gpu_seconds=95.0, status="failed")
+    campaign.recommendation = None
+    html = write_report(campaign, tmp_path / "r").html_path.read_text()
+    assert (f'<p id="rec-cost">The campaign ended with no answer, for 20.5 GPU min over {len(campaign.trials)}'
+            " trials, 1 server start (1.6 GPU min of start-ups).</p>") in html

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import orjson
 from report_fixtures import write_campaign
 from typer.testing import CliRunner
 
@@ -20,6 +21,12 @@ runner = CliRunner()
 def test_report_from_experiment_id_matches_the_files(fresh_database_url: str, tmp_path: Path) -> None:
     migrate.upgrade(fresh_database_url)
     directory = write_campaign(tmp_path / "results")
+    experiment = orjson.loads((directory / "experiment.json").read_bytes())  # what the answer cost, as the tuner
+    experiment["gpu_seconds"] = 1830.0  # writes it: experiment.json's GPU time, state.json's starts
+    (directory / "experiment.json").write_bytes(orjson.dumps(experiment))
+    outcomes = [{"trial_id": f"t{i}", "restarted": i in (0, 5, 9), "startup_seconds": 60.0 if i in (0, 5, 9) else 0.0}
+                for i in range(15)]
+    (directory / "state.json").write_bytes(orjson.dumps({"outcomes": outcomes}))
     loaded = load_result(fresh_database_url, directory, validate=False)
     assert loaded.ok, loaded.errors
     exp_id = loaded.experiment_id
@@ -29,6 +36,8 @@ def test_report_from_experiment_id_matches_the_files(fresh_database_url: str, tm
     assert from_db.source == f"warehouse:{exp_id}"
     assert [t.trial_id for t in from_db.trials] == [t.trial_id for t in from_files.trials]
     assert key_cards(from_db) == key_cards(from_files)
+    assert {"key": "gpu-minutes", "label": "GPU min", "value": "30.5"} in key_cards(from_db)
+    assert from_db.experiment["server_starts"] == from_files.experiment["server_starts"] == 3
     for a, b in zip(from_db.trials, from_files.trials, strict=True):
         assert a.summary == b.summary, a.trial_id  # the flattened columns rebuild the same summary
         assert len(a.gpu["samples"]) == len(b.gpu["samples"]) == 55  # the fixture's curve: 0 .. 64.8 s
@@ -40,6 +49,8 @@ def test_report_from_experiment_id_matches_the_files(fresh_database_url: str, tm
     html = (out / "report.html").read_text()
     assert len(re.findall(r'<img src="data:image/png;base64,', html)) == 6
     assert 'id="fig-energy"' in html  # drawn from the stored energy columns and power samples
+    assert ('<p id="rec-cost">The answer bought with 30.5 GPU min over 15 trials, 3 server starts'
+            " (3.0 GPU min of start-ups).</p>") in html
     rejected = next(t for t in from_db.trials if t.status == "rejected")
     row = html[html.index(f'id="check-{rejected.trial_id}"'):]
     assert '<small class="muted">gpu_memory_curve: expect_gpu_samples_cover_window(t_s)</small>' in row[: row.index("</tr>")]

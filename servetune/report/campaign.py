@@ -229,7 +229,9 @@ def _load_trial(path: Path) -> TrialResult:
 
 
 def load_result_dir(directory: Path) -> CampaignView:
-    """A campaign directory as the tuning CLI writes it: experiment.json, trials/*.json, recommendation.json."""
+    """A campaign directory as the tuning CLI writes it: experiment.json, trials/*.json, recommendation.json;
+    state.json's server starts join the experiment under the warehouse's column names (``server_starts``,
+    ``startup_gpu_seconds``), so the report reads the answer's cost alike from either."""
     folder = ResultFolder(directory)
     exp_path = folder.experiment_file
     if not folder.is_campaign():
@@ -243,6 +245,9 @@ def load_result_dir(directory: Path) -> CampaignView:
     if recommendation is not None and not isinstance(recommendation, dict):
         raise ReportInputError(f"{rec_path}: expected a JSON object, got {type(recommendation).__name__}")
     trials.sort(key=lambda t: (STAGE_ORDER.get(t.stage, 9), level_of(t) or 0, t.created_at))
+    from servetune.warehouse.files import read_spending
+
+    experiment = {**read_spending(folder), **experiment}  # state.json's server starts, as the warehouse keeps them
     return CampaignView(source=str(directory), experiment=experiment, trials=trials, recommendation=recommendation)
 
 

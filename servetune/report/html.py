@@ -16,12 +16,20 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from servetune import __version__
 from servetune.experiment import REPORT_FILE, ResultFolder
-from servetune.report.campaign import (CampaignView, flag_value, is_simulated, level_label, level_of,
-                                       meets_sla, simulated_mark)
-from servetune.report.verdict import plain_rejection
+from servetune.report.campaign import (
+    CampaignView,
+    flag_value,
+    is_simulated,
+    level_label,
+    level_of,
+    meets_sla,
+    simulated_mark,
+)
+from servetune.report.cost import answer_cost
 from servetune.report.evidence import ceiling_evidence, failed_checks, goodput_text, validity_cells
 from servetune.report.figures import ReportFigure, all_figures
 from servetune.report.scheduler import hit_rate_text
+from servetune.report.verdict import plain_rejection
 from servetune.result import Percentiles, TrialResult
 
 REPORT_NAME = REPORT_FILE
@@ -231,6 +239,8 @@ def key_cards(campaign: CampaignView) -> list[dict[str, str]]:
         cards.append({"key": "sched-hit-rate", "label": "scheduler cache hit rate", "value": sched})
     accepted = sum(1 for t in campaign.trials if t.status == "ok")
     cards.append({"key": "trials", "label": "trials ok / total", "value": f"{accepted} / {len(campaign.trials)}"})
+    if (cost := answer_cost(campaign)) is not None:  # what the answer cost (servetune.report.cost)
+        cards.append({"key": "gpu-minutes", "label": "GPU min" + cost.simulated, "value": fmt(cost.minutes, 1)})
     if any(t.summary.valid is not None for t in campaign.trials):
         # the correctness stage sends one request: it never has a steady window and is no measurement
         invalid = sum(1 for t in campaign.trials if t.summary.valid is False and t.stage != "correctness")
@@ -256,7 +266,7 @@ def render_html(campaign: CampaignView, figures: list[ReportFigure], png_files: 
     title = f"{campaign.model or 'unknown model'}" + ("" if is_campaign else " (single bench trial)")
     meta = [(k, exp[k]) for k in ("engine", "trigger", "status", "started_at", "finished_at", "dag_run_id")
             if exp.get(k)]
-    ceiling, ceiling_source = campaign.ceiling()
+    _, ceiling_source = campaign.ceiling()
     rec = campaign.recommendation
     from servetune.engines.catalog import command_text  # the one rendering of flags as typed
 
@@ -278,6 +288,7 @@ def render_html(campaign: CampaignView, figures: list[ReportFigure], png_files: 
         "flag_rows": flag_rows((rec or {}).get("config") or {}),
         "command": command_text((rec or {}).get("config") or {}),
         "rec_level": rec_level(rec) if rec else None,
+        "cost": cost.text(answered=bool(rec)) if (cost := answer_cost(campaign)) else None,
     }
     from servetune.report.diagnoses import diagnosis_rows  # the "Diagnoses" section (servetune.diagnose)
 
