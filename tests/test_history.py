@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import orjson
 from report_fixtures import write_campaign
 from rich.console import Console
 from typer.testing import CliRunner
@@ -18,6 +19,17 @@ runner = CliRunner()
 MODEL = "llama-3.1-8b"
 
 
+GPU_SECONDS = {1: 1830.0, 2: 2466.0}  # 30.5 and 41.1 GPU min
+
+
+def _with_cost(d: Path, gpu_seconds: float, *, starts: int) -> None:
+    exp = orjson.loads((d / "experiment.json").read_bytes())
+    (d / "experiment.json").write_bytes(orjson.dumps({**exp, "gpu_seconds": gpu_seconds}))
+    outcomes = [{"trial_id": f"t{i}", "restarted": i < starts, "startup_seconds": 60.0 if i < starts else 0.0}
+                for i in range(15)]
+    (d / "state.json").write_bytes(orjson.dumps({"outcomes": outcomes}))
+
+
 def _seed(url: str, root: Path) -> list[str]:
     """Three weekly campaigns of one model (the last with a collapsed prefix cache) and one of another."""
     migrate.upgrade(url)
@@ -25,6 +37,8 @@ def _seed(url: str, root: Path) -> list[str]:
     ids = []
     for week, (speed, hit) in enumerate(((1.0, 0.62), (1.1, 0.61), (0.8, 0.20))):
         d = write_campaign(root, model=MODEL, started=start + timedelta(weeks=week), speed=speed, hit_rate=hit)
+        if week:  # what each answer cost (experiment.json, state.json); the first week's from before it was kept
+            _with_cost(d, GPU_SECONDS[week], starts=3 + week)
         report = load_result(url, d, validate=False)
         assert report.ok, report.errors
         ids.append(report.experiment_id)
@@ -53,6 +67,25 @@ def test_history_newest_first_with_trends(fresh_database_url: str, tmp_path: Pat
     assert "chunk=4096, cons=0.7" in newest_line
     styled = [ln for ln in console.export_text(styles=True).splitlines() if ids[-1][:12] in ln][0]
     assert "\x1b[1;31m↓" in styled  # the hit-rate drop is a bold red arrow
+    # what each answer cost: its GPU minutes beside its trials ('-' where the campaign kept none)
+    assert [(e.gpu_seconds, e.server_starts) for e in entries] == [(2466.0, 5), (1830.0, 4), (None, None)]
+    header = next(ln for ln in text.splitlines() if "trials ok" in ln)
+    assert [c.strip() for c in header.split("┃")][5:7] == ["trials ok", "GPU min"]
+    assert [ln.split("│")[6].strip() for ln in lines] == ["41.1", "30.5", "-"]
+
+
+def test_history_fits_100_columns_with_every_figure(fresh_database_url: str, tmp_path: Path) -> None:
+    """A narrow terminal gets the compact table: no cell cut short, the config whole over its lines."""
+    _seed(fresh_database_url, tmp_path)
+    result = runner.invoke(app, ["history", "--model", MODEL, "--database-url", fresh_database_url],
+                           env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert max(len(ln) for ln in out.splitlines()) <= 100 and "…" not in out
+    assert "(weekly runs)" in out and "41.1" in out and "30.5" in out  # one trigger: said once, in the title
+    rows = [ln for ln in out.splitlines() if ln.strip().startswith("2026-")]
+    assert len(rows) == 3 and "20.0% ↓" in rows[0] and "41.1" in rows[0] and "62.0%" in rows[2]
+    assert all(word in out for word in ("chunk=4096,", "cons=0.7,", "max-running=64"))  # the config, unabridged
 
 
 def test_trend_arrows_know_which_way_is_better() -> None:

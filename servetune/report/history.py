@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import Double, Integer, Text as SqlText, and_, column, func, select, table
+from sqlalchemy import Double, Integer, and_, column, func, select, table
+from sqlalchemy import Text as SqlText
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 
 from servetune.redact import redact
@@ -48,6 +50,10 @@ CONFIG_FLAGS = (("chunked_prefill_size", "chunk"), ("schedule_conservativeness",
                 ("max_running_requests", "max-running"))
 SCAN = 30  # older experiments read beyond --limit, where the oldest rows shown find their like-for-like run
 REASON_SHOWN = 160  # characters of a failure reason in the table
+COMPACT_BELOW = 160  # terminal columns: a narrower one gets the compact table (``history_table``)
+COMPACT_HEADERS = {"experiment": "id", "trials ok": "trials\nok", "GPU min": "GPU\nmin",
+                   "goodput req/s": "goodput\nreq/s", "out tok/s": "out\ntok/s", "p99 TTFT ms": "p99 TTFT\nms",
+                   "hit rate": "hit\nrate", "recommended config": "recommended\nconfig"}
 
 
 @dataclass
@@ -66,6 +72,8 @@ class HistoryEntry:
     prefix_hit_rate: float | None
     hit_rate_source: str  # "recommendation" | "ceiling trial" | "trials mean" | "-"
     energy_per_output_token_j: float | None = None  # the recommendation's (servetune.energy), when measured
+    gpu_seconds: float | None = None  # what the answer cost: the campaign's GPU time, start-ups included
+    server_starts: int | None = None
     plan_name: str | None = None
     has_plan: bool = False  # a campaign's stored plan; a bench result has none (its trial gives the conditions)
     conditions: dict[str, Any] | None = None  # warehouse.previous.identity: what like for like compares
@@ -128,6 +136,7 @@ def fetch_history(model: str, *, database_url: str | None = None, limit: int = 2
         select(
             experiments.c.experiment_id, experiments.c.started_at, experiments.c.status, experiments.c.trigger,
             experiments.c.recommendation, experiments.c.plan, experiments.c.engine, experiments.c.failure_reason,
+            experiments.c.gpu_seconds, experiments.c.server_starts,
             func.coalesce(counts.c.trials_total, 0).label("trials_total"),
             func.coalesce(counts.c.trials_ok, 0).label("trials_ok"),
             counts.c.hit_rate_mean, counts.c.trial_sla, counts.c.trial_workload, counts.c.trial_load,
@@ -167,6 +176,7 @@ def fetch_history(model: str, *, database_url: str | None = None, limit: int = 2
             p99_ttft_ms=_set((rec.get("p99_ttft_ms"), ""), (p99s.get("ttft_ms"), ""), (r["ttft_p99_ms"], ""))[0],
             prefix_hit_rate=hit, hit_rate_source=source,
             energy_per_output_token_j=_set((rec.get("energy_per_output_token_j"), ""))[0],
+            gpu_seconds=r["gpu_seconds"], server_starts=r["server_starts"],
             **_conditions(r),
         ))
     compare(out)
@@ -226,21 +236,32 @@ def config_text(config: dict[str, Any]) -> str:
     return ", ".join(parts) or "-"
 
 
-def history_table(model: str, entries: list[HistoryEntry]) -> Table:
+def history_table(model: str, entries: list[HistoryEntry], *, width: int | None = None) -> Table:
     """The table of ``entries`` (newest first) as ``fetch_history`` compared them; entries built by hand and
-    never compared (no row has a reference or a note) are compared here, within the list."""
+    never compared (no row has a reference or a note) are compared here, within the list.
+
+    ``width``: the terminal's; under ``COMPACT_BELOW`` columns the table keeps every figure but drops what a
+    narrow terminal cannot afford (the hour, half the id, a trigger all rows share, the vertical rules), so
+    the recommended config still gets room at 100 columns."""
     if not any(e.compared_with or e.note for e in entries):
         compare(entries)
-    table = Table(title=f"servetune history: {model}", title_justify="left", caption_justify="left",
-                  header_style="bold")
-    for name, justify in (("started", "left"), ("experiment", "left"), ("trigger", "left"), ("status", "left"),
-                          ("trials ok", "right"), ("ceiling", "right"), ("recommended config", "left"),
-                          ("goodput req/s", "right"), ("out tok/s", "right"), ("p99 TTFT ms", "right"),
-                          ("hit rate", "right")):
-        table.add_column(name, justify=justify, no_wrap=name != "recommended config")
+    compact = width is not None and width < COMPACT_BELOW
+    triggers = {e.trigger for e in entries}
+    one_trigger = compact and len(triggers) == 1
+    title = f"servetune history: {model}" + (f" ({next(iter(triggers))} runs)" if one_trigger else "")
+    table = Table(title=title, title_justify="left", caption_justify="left", header_style="bold",
+                  **({"box": box.SIMPLE_HEAD, "padding": (0, 0)} if compact else {}))
+    cost = any(e.gpu_seconds is not None for e in entries)  # a column only where the campaigns kept it
+    names = [("started", "left"), ("experiment", "left"), *([] if one_trigger else [("trigger", "left")]),
+             ("status", "left"), ("trials ok", "right"), *([("GPU min", "right")] if cost else []),
+             ("ceiling", "right"), ("recommended config", "left"), ("goodput req/s", "right"),
+             ("out tok/s", "right"), ("p99 TTFT ms", "right"), ("hit rate", "right")]
+    for name, justify in names:
+        header = COMPACT_HEADERS.get(name, name) if compact else name
+        table.add_column(header, justify=justify, no_wrap=name != "recommended config")  # type: ignore[arg-type]
     energy = any(e.energy_per_output_token_j is not None for e in entries)  # a column only where measured
     if energy:
-        table.add_column("J/out tok", justify="right", no_wrap=True)
+        table.add_column("J/out tok" if not compact else "J/out\ntok", justify="right", no_wrap=True)
     notes = any(e.note for e in entries)
     if notes:
         table.add_column("note", justify="left")
@@ -254,9 +275,11 @@ def history_table(model: str, entries: list[HistoryEntry]) -> Table:
         if e.hit_rate_source == "trials mean":
             hit += "*"
         joules = e.energy_per_output_token_j
+        started = e.started_at.strftime("%Y-%m-%d" if compact else "%Y-%m-%d %H:%M") if e.started_at else "-"
         table.add_row(
-            e.started_at.strftime("%Y-%m-%d %H:%M") if e.started_at else "-",
-            e.experiment_id[:12], e.trigger, e.status or "-", f"{e.trials_ok}/{e.trials_total}",
+            started, e.experiment_id[:8 if compact else 12], *([] if one_trigger else [e.trigger]), e.status or "-",
+            f"{e.trials_ok}/{e.trials_total}",
+            *([gpu_minutes(e)] if cost else []),
             cell("ceiling", "-" if e.ceiling is None else str(e.ceiling)),
             config_cell(e),
             cell("goodput_rps", "-" if e.goodput_rps is None else f"{e.goodput_rps:.2f}"),
@@ -269,11 +292,18 @@ def history_table(model: str, entries: list[HistoryEntry]) -> Table:
     captions = []
     if any(e.hit_rate_source == "trials mean" for e in entries):
         captions.append("* no recommendation: mean hit rate over the experiment's accepted trials")
+    if cost:
+        captions.append("GPU min: what the campaign spent on its answer, server start-ups included")
     if notes:
         captions.append("arrows compare a run with the last run of the same plan, workload, SLA, load mode, engine"
                         " and GPU; the note says which, or why a row has none")
     table.caption = "\n".join(captions) or None
     return table
+
+
+def gpu_minutes(e: HistoryEntry) -> str:
+    """The campaign's GPU minutes ('-' where it kept none: loaded before 0015, or a bench result)."""
+    return "-" if e.gpu_seconds is None else f"{e.gpu_seconds / 60:,.1f}"
 
 
 def config_cell(e: HistoryEntry) -> Text:
@@ -292,4 +322,4 @@ def print_history(model: str, entries: list[HistoryEntry], console: Console) -> 
     if not entries:
         console.print(f"no experiments for model {model!r} in the warehouse")
         return
-    console.print(history_table(model, entries))
+    console.print(history_table(model, entries, width=console.width))
