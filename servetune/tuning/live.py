@@ -111,6 +111,7 @@ class LiveTrialRunner:
         self._stack: contextlib.ExitStack | None = None
         self._server: Any = None
         self._flags: Flags | None = None
+        self._warmed = False  # this server has had its warm-up (budget.warmup_after_start)
 
     def _ensure_server(self, flags: Flags) -> bool:
         """The server for ``flags``, (re)started if needed; True when it (re)started."""
@@ -178,9 +179,13 @@ class LiveTrialRunner:
             server_log=_local_log(self._server),
         )
         preflight = self._preflight if self._preflight is not None else running_preflight(self._server)
-        if restarted and spec.stage != "correctness" and (warm := self.plan.budget.warmup_after_start):
-            self._warm_up(req, warm)
-        startup = time.monotonic() - t0 if restarted else 0.0
+        if restarted:
+            self._warmed = False
+        warm_now = not self._warmed and spec.stage != "correctness" and bool(self.plan.budget.warmup_after_start)
+        if warm_now:
+            self._warm_up(req, self.plan.budget.warmup_after_start or 0)  # before this server's first measured
+            self._warmed = True                                           # trial (the correctness check is none)
+        startup = time.monotonic() - t0 if restarted or warm_now else 0.0
         try:
             result = run_trial(req, preflight=preflight)
         except Exception as exc:  # noqa: BLE001 - unreachable / bad input before any request: recorded
