@@ -277,6 +277,7 @@ def test_report_of_a_real_virtual_campaign(tmp_path: Path) -> None:
     said = (f'<p id="rec-cost">The answer bought with {experiment["gpu_seconds"] / 60:,.1f} GPU min (simulated)'
             f" over {len(outcomes)} trials, {starts} server starts")
     assert said in html, html[html.find('id="rec-cost"') - 20:][:300]
+    assert html.count("bought with ") == 1  # the tuner's own line of it is not said twice
     card = html[html.index('id="card-gpu-minutes"'):][:200]
     assert f'<div class="value">{experiment["gpu_seconds"] / 60:,.1f}</div>' in card
 

@@ -33,6 +33,7 @@ from servetune.report.verdict import plain_rejection
 from servetune.result import Percentiles, TrialResult
 
 REPORT_NAME = REPORT_FILE
+BOUGHT = "bought with "  # the recommendation's explanation line of what it cost (servetune.tuning.recommend)
 
 
 @dataclass
@@ -299,7 +300,9 @@ def render_html(campaign: CampaignView, figures: list[ReportFigure], png_files: 
     context["protocols"] = protocol_rows(campaign)
     context["verdict"] = verdict_lines(campaign, protocol_trials(campaign)) if is_campaign else []
     ties = set(context["ties"])  # a tie is listed once, under "Ties", not again among the explanation's lines
-    context["explanation"] = [line for line in (rec or {}).get("explanation") or [] if line not in ties]
+    # ... and the tuner's own "bought with ..." line once, as the cost line (servetune.report.cost)
+    context["explanation"] = [line for line in (rec or {}).get("explanation") or [] if line not in ties
+                              and not (context["cost"] and line.startswith(BOUGHT))]
     from servetune.report.images import image_rows  # the "Images" section (servetune.multimodal)
 
     context["image_rows"] = image_rows(campaign)
