@@ -177,6 +177,10 @@ class TuningPlan(_Strict):
     seed: Int = 0
     cost: Cost | None = Field(default=None, exclude_if=lambda v: v is None,  # older plan digests hold
                               description="the GPU price: every trial gets $ per million tokens and per 1,000 good requests")
+    warm_start: bool = Field(default=False, exclude_if=lambda v: not v,  # older plan digests hold
+                             description="begin from the last accepted answer for the same service (a weekly or"
+                                         " on-change run): confirm it on every seed, then search around it; the full"
+                                         " walk when it fails or the service changed (servetune.tuning.warm)")
     objective: Objective = Field(default="goodput", exclude_if=lambda v: v == "goodput",
                                  description="what the answer maximises under the SLA (servetune.plan_sections)")
 

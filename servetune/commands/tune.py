@@ -100,7 +100,7 @@ def tune(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the trials and the GPU time; start nothing")] = False,
     virtual: Annotated[bool, typer.Option("--virtual", help="answer every trial with the simulator in virtual time")]
     = False,
-    previous: Annotated[Path | None, typer.Option(help="a previous recommendation.json to diff against")] = None,
+    previous: Annotated[Path | None, typer.Option(help="a previous recommendation.json to diff against (with the plan's warm_start: to start from)")] = None,
     trigger: Annotated[str, typer.Option(help="manual | weekly | on_change | bench")] = "manual",
     dag_run_id: Annotated[str | None, typer.Option(help="the Airflow DAG run, when run from one")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="go on with the campaign in --out (same plan)")] = False,
@@ -133,7 +133,7 @@ def tune(
     if dry_run:
         from servetune.commands.tune_dry_run import print_dry_run
 
-        print_dry_run(plan)
+        print_dry_run(plan, prev)
         return
     if virtual:
         from servetune.tuning.runner import SimTrialRunner

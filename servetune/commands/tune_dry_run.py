@@ -35,7 +35,7 @@ def _shown(rec: Any) -> Any:
     return None if rec is None else redact(rec.model_dump(mode="json"))
 
 
-def print_dry_run(plan: TuningPlan) -> None:
+def print_dry_run(plan: TuningPlan, previous: dict[str, Any] | None = None) -> None:
     """The simulated campaign's trials, its stages and what its GPU budget buys (servetune.tuning.budget_view)."""
     console = _results()
     from servetune.engines.catalog import command_text
@@ -53,10 +53,11 @@ def print_dry_run(plan: TuningPlan) -> None:
     # an estimate: the simulator's trials against the validity rules only (the checklist's GX suites cost
     # about half a second a trial, and a real campaign runs them on every trial it measures)
     def run(p: TuningPlan) -> bv.DryRun:
-        return bv.DryRun(*dry_run(p, SimTrialRunner.for_plan(p), checklist=False))  # type: ignore[arg-type]
+        return bv.DryRun(*dry_run(p, SimTrialRunner.for_plan(p), checklist=False,  # type: ignore[arg-type]
+                                  previous=previous))
 
     # simulated once without the budget; the campaign under it is read off that (budget_view.dry_runs)
-    budgeted, unlimited = bv.dry_runs(plan, run, repeats=runner.default_repeats)
+    budgeted, unlimited = bv.dry_runs(plan, run, repeats=runner.default_repeats, previous=previous)
     decision, outcomes, specs = budgeted.decision, budgeted.outcomes, budgeted.specs
     fit = bv.budget_fit(plan, budgeted, unlimited)
     rows = bv.stage_rows(outcomes, runner.restart_cost_s)
@@ -140,7 +141,6 @@ def _print_static_schedule(plan: TuningPlan) -> None:
     """Without a simulator profile: the worst-case trial list; GPU time cannot be estimated."""
     console = _results()
     from servetune.tuning.campaign import remaining_trials_upper_bound
-    from servetune.tuning.ceiling import RATE_STEP
     from servetune.tuning.state import CampaignState
 
     st = plan.stages
@@ -153,7 +153,7 @@ def _print_static_schedule(plan: TuningPlan) -> None:
     table.add_row("ramp", ", ".join(f"{x:g}" for x in st.ramp.levels) + " (stops at the ceiling)",
                   str(st.ramp.requests + st.ramp.warmup))
     if st.ramp.bisect:
-        step = getattr(st.ramp, "rate_step", RATE_STEP)  # the plan's, where plans state it
+        step = st.ramp.rate_step
         gap = f"{step:.1%} of the failing rate" if plan.rate_mode else str(st.ramp.bisect_min_step)
         table.add_row("bisect", f"between last pass and first fail, down to a gap of {gap}",
                       str(st.ramp.requests + st.ramp.warmup))

@@ -51,7 +51,7 @@ def lifted(plan: TuningPlan) -> TuningPlan:
     return plan.model_copy(update={"budget": plan.budget.model_copy(update={"max_gpu_minutes": LIFTED_MINUTES})})
 
 
-def within_budget(plan: TuningPlan, whole: DryRun) -> DryRun | None:
+def within_budget(plan: TuningPlan, whole: DryRun, previous: dict[str, Any] | None = None) -> DryRun | None:
     """The budgeted campaign, read off the unlimited one without simulating a trial again: the decisions
     are a pure function of the plan and the outcomes and the budget only decides when to stop, so under the
     budget the campaign runs the unlimited one's first trials until ``next_trials`` says done. ``plan``: as
@@ -59,18 +59,18 @@ def within_budget(plan: TuningPlan, whole: DryRun) -> DryRun | None:
     campaign ran (then run the budgeted dry run itself)."""
     state = CampaignState()
     for k, (spec, outcome) in enumerate(zip(whole.specs, whole.outcomes, strict=True)):
-        decision = next_trials(plan, state)
+        decision = next_trials(plan, state, previous=previous)
         if decision.done:
             return DryRun(decision, whole.outcomes[:k], whole.specs[:k])
         if len(decision.trials) != 1 or measures(decision.trials[0]) != measures(spec):
             return None
         state = state.add(outcome)
-    decision = next_trials(plan, state)
+    decision = next_trials(plan, state, previous=previous)
     return DryRun(decision, whole.outcomes, whole.specs) if decision.done else None
 
 
 def dry_runs(plan: TuningPlan, run: Callable[[TuningPlan], DryRun], *, repeats: int = 1,
-             ) -> tuple[DryRun, DryRun | None]:
+             previous: dict[str, Any] | None = None) -> tuple[DryRun, DryRun | None]:
     """(the campaign under the plan's budget, the same campaign without it). ``run``: one dry run of a plan;
     ``repeats``: the runner's default (``TuningPlan.with_repeats``). The campaign is simulated once, without
     the budget; the budgeted one is read off it (``within_budget``), simulated only if that fails. The
@@ -79,7 +79,7 @@ def dry_runs(plan: TuningPlan, run: Callable[[TuningPlan], DryRun], *, repeats: 
         whole = run(lifted(plan))
     except RuntimeError:  # no end within the dry run's trial limit: what the budget cuts is unknown
         return run(plan), None
-    return within_budget(plan.with_repeats(repeats), whole) or run(plan), whole
+    return within_budget(plan.with_repeats(repeats), whole, previous) or run(plan), whole
 
 
 def budget_s(plan: TuningPlan) -> float:

@@ -355,7 +355,7 @@ def run_campaign(plan: TuningPlan, runner: TrialRunner, out_dir: str | Path, **k
 
 
 def dry_run(plan: TuningPlan, runner: TrialRunner, *, max_trials: int = 500, checklist: bool = True,
-            ) -> tuple[Decision, list[TrialOutcome], list[TrialSpec]]:
+            previous: dict[str, Any] | None = None) -> tuple[Decision, list[TrialOutcome], list[TrialSpec]]:
     """The whole campaign against a (simulated) runner, in memory: what it would run, and the answer; each
     trial through the checklist first, as in a real campaign (``checklist=False``: the validity rules only)."""
     plan = plan.with_repeats(getattr(runner, "default_repeats", 1))
@@ -363,7 +363,7 @@ def dry_run(plan: TuningPlan, runner: TrialRunner, *, max_trials: int = 500, che
     specs: list[TrialSpec] = []
     try:
         for _ in range(max_trials):
-            decision = next_trials(plan, state)
+            decision = next_trials(plan, state, previous=previous)
             if decision.done:
                 return decision, state.outcomes, specs
             for spec in decision.trials:

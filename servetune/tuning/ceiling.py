@@ -18,7 +18,7 @@ from servetune.tuning.evidence import Evidence, clear, current, gather, settle
 from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialOutcome, TrialSpec
 from servetune.tuning.verdict import judge  # re-exported: the one trial verdict (servetune.tuning.verdict)
 
-__all__ = ["adaptive_gather", "bisect_between", "climb", "find_ceiling", "first_seeds", "judge", "ramp_levels", "throughput", "gains", "walk_seeds"]
+__all__ = ["adaptive_gather", "bisect_between", "climb", "conclude", "find_ceiling", "first_seeds", "make_ceiling", "judge", "ramp_levels", "throughput", "gains", "walk_seeds"]
 
 RATE_STEP = 0.025  # rate mode: bisect until the gap is this fraction of the failing rate
 RATE_HALVINGS = 4  # rate mode, nothing passing: halve the lowest rate this many times before giving up
@@ -107,7 +107,6 @@ def climb(plan: TuningPlan, state: CampaignState, flags: Flags, levels: list[Lev
 def find_ceiling(plan: TuningPlan, state: CampaignState, flags: Flags) -> TrialSpec | Ceiling:
     """Walk baseline + ramp levels (then bisect) for ``flags``: the next trial to run, or the ceiling (its
     level: the best accepted level; ``highest_pass``: the highest one that passed)."""
-    ramp = plan.stages.ramp
     levels = ramp_levels(plan)
     walked = climb(plan, state, flags, levels[:1], "baseline",
                    "baseline at a low rate" if plan.rate_mode else "baseline at low concurrency")
@@ -119,12 +118,20 @@ def find_ceiling(plan: TuningPlan, state: CampaignState, flags: Flags) -> TrialS
         if isinstance(walked, TrialSpec):
             return walked
         best, last_pass, stop, plateau = walked
+    return conclude(plan, state, flags, best, last_pass, stop, plateau)
+
+
+def conclude(plan: TuningPlan, state: CampaignState, flags: Flags, best: Evidence | None, last_pass: Evidence | None,
+             stop: Evidence | None, plateau: bool) -> TrialSpec | Ceiling:
+    """The ceiling once a climb has stopped (or run out of levels): the deciding levels' repeats, then the
+    bisection below a failure, or the plateau's or the exhausted ladder's answer."""
+    ramp = plan.stages.ramp
     if stop is None:
         assert best is not None and last_pass is not None
         need = _decisive(plan, state, flags, [best, last_pass])
         if need is not None:
             return need
-        return _ceiling(plan, state, flags, best, last_pass, None, "exhausted",
+        return make_ceiling(plan, state, flags, best, last_pass, None, "exhausted",
                         [f"every ramp level up to {last_pass.level} passed; the ceiling may be higher"])
     if plateau:
         assert best is not None and last_pass is not None
@@ -133,15 +140,16 @@ def find_ceiling(plan: TuningPlan, state: CampaignState, flags: Flags) -> TrialS
             return need
         best = current(plan, state, flags, best.level)
         cmp = compare(stop.goodput, best.goodput, min_change=ramp.min_gain)
-        return _ceiling(plan, state, flags, best, last_pass, stop, "plateau",
+        return make_ceiling(plan, state, flags, best, last_pass, stop, "plateau",
                         [f"levels up to {stop.level} gain no goodput over {best.goodput.text()} at {best.level}"
                          f" ({PLATEAU_STEPS} levels in a row; at {stop.level}: {cmp.text()}), not more than"
                          f" {ramp.min_gain:.0%} beyond the noise"])
     return _bisect(plan, state, flags, best, last_pass, stop)
 
 
-def _ceiling(plan: TuningPlan, state: CampaignState, flags: Flags, best: Evidence | None, last_pass: Evidence | None,
-             stop: Evidence | None, kind: str, reasons: list[str]) -> Ceiling:
+def make_ceiling(plan: TuningPlan, state: CampaignState, flags: Flags, best: Evidence | None,
+                 last_pass: Evidence | None, stop: Evidence | None, kind: str, reasons: list[str]) -> Ceiling:
+    """The Ceiling of a finished walk: its best, highest passing and first failing levels with their trials."""
     if best is not None and last_pass is not None and best.level != last_pass.level:
         reasons = [*reasons, f"the best accepted level is {best.level} (goodput {best.goodput.text()}), below the"
                              f" highest passing one, {last_pass.level} ({last_pass.goodput.text()})"]
@@ -228,5 +236,5 @@ def _bisect(plan: TuningPlan, state: CampaignState, flags: Flags, best: Evidence
     elif best is not None:
         best = current(plan, state, flags, best.level)
     v = hi_ev.verdict
-    return _ceiling(plan, state, flags, best, lo_ev, hi_ev, v.kind if v.kind != "pass" else "sla",
+    return make_ceiling(plan, state, flags, best, lo_ev, hi_ev, v.kind if v.kind != "pass" else "sla",
                     [f"level {hi_ev.level:g}: " + "; ".join(v.reasons)])

@@ -336,7 +336,7 @@ def _climb(plan: TuningPlan, walk: _Walk, inc: Evidence, flag: str, values: list
         p = pos + d
         while 0 <= p < len(values):
             cand = walk.try_switch(inc, {**inc.flags, flag: values[p]}, f"{flag} {values[p]}")
-            if cand is inc:
+            if cand.flags == inc.flags:  # kept the incumbent (a settled comparison hands back its evidence anew)
                 break
             inc, moved, p = cand, True, p + d
         if moved:

@@ -1,0 +1,94 @@
+"""Warm start: a weekly or change-triggered campaign begins from the last accepted answer for the same service.
+
+A service that was tuned last week has an answer; walking the whole ladder again from the baseline spends most
+of a GPU window re-learning it. With ``warm_start`` and a like-for-like previous answer (servetune.warehouse.previous:
+the same model, workload, SLA, load mode, engine kind and GPU; ``changed`` empty), the campaign measures that
+answer's config at its level on every seed first (the same seeds every campaign uses, so the comparison with last
+week is paired by construction). If it still passes, the walk goes on from there: the levels above it with the same
+config (the ceiling may have moved up), the bisection below the first failure, then the refinement starting from
+its flags, one step each way along each grid flag. The level right above the answer failed on every seed when the
+answer was found, so failing on its first seed again says the ceiling has not moved (passing there, it climbs on
+under the usual rules). If the answer fails on any seed, or the service changed, the full walk runs from the
+baseline, and the explanation says why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servetune.plan import Level, TuningPlan
+from servetune.redact import MASK
+from servetune.tuning.ceiling import climb, conclude, make_ceiling, ramp_levels
+from servetune.tuning.evidence import gather
+from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialSpec
+
+
+def warm_answer(plan: TuningPlan, previous: dict[str, Any] | None) -> tuple[Flags, Level, str] | None:
+    """The previous answer's flags (over the plan's own, its masked secrets left to the plan), its level and where it
+    came from; None when the plan does not warm-start or there is no like-for-like answer to start from."""
+    if not plan.warm_start or not previous or previous.get("changed"):
+        return None
+    level = previous.get("rate") if plan.rate_mode else previous.get("concurrency")
+    config = previous.get("config")
+    if not isinstance(level, int | float) or level <= 0 or not isinstance(config, dict):
+        return None
+    flags = dict(plan.engine_flags())
+    flags.update({k: v for k, v in config.items() if v != MASK})
+    source = f"experiment {str(previous['experiment_id'])[:8]}" if previous.get("experiment_id") else "--previous"
+    return flags, level, source
+
+
+def confirm(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | None
+            ) -> TrialSpec | tuple[Flags, Ceiling] | None:
+    """The next trial of the warm start, or its ceiling and the flags it holds for; None for the full walk (no
+    warm start, or the previous answer failed on a seed)."""
+    found = warm_answer(plan, previous)
+    if found is None:
+        return None
+    flags, level, source = found
+    at = plan.level_text(level)
+    ev = gather(plan, state, flags, level, stage="ramp", reason=f"warm start: confirm the last accepted answer"
+                f" ({source}) at {at}", repeats=plan.repeat_count)
+    if isinstance(ev, TrialSpec):
+        return ev
+    if not ev.passed:
+        return None
+    above = [x for x in ramp_levels(plan) if x > level]
+    walked = climb(plan, state, flags, above, "ramp", "warm start: above the confirmed answer", ev)
+    if isinstance(walked, TrialSpec):
+        return walked
+    held = f"warm start: the last accepted answer ({source}) still holds {at} on {ev.n} seed(s) (goodput" \
+           f" {ev.goodput.text()} req/s)"
+    best, last_pass, stop, plateau = walked
+    if stop is not None and not stop.passed and best is ev and stop.level == above[0]:
+        # the level right above fails as it did when the answer was found (there on every seed, and the level
+        # between was bisected then): the ceiling has not moved, and its first seed says so
+        v = stop.verdict
+        return flags, make_ceiling(plan, state, flags, ev, ev, stop, v.kind if v.kind != "pass" else "sla",
+                                   [f"{held}; level {stop.level:g} above it fails on {stop.n} seed(s), as when the"
+                                    f" answer was found: " + "; ".join(v.reasons)])
+    ceiling = conclude(plan, state, flags, best, last_pass, stop, plateau)
+    if isinstance(ceiling, TrialSpec):
+        return ceiling
+    ceiling.reasons.insert(0, f"{held}; the walk went on from there")
+    return flags, ceiling
+
+
+def fell_back(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | None) -> str | None:
+    """Why a warm-started plan walked the whole ladder (said in the explanation), None when it did not."""
+    if not plan.warm_start:
+        return None
+    if not previous:
+        return "warm start: no previous answer for this service; the full walk"
+    if previous.get("changed"):
+        return f"warm start: the service changed since the last answer ({', '.join(previous['changed'])}); the full walk"
+    found = warm_answer(plan, previous)
+    if found is None:
+        return "warm start: the previous answer names no level; the full walk"
+    flags, level, source = found
+    ev = gather(plan, state, flags, level, stage="ramp", reason="", repeats=plan.repeat_count)
+    why = "; ".join(ev.verdict.reasons) if not isinstance(ev, TrialSpec) else "not measured"
+    return f"warm start: the last accepted answer ({source}) no longer holds {plan.level_text(level)} ({why}); the full walk"
+
+
+__all__ = ["confirm", "fell_back", "warm_answer"]
