@@ -112,6 +112,8 @@ def test_the_vlm_campaign_stopped_at_its_budget_in_the_bisection(kept) -> None:
     d = next_trials(plan, state)
     assert d.done and d.recommendation is not None and d.recommendation.rate == 9.0
     assert "GPU budget spent" in d.reason
+    (left,) = [line for line in d.recommendation.explanation if line.startswith("left unmeasured: ")]
+    assert "the refinement of chunked-prefill-size, mm-processor-worker-num" in left and "robustness" in left
     assert not state.by_stage("refine") and not state.by_stage("robustness")
     raised = plan.model_copy(update={"budget": plan.budget.model_copy(update={"max_gpu_minutes": 60})})
     (spec,) = next_trials(raised, state).trials

@@ -116,6 +116,24 @@ def best_passing(plan: TuningPlan, state: CampaignState) -> TrialOutcome | None:
     return best.representative if best is not None else None
 
 
+def unmeasured(plan: TuningPlan, state: CampaignState, answer: TrialOutcome) -> list[str]:
+    """What a campaign ended early left unmeasured: the answer's missing seeds, the refinement, the robustness
+    checks (a budget answer says what confidence it did not buy)."""
+    from servetune.tuning.evidence import current
+
+    left: list[str] = []
+    ev = current(plan, state, answer.flags, answer.level)
+    if ev.n < plan.repeat_count:
+        left.append(f"the answer stands on {ev.n} of {plan.repeat_count} seed(s)")
+    grid = plan.stages.refine.grid if plan.stages.refine.enabled else {}
+    tried = {k for o in state.by_stage("refine") for k in o.flags if o.flags.get(k) != plan.engine_flags().get(k)}
+    if missing := [k for k in grid if k not in tried]:
+        left.append("the refinement of " + ", ".join(missing))
+    if plan.robustness is not None and not state.by_stage("robustness"):
+        left.append(f"the robustness check under gamma {plan.robustness.burstiness:g} bursts")
+    return [f"left unmeasured: {'; '.join(left)}"] if left else []
+
+
 def _stop(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | None, reason: str,
           ceiling: Ceiling | None = None) -> Decision:
     """End early (budget, stop-on-failure): recommend the best passing trial so far, if any."""
@@ -125,6 +143,7 @@ def _stop(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | Non
     if ceiling is None:
         ceiling = Ceiling(level=best.level, kind="budget", pass_trial_id=best.trial_id,
                           reasons=["the campaign ended before the ramp found the ceiling"])
-    partial = RefineResult(best=best, compared=[o.trial_id for o in state.by_stage("refine")], notes=[reason])
+    partial = RefineResult(best=best, compared=[o.trial_id for o in state.by_stage("refine")],
+                           notes=[reason, *unmeasured(plan, state, best)])
     rec = recommend(plan, state, ceiling, partial, previous)
     return Decision(stage="done", done=True, ceiling=ceiling, recommendation=rec, reason=reason)
