@@ -58,7 +58,7 @@ def test_an_open_loop_capacity_holds_on_every_seed_whatever_its_margin() -> None
         edge = 6 if spec.seed_offset == 2 else 12
         return _open_loop(spec.rate, ttft=1500 if spec.rate >= edge else 400)
 
-    d_full, s_full = _drive_rate(_rate_plan(), surface)
+    d_full, _ = _drive_rate(_rate_plan(), surface)
     d, state = _drive_rate(_rate_plan(repeats={"count": 3, "clear_margin": 0.5}), surface)
     assert d.recommendation is not None and d_full.recommendation is not None
     assert d.recommendation.rate == d_full.recommendation.rate and 5 <= d.recommendation.rate < 6
