@@ -17,19 +17,34 @@ cell) is printed beside it.
 GPU time = the sum of the simulated trial durations + a restart cost for every server start.
 Printed per scenario: the best goodput of each (requests/s meeting the plan's SLA at a level whose
 p99s, errors and memory pass, in a VALID trial), staged/grid goodput (target >= 97%), staged/grid
-GPU time (target <= 30%), and trial counts.
+GPU time (target <= 30%), and trial counts; at the end, the median staged GPU minutes per answer (one
+answer per scenario) over the scenarios run.
+
+``--clear-margin M`` sets ``repeats.clear_margin`` (adaptive repeats: a verdict far from the SLA's edge is
+settled on one seed; docs/tuning.md) in the staged campaign's plan only: the grid, and the staged answer's
+judging on the grid's seeds, keep the plan without it. ``--grid-cache DIR`` keeps each scenario's grid
+trials in DIR and reuses them when nothing the grid depends on changed (the grid's plan, seeds, the bench's
+grid code and servetune's sources): the simulator runs in virtual time, so a grid re-run gives the same
+trials, and a run with and one without a margin need the grid once.
 
     .venv/bin/python bench/tuning_efficiency.py [--requests 200] [--seeds 3] [--only NAME] [--skip NAME] [--checklist] [--jobs 2]
+        [--clear-margin 0.5] [--grid-cache DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import inspect
 import itertools
+import pickle
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from servetune.plan import Level, TuningPlan, parse_plan
@@ -132,7 +147,7 @@ SCENARIOS = [
 ]
 
 
-def make_plan(sc: Scenario, requests: int, seeds: int) -> TuningPlan:
+def make_plan(sc: Scenario, requests: int, seeds: int, clear_margin: float | None = None) -> TuningPlan:
     prefix_policies = ["lpm"] if "shared_prefix" in sc.workload else []
     return parse_plan({
         "name": sc.name, "model": sc.model,
@@ -147,8 +162,40 @@ def make_plan(sc: Scenario, requests: int, seeds: int) -> TuningPlan:
         },
         "budget": {"max_gpu_minutes": 100000, "restart_cost_s": RESTART_S},
         # as on a live engine: decisions on the seeds the grid is judged on (count), more inside the noise
-        "repeats": {"count": seeds, "max": max(5, seeds)},
+        "repeats": {"count": seeds, "max": max(5, seeds),
+                    **({"clear_margin": clear_margin} if clear_margin is not None else {})},
     }, source=sc.name)
+
+
+def _sources_digest() -> str:
+    """servetune's sources: a grid cached under another version of them is not reused."""
+    root = Path(__file__).resolve().parent.parent / "servetune"
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def cached_grid(cache: str | None, plan: TuningPlan, code: list[Callable[..., Any]], extra: str,
+                run: Callable[[], list[TrialOutcome]]) -> tuple[list[TrialOutcome], bool]:
+    """``run()`` (a grid), or its trials from ``cache`` when the grid's plan, ``extra`` (its other arguments), the
+    bench functions in ``code`` and servetune's sources are all as they were; (trials, whether cached)."""
+    if not cache:
+        return run(), False
+    h = hashlib.sha256()
+    for part in (plan.model_dump_json(), extra, *(inspect.getsource(f) for f in code), _sources_digest()):
+        h.update(part.encode())
+        h.update(b"\0")
+    path = Path(cache) / f"{plan.name}-{h.hexdigest()[:16]}.pickle"
+    if path.exists():
+        return pickle.loads(path.read_bytes()), True
+    out = run()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(out))
+    tmp.replace(path)
+    return out, False
 
 
 def grid_configs(plan: TuningPlan) -> list[dict[str, Any]]:
@@ -279,17 +326,21 @@ def _first_seeds(plan: TuningPlan, outcomes: list[TrialOutcome], seeds: int) -> 
 
 def run_scenario(sc: Scenario, args: argparse.Namespace) -> dict[str, Any]:
     """One scenario, both sides: the staged campaign and the grid on the same seeds; its table row."""
-    plan = make_plan(sc, args.requests, args.seeds)
+    plan = make_plan(sc, args.requests, args.seeds)  # the grid's, and the staged answer's judging
+    campaign = make_plan(sc, args.requests, args.seeds, args.clear_margin)  # the staged campaign's
     t0 = time.perf_counter()
-    decision, staged, _ = dry_run(plan, SimTrialRunner(plan), checklist=args.checklist)
-    grid = run_grid(plan, args.seeds, args.checklist)
+    decision, staged, _ = dry_run(campaign, SimTrialRunner(campaign), checklist=args.checklist)
+    t1 = time.perf_counter()
+    grid, was_cached = cached_grid(args.grid_cache, plan, [run_grid, judge_cell, measure, grid_configs],
+                                   f"tuning_efficiency seeds={args.seeds} checklist={args.checklist}",
+                                   lambda: run_grid(plan, args.seeds, args.checklist))
     rec = decision.recommendation
     best = best_cell(plan, grid)
     mine = on_seeds(plan, staged, rec.config, rec.concurrency, args.seeds, args.checklist)[0] if rec else None
     g_staged = (mine.goodput.mean or 0.0) if mine is not None and mine.passed else 0.0
     g_grid = (best.goodput.mean or 0.0) if best else 0.0
-    print(f"# {sc.name}: staged {len(staged)} trials, grid {len(grid)}; ({time.perf_counter() - t0:.0f} s wall)",
-          file=sys.stderr, flush=True)
+    print(f"# {sc.name}: staged {len(staged)} trials ({t1 - t0:.0f} s wall), grid {len(grid)}"
+          f"{' (cached)' if was_cached else ''}; ({time.perf_counter() - t0:.0f} s wall)", file=sys.stderr, flush=True)
     return {
         "name": sc.name, "n_s": len(staged), "n_g": len(grid),
         "invalid": f"{sum(not o.valid for o in staged)}/{sum(not o.valid for o in grid)}",
@@ -310,6 +361,10 @@ def main() -> int:
     ap.add_argument("--checklist", action="store_true",
                     help="every trial of both sides through the GX checklist (about 0.7 s a trial)")
     ap.add_argument("--jobs", type=int, default=1, help="scenarios run in parallel processes (default 1)")
+    ap.add_argument("--clear-margin", type=float, default=None, metavar="M",
+                    help="repeats.clear_margin in the staged campaign's plan (adaptive repeats); default none")
+    ap.add_argument("--grid-cache", default=None, metavar="DIR",
+                    help="keep each scenario's grid trials here and reuse them while nothing they depend on changed")
     args = ap.parse_args()
     t_start = time.perf_counter()
     only = [x for x in (args.only or "").split(",") if x]
@@ -339,9 +394,13 @@ def main() -> int:
             print(f"| {r['name']} | {r['n_s']} | {r['n_g']} | {r['invalid']} | {r['own']:.2f} | {r['g_s']:.2f} |"
                   f" {r['g_g']:.2f} | {cv} | {gr:.1%} | {r['t_s'] / 60:.1f} | {r['t_g'] / 60:.1f} | {tr:.1%} |"
                   f" {r['lvl']} ({r['seeds']}) | {r['grid_lvl']} | {'yes' if ok else 'NO'} |", flush=True)
-    print(f"\n{len(rows)} scenarios, {args.seeds} seeds, {time.perf_counter() - t_start:.0f} s wall; all meet >= 97%"
-          f" goodput at <= 30% GPU time: {'yes' if ok_all else 'NO'}"
+    margin = "none" if args.clear_margin is None else f"{args.clear_margin:g}"
+    print(f"\n{len(rows)} scenarios, {args.seeds} seeds, clear margin {margin}, {time.perf_counter() - t_start:.0f} s wall;"
+          f" all meet >= 97% goodput at <= 30% GPU time: {'yes' if ok_all else 'NO'}"
           + (f"; worst goodput ratio {worst[0]:.1%} ({worst[1]})" if worst else ""))
+    if rows:
+        print(f"median staged GPU min per answer: {statistics.median(r['t_s'] for r in rows) / 60:.1f}"
+              f" (median staged trials {statistics.median(r['n_s'] for r in rows):g})")
     return 0 if ok_all else 1
 
 
