@@ -96,7 +96,7 @@ def startup_s(o: TrialOutcome, restart_cost_s: float) -> float:
     (never more than the trial's own GPU time: a server that failed to start cost its start-up only)."""
     if not o.restarted:
         return 0.0
-    kept = float(getattr(o, "startup_seconds", 0.0) or 0.0)
+    kept = o.startup_seconds
     return kept if kept > 0 else min(float(restart_cost_s), o.gpu_seconds)
 
 

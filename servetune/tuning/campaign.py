@@ -76,9 +76,8 @@ def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: 
 def restart_cost(plan: TuningPlan, state: CampaignState) -> float:
     """Seconds a server start costs: the mean of the campaign's own measured start-ups (warm-up included),
     the plan's ``budget.restart_cost_s`` until one is measured."""
-    starts = sum(1 for o in state.outcomes if o.restarted and o.startup_seconds > 0)
-    spent = sum(o.startup_seconds for o in state.outcomes)  # the warm-up may come with the first measured trial
-    return spent / starts if starts else float(plan.budget.restart_cost_s)
+    starts = sum(1 for o in state.outcomes if o.restarted and o.startup_seconds > 0)  # kept apart
+    return state.startup_seconds / starts if starts else float(plan.budget.restart_cost_s)
 
 
 def mean_trial_s(state: CampaignState) -> float:

@@ -183,7 +183,7 @@ def _decisive(plan: TuningPlan, state: CampaignState, flags: Flags, evs: list[Ev
             continue  # a closed loop's verdict far from the SLA's edge: another seed could not turn it
         # an open loop's capacity holds on every seed, whatever its margin (bursts differ by seed)
         need = gather(plan, state, flags, ev.level, stage=ev.outcomes[-1].stage,
-                      reason=f"ceiling decided at level {ev.level}", repeats=max(plan.repeat_count, walk_seeds(plan)))
+                      reason=f"ceiling decided at level {ev.level}", repeats=plan.repeat_count)
         if isinstance(need, TrialSpec):
             return need
     return None

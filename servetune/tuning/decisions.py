@@ -16,7 +16,7 @@ from servetune.tuning.recommend import recommend
 from servetune.tuning.refine import RefineResult, refine
 from servetune.tuning.robustness import checks_so_far, robustness
 from servetune.tuning.state import CampaignState, Ceiling, Decision, Flags, TrialOutcome, TrialSpec
-from servetune.tuning.warm import confirm, fell_back, warm_answer
+from servetune.tuning.warm import confirm, warm_answer
 
 
 def base_flags(plan: TuningPlan) -> Flags:
@@ -44,24 +44,23 @@ def next_trials(plan: TuningPlan, state: CampaignState, *, previous: dict[str, A
                                             " the plan says on_trial_failure: stop")
     over_budget = state.gpu_seconds >= plan.budget.max_gpu_minutes * 60
     flags = base_flags(plan)
-    warm = warm_answer(plan, previous)
 
     if plan.stages.correctness.enabled:
         checks = state.by_stage("correctness")
         if not checks:
             return Decision(stage="correctness", trials=[TrialSpec(  # a warm start's server: the answer's flags
-                stage="correctness", concurrency=1, flags=warm[0] if warm else flags,
+                stage="correctness", concurrency=1, flags=start[0] if (start := warm_answer(plan, previous)) else flags,
                 requests=plan.stages.correctness.requests,
                 warmup=0, reason="one request must return sane output; record idle GPU memory")])
         ok, why = correctness_ok(checks[-1])
         if not ok:
             return Decision(stage="done", done=True, failed=True, reason=why)
 
-    confirmed = confirm(plan, state, previous) if warm else None
-    if isinstance(confirmed, tuple):
-        flags, found = confirmed  # the walk goes on from the previous answer's flags
+    warm = confirm(plan, state, previous)
+    if isinstance(warm, tuple):
+        flags, found = warm  # the walk goes on from the previous answer's flags
     else:
-        found = confirmed if confirmed is not None else find_ceiling(plan, state, flags)
+        found = warm if isinstance(warm, TrialSpec) else find_ceiling(plan, state, flags)
     if isinstance(found, TrialSpec):
         if over_budget:
             return _stop(plan, state, previous, _budget_reason(plan, state))
@@ -93,8 +92,7 @@ def next_trials(plan: TuningPlan, state: CampaignState, *, previous: dict[str, A
     if robust is not None and robust.fallback is not None:
         refined = RefineResult(best=robust.fallback, compared=refined.compared if refined else [],
                                notes=refined.notes if refined else [], ties=refined.ties if refined else [])
-    notes = [*(robust.notes if robust else []), *([walk] if (walk := fell_back(plan, state, previous)) and not
-                                                   isinstance(confirmed, tuple) else [])]
+    notes = [*(robust.notes if robust else []), *([warm] if isinstance(warm, str) else [])]  # why the full walk
     rec = recommend(plan, state, ceiling, refined, previous, notes=notes or None)
     if rec is not None and robust is not None:
         rec.robustness = robust.checks

@@ -24,8 +24,8 @@ from servetune.tuning.state import Flags, TrialSpec
 
 log = logging.getLogger(__name__)
 
-DEATH_WAIT_S = 2.0
-WARMUP_SEED = 7919  # the post-start warm-up's seed offset: its requests are none of the measured ones  # how long a failed trial's engine may take to be seen dead
+DEATH_WAIT_S = 2.0  # how long a failed trial's engine may take to be seen dead
+WARMUP_SEED = 7919  # the post-start warm-up's seed offset: its requests are none of the measured ones
 #: where the engine's own key waits for the client (children inherit it; only this name is ever recorded)
 ENGINE_KEY_ENV = "SERVETUNE_ENGINE_API_KEY"
 

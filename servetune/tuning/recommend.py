@@ -93,10 +93,10 @@ def bought(plan: TuningPlan, state: CampaignState) -> str:
     adaptive repeats the (config, level) pairs settled on one seed because they were far from the SLA's edge."""
     from servetune.tuning.evidence import clear
 
-    starts = [o for o in state.outcomes if o.restarted]
-    startup = sum(o.startup_seconds for o in starts)
-    text = (f"bought with {state.gpu_seconds / 60:.1f} GPU min over {len(state.outcomes)} trial(s) and {len(starts)}"
-            f" server start(s)" + (f" ({startup / 60:.1f} min of start-ups and their warm-ups)" if startup else ""))
+    startup = state.startup_seconds
+    text = (f"bought with {state.gpu_seconds / 60:.1f} GPU min over {len(state.outcomes)} trial(s) and"
+            f" {state.server_starts} server start(s)"
+            + (f" ({startup / 60:.1f} min of start-ups and their warm-ups)" if startup else ""))
     if plan.repeats.clear_margin is None:
         return text
     seeds: dict[tuple[str, float], list[TrialOutcome]] = {}

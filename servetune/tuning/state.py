@@ -165,6 +165,15 @@ class CampaignState(BaseModel):
     def gpu_seconds(self) -> float:
         return sum(o.gpu_seconds for o in self.outcomes)
 
+    @property
+    def server_starts(self) -> int:
+        return sum(1 for o in self.outcomes if o.restarted)
+
+    @property
+    def startup_seconds(self) -> float:
+        """GPU seconds of start-ups and their warm-ups (the warm-up comes with a server's first measured trial)."""
+        return sum(o.startup_seconds for o in self.outcomes)
+
     def add(self, outcome: TrialOutcome) -> CampaignState:
         return CampaignState(outcomes=[*self.outcomes, outcome])
 

@@ -39,12 +39,17 @@ def warm_answer(plan: TuningPlan, previous: dict[str, Any] | None) -> tuple[Flag
 
 
 def confirm(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | None
-            ) -> TrialSpec | tuple[Flags, Ceiling] | None:
-    """The next trial of the warm start, or its ceiling and the flags it holds for; None for the full walk (no
-    warm start, or the previous answer failed on a seed)."""
+            ) -> TrialSpec | tuple[Flags, Ceiling] | str | None:
+    """The next trial of the warm start, or its ceiling and the flags it holds for; a str saying why the full walk
+    runs instead (no like-for-like answer, or it failed on a seed); None when the plan does not warm-start."""
+    if not plan.warm_start:
+        return None
     found = warm_answer(plan, previous)
     if found is None:
-        return None
+        if previous and previous.get("changed"):
+            return (f"warm start: the service changed since the last answer ({', '.join(previous['changed'])});"
+                    " the full walk")
+        return "warm start: no previous answer with a level for this service; the full walk"
     flags, level, source = found
     at = plan.level_text(level)
     ev = gather(plan, state, flags, level, stage="ramp", reason=f"warm start: confirm the last accepted answer"
@@ -52,7 +57,8 @@ def confirm(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | N
     if isinstance(ev, TrialSpec):
         return ev
     if not ev.passed:
-        return None
+        return (f"warm start: the last accepted answer ({source}) no longer holds {at}"
+                f" ({'; '.join(ev.verdict.reasons)}); the full walk")
     above = [x for x in ramp_levels(plan) if x > level]
     walked = climb(plan, state, flags, above, "ramp", "warm start: above the confirmed answer", ev)
     if isinstance(walked, TrialSpec):
@@ -74,21 +80,4 @@ def confirm(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | N
     return flags, ceiling
 
 
-def fell_back(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | None) -> str | None:
-    """Why a warm-started plan walked the whole ladder (said in the explanation), None when it did not."""
-    if not plan.warm_start:
-        return None
-    if not previous:
-        return "warm start: no previous answer for this service; the full walk"
-    if previous.get("changed"):
-        return f"warm start: the service changed since the last answer ({', '.join(previous['changed'])}); the full walk"
-    found = warm_answer(plan, previous)
-    if found is None:
-        return "warm start: the previous answer names no level; the full walk"
-    flags, level, source = found
-    ev = gather(plan, state, flags, level, stage="ramp", reason="", repeats=plan.repeat_count)
-    why = "; ".join(ev.verdict.reasons) if not isinstance(ev, TrialSpec) else "not measured"
-    return f"warm start: the last accepted answer ({source}) no longer holds {plan.level_text(level)} ({why}); the full walk"
-
-
-__all__ = ["confirm", "fell_back", "warm_answer"]
+__all__ = ["confirm", "warm_answer"]

@@ -136,10 +136,13 @@ def spending(state: Any) -> dict[str, Any]:
     outcomes = state.get("outcomes") if isinstance(state, dict) else None
     if not isinstance(outcomes, list):
         return {"server_starts": None, "startup_gpu_seconds": None}
-    starts = [o for o in outcomes if isinstance(o, dict) and o.get("restarted") is True]
-    kept = [o.get("startup_seconds") for o in starts]
-    known = all(isinstance(x, int | float) and not isinstance(x, bool) for x in kept)
-    return {"server_starts": len(starts), "startup_gpu_seconds": round(float(sum(kept)), 3) if known else None}
+    outcomes = [o for o in outcomes if isinstance(o, dict)]
+    starts = [o for o in outcomes if o.get("restarted") is True]
+    known = all(isinstance(o.get("startup_seconds"), int | float) and not isinstance(o.get("startup_seconds"), bool)
+                for o in starts)
+    # the warm-up after a start comes with the server's first measured trial: every outcome's part counts
+    spent = sum(o.get("startup_seconds") or 0.0 for o in outcomes)
+    return {"server_starts": len(starts), "startup_gpu_seconds": round(float(spent), 3) if known else None}
 
 
 def read_spending(folder: ResultFolder) -> dict[str, Any]:
