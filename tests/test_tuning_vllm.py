@@ -89,7 +89,9 @@ def test_vllm_cpu_campaign_tunes_max_num_seqs_and_batched_tokens(vllm_cpu_env: V
         assert {t.load["concurrency"] for t in tied_up} == {4} and level == 2
         # the candidate climbed: it lost or tied up there (the tie kept), or it held 4 where the incumbent did not
         assert any("a tie within the noise at concurrency 2" in line or "a tie at concurrency 2, but it holds"
-                   " concurrency 4" in line for line in decision.recommendation.explanation)
+                   " concurrency 4" in line for line in decision.recommendation.explanation), \
+            (decision.reason, decision.recommendation.explanation,
+             [(t.stage, t.load["concurrency"], t.server_config, t.status, t.summary.goodput_rps) for t in trials])
     won_up = any("but it holds concurrency 4" in line for line in decision.recommendation.explanation)
     refine = [t for t in refine if t not in tied_up]
     seqs_tried = {t.server_config["max-num-seqs"] for t in refine}
