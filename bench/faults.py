@@ -51,6 +51,8 @@ FAULTS = [
           "third request", fb.http_500_every_third),
     Fault("every_request_503", "`bench` on a server answering HTTP 503 (overloaded) to every request",
           fb.every_request_503),
+    Fault("endless_line", "`bench --timeout-s 30` on a server whose 4th and 9th streams are one `data:` line that"
+          " never ends (1 MiB a write); the client's RSS sampled every 50 ms", fb.endless_line),
     Fault("stream_cut_mid_way", "`bench` on a server that closes every fourth connection after 2 chunks",
           fb.stream_cut_mid_way),
     Fault("engine_killed_mid_campaign", "live `tune` (sim engine); SIGKILL to the engine's group 0.5 s into the "

@@ -10,6 +10,7 @@ import resource
 import signal
 import socket
 import subprocess
+import time
 from collections import Counter
 from typing import Any
 
@@ -126,6 +127,39 @@ def stream_cut_mid_way(ctx: Ctx) -> tuple[str, int]:
     ctx.check(all(len(r["chunk_offsets_ms"] or []) == 2 for r in cut), "the chunks before the cut were not kept")
     _each_once(ctx, d, posts)
     return line, out.code
+
+
+#: what the bench client may hold beyond its resting size while two streams never end (2 x the response bound
+#: of servetune.loadgen.bounded, 128 MiB, and room for the interpreter)
+ENDLESS_RSS_BOUND_MIB = 2 * 128 + 160
+
+
+def endless_line(ctx: Ctx) -> tuple[str, int]:
+    """Two of 12 streams are one `data:` line that never ends (1 MiB a write): each fails at the response bound
+    (response_too_large) well inside --timeout-s 30, the client's RSS sampled every 50 ms stays bounded."""
+    import psutil
+
+    with sse(ttft_ms=5, gap_ms=5, fail_nth={3: "endless", 8: "endless"}) as srv:
+        run = ctx.start(*_bench(ctx, srv.url, 12, "--no-prime", "--timeout-s", "30"))
+        proc, peak, rest = psutil.Process(run.pid), 0, None
+        while run.proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                rss = proc.memory_info().rss
+                rest = rss if rest is None else min(rest, rss)
+                peak = max(peak, rss)
+            time.sleep(0.05)
+        out = run.finish(10)
+        written = srv.endless_bytes
+    d = _result(ctx)
+    cut = [r for r in d["records"] if r["error_class"]]
+    line = ctx.line(out, r"^\W*errors\s", "response_too_large=2")
+    ctx.check([r["error_class"] for r in cut] == ["response_too_large"] * 2, f"failed: {[r['error_class'] for r in cut]}")
+    ctx.check(all("passed 128 MiB" in (r["error_message"] or "") for r in cut), "the message does not name the bound")
+    grew = (peak - (rest or 0)) / 2**20
+    ctx.check(grew < ENDLESS_RSS_BOUND_MIB, f"the client grew {grew:.0f} MiB (bound {ENDLESS_RSS_BOUND_MIB} MiB)")
+    ctx.check(out.seconds < 30, f"took {out.seconds:.0f} s: the timeout, not the bound, ended it")
+    _each_once(ctx, d, 14)
+    return f"{line} (client +{grew:.0f} MiB peak while the engine wrote {written / 2**20:.0f} MiB)", out.code
 
 
 def _held_port() -> socket.socket:

@@ -19,8 +19,8 @@ from servetune.plan_load import LoadSection, check_trace
 from servetune.plan_modality import check_modality
 from servetune.plan_protocols import MeasurementProtocol, check_protocols
 from servetune.plan_sections import Objective, RepeatsSection, RobustnessSection, SimEstimate
-from servetune.plan_types import (Int, Number, RampLevel, Rate, Requests, Streams, Warmup, check_numbers,
-                                  check_protocol_sizes, error_text)
+from servetune.plan_types import (MAX_GRID_VALUES, MAX_LIST, MAX_NAME, Int, Label, Number, RampLevel, Rate,
+                                  Requests, Streams, Warmup, check_numbers, check_protocol_sizes, error_text)
 from servetune.plan_types import Strict as _Strict
 from servetune.runners import LocalRunnerConfig, RunnerConfig
 from servetune.sla import SLA
@@ -53,6 +53,7 @@ class RampStage(_Strict):
     """Steps 3-4: raise concurrency level by level until the SLA, memory or errors break, or gains stall."""
 
     levels: list[RampLevel] = Field(default_factory=lambda: [16, 32, 48, 64, 96, 128], min_length=1,
+                                    max_length=MAX_LIST,
                                     description="streams (load.mode concurrency) or requests/s (rate)")
     requests: Requests = Field(default=200, description="measured requests per level after warm-up: a floor")
     warmup: Warmup = 16
@@ -107,7 +108,11 @@ class RefineStage(_Strict):
     @field_validator("grid")
     @classmethod
     def _non_empty_values(cls, v: dict[str, list[FlagValue]]) -> dict[str, list[FlagValue]]:
+        if (n := sum(map(len, v.values()))) > MAX_GRID_VALUES:  # the walk and its dry run grow with the grid
+            raise ValueError(f"{n} values in all; a grid has at most {MAX_GRID_VALUES}")
         for flag, values in v.items():
+            if len(values) > MAX_LIST:
+                raise ValueError(f"{flag}: {len(values)} values; at most {MAX_LIST} a flag")
             if flag.startswith("-"):
                 raise ValueError(f"write flag names without leading dashes: {flag!r}")
             if not values:
@@ -150,7 +155,8 @@ class ValidationSection(ValidityRules):
 class TuningPlan(_Strict):
     """One campaign: what to tune, under which SLA, in which stages, within which budget."""
 
-    name: str = Field(min_length=1)
+    name: Label = Field(min_length=1, description="a label (it names the campaign's folder): printable, no '/',"
+                                                 f" at most {MAX_NAME} characters")
     model: str = Field(min_length=1, description="model path or id (the engine's model unless it names its own)")
     engine: EngineConfig = Field(description="servetune.engines: kind sglang | vllm | sim | transformers | external"
                                  " and its settings (servetune.engines.registry)")

@@ -16,13 +16,17 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from servetune.names import MAX_NAME, check_label
 
 MAX_STREAMS = 100_000  #: concurrency, ramp levels, max_in_flight, protocols; bench --concurrency, --waves
 MAX_RATE = 100_000  #: requests/s: baseline.rate, ramp levels in rate mode; bench --rate
 MAX_REQUESTS = 10_000_000  #: requests (measured, warm-up) of a trial, max_requests_per_trial; --requests
 MAX_LEVEL = max(MAX_STREAMS, MAX_RATE)  #: a ramp level: streams, or requests/s in rate mode
+MAX_LIST = 64  #: ramp levels; values of one refine flag (a dry run replays the walk at every step: 5,000 spun)
+MAX_GRID_VALUES = 128  #: values of every flag in the refine grid together
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -140,3 +144,7 @@ def check_bench_options(options: Mapping[str, Any]) -> None:
         if limit is not None and value is not None and value > limit:
             got = f"{value:g}" if isinstance(value, float) else value
             raise ValueError(f"{flag}: Input should be less than or equal to {limit}, got {got}")
+
+
+#: a plan's name: a label that names the campaign's folder (servetune.names: printable, no separator, bounded)
+Label = Annotated[str, AfterValidator(check_label)]

@@ -24,6 +24,7 @@ class ErrorClass(StrEnum):
     IDLE_TIMEOUT = "idle_timeout"  # the stream sent no byte for idle_timeout_s (servetune.loadgen.idle)
     CONNECTION = "connection"  # refused, reset, closed mid-stream
     MALFORMED = "malformed_sse"
+    TOO_LARGE = "response_too_large"  # past MAX_RESPONSE_BYTES (servetune.loadgen.bounded): cut, not buffered
     EMPTY = "empty_response"  # stream ended without any generated text
     CANCELLED = "cancelled"  # still in flight when the run was drained/stopped
     CLIENT = "client_error"  # a bug or resource problem on our side

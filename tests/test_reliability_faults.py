@@ -376,3 +376,37 @@ def test_an_engine_that_dies_on_the_cache_flush_gets_one_line_naming_the_flush(t
     assert "Traceback" not in run.stderr
     (error,) = [ln for ln in run.stderr.splitlines() if ln.startswith("error:")]
     assert "went away during the prefix-cache flush" in error and "no request was sent" in error
+
+
+async def test_a_line_that_never_ends_fails_its_request_at_the_bound_and_the_memory_stays_bounded(monkeypatch):
+    """An engine streaming one `data:` line without end (1 MiB a write): the request fails as
+    response_too_large once the response passes the bound, long before its timeout, the other requests are
+    unharmed, and the client holds no more than the bound per stream (its RSS sampled every 10 ms)."""
+    import psutil
+
+    from servetune.loadgen import bounded
+
+    monkeypatch.setattr(bounded, "MAX_RESPONSE_BYTES", 8 << 20)
+    me = psutil.Process()
+    peak = [me.memory_info().rss]
+    base = peak[0]
+
+    async def sample() -> None:
+        while True:
+            peak[0] = max(peak[0], me.memory_info().rss)
+            await asyncio.sleep(0.01)
+
+    reqs = [WorkloadRequest(index=i, system=None, user=f"hello #{i}", input_tokens=4, output_tokens=8) for i in range(6)]
+    async with SseServer(Scenario(ttft_ms=5, gap_ms=5, fail_nth={1: "endless", 4: "endless"})) as srv:
+        sampler = asyncio.create_task(sample())
+        t = time.monotonic()
+        out = await run_load(Target(url=srv.url, timeout_s=30), reqs, LoadConfig(concurrency=3),
+                             t0_ns=time.perf_counter_ns())
+        took = time.monotonic() - t
+        sampler.cancel()
+    failed = [r for r in out.records if r.error_class]
+    assert [r.error_class for r in failed] == ["response_too_large"] * 2, [(r.error_class, r.error_message) for r in failed]
+    assert all("passed 8 MiB" in r.error_message for r in failed)
+    assert sum(r.error_class is None and r.output_tokens == 8 for r in out.records) == 4
+    assert took < 10, took  # ended at the bound, not at timeout_s
+    assert peak[0] - base < 3 * 8 * (1 << 20) + (64 << 20), (peak[0] - base) / 2**20  # 2 cut streams + slack

@@ -148,13 +148,24 @@ def setup_for(state_dir: Path, server_url: str, plans_dir: Path, results_dir: Pa
 
 
 def prepare(setup: AirflowSetup) -> AirflowSetup:
-    """Migrate both databases (Alembic for the warehouse, Airflow's own) and create the GPU pools."""
+    """Migrate both databases, then register the DAGs and pools."""
+    return register(prepare_databases(setup))
+
+
+def prepare_databases(setup: AirflowSetup) -> AirflowSetup:
+    """Migrate both databases: Alembic for the warehouse, Airflow's own migration for its metadata."""
     from servetune.warehouse import migrate
 
     setup.home.mkdir(parents=True, exist_ok=True)
-    setup.results_dir.mkdir(parents=True, exist_ok=True)
     migrate.upgrade(setup.warehouse_url)
     setup.airflow("db", "migrate")
+    return setup
+
+
+def register(setup: AirflowSetup) -> AirflowSetup:
+    """On migrated databases: every DAG serialized with this setup's plans, and the GPU pools created."""
+    setup.home.mkdir(parents=True, exist_ok=True)
+    setup.results_dir.mkdir(parents=True, exist_ok=True)
     setup.airflow("dags", "reserialize")  # every DAG known to the DB, with its asset schedule
     for pool, slots, what in runner_pools(setup.plans_dir):  # one slot each: no two trials share a GPU
         setup.airflow("pools", "set", pool, str(slots), what)

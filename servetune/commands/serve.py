@@ -46,10 +46,10 @@ def _check_version(engine: str, version: str | None) -> None:
     """An explicit ``--sglang-version`` must name a catalogue (shipped, or cached from a runner of that
     version), as the sim's ``engine.version`` must: a typo or a future version used to fall back in silence."""
     from servetune.engines import FlagError
-    from servetune.engines.catalog import available_versions, runner_catalog_dir
+    from servetune.engines.catalog import available_versions, catalog_file, runner_catalog_dir
 
     known = available_versions(engine)
-    if version is None or version in known or (runner_catalog_dir() / f"{engine}-{version}.yaml").is_file():
+    if version is None or version in known or catalog_file(runner_catalog_dir(), engine, version).is_file():
         return
     raise FlagError(f"--sglang-version: no flag catalogue for {engine} {version!r} (catalogued: {', '.join(known)});"
                     f" generate one with `python -m servetune.engines.catalog --python PY_WITH_{engine.upper()}`")

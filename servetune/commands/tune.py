@@ -21,6 +21,7 @@ from rich.table import Table
 from servetune.commands.jsonout import JsonFlag, use_json
 from servetune.commands.outpath import OutPathError, check_out_dir
 from servetune.experiment import EXPERIMENT_FILE, RECOMMENDATION_FILE, ResultFolder
+from servetune.names import safe_component
 from servetune.logs import console as _console
 from servetune.plan import PlanError, TuningPlan, load_plan
 from servetune.redact import redact
@@ -219,7 +220,7 @@ def _open_campaign(plan: TuningPlan, runner: Any, out: Path | None, *, resume: b
                       f" {len(campaign.state.outcomes)} trials", highlight=False)
         return campaign
     experiment_id = uuid.uuid4().hex
-    out = out or Path("runs") / f"{plan.name}-{experiment_id[:8]}"
+    out = out or Path("runs") / f"{safe_component(plan.name)}-{experiment_id[:8]}"
     try:
         check_out_dir(out, parents=True)  # a symlink loop, a missing or read-only parent: said before the first trial
     except OutPathError as exc:

@@ -27,6 +27,7 @@ from servetune.workload.request import WorkloadRequest
 
 from .config import LoadConfig, Target
 from .endpoints import decode_stream, request_body, token_counter
+from .bounded import BoundedReads
 from .idle import IDLE_TIMEOUT, IdleWatch
 from .lag import LoopLag
 from .sessions import is_session, load_units
@@ -126,12 +127,13 @@ async def run_load(
         rec.queue_ms = queue_ns / 1e6
         rec.payload_bytes = len(bodies[i] if body is None else body)
         sent[i] = 1
-        reads: list[bytes] = []
+        reads = BoundedReads()
         times: list[int] = []
         t_send = clock()
         t_end = t_send
         try:
             async with asyncio.timeout(timeout_s) as deadline:
+                reads.deadline = deadline
                 if idle is not None:
                     idle.watch(i, t_send, times, deadline)
                 status = await post(bodies[i] if body is None else body, times, reads,
@@ -146,7 +148,10 @@ async def run_load(
                     rec.error_message = f"HTTP {status}: {text[:300]}"
         except TimeoutError:
             t_end = clock()
-            if idle is not None and i in idle.fired:
+            if reads.over:
+                rec.error_class, rec.error_message = ErrorClass.TOO_LARGE.value, reads.error_message()
+                times.clear()
+            elif idle is not None and i in idle.fired:
                 rec.error_class = IDLE_TIMEOUT
                 rec.error_message = (f"the stream sent no byte for {idle.silent_s(i):.1f} s "
                                      f"(idle_timeout_s={idle.idle_s:g}) after {len(times)} reads")

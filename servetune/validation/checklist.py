@@ -11,6 +11,7 @@ import hashlib
 import logging
 from importlib.metadata import version
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,11 @@ def check_waivable(waive: tuple[str, ...] | list[str]) -> None:
 CADENCE_TICKS = 5
 #: a GPU state the suites accept: measured by NVML, or synthesized by the simulator
 GPU_STATES_WITH_CURVE = ("ok", "simulated")
+#: what each expectation returns: its observed value, counts and a sample of unexpected rows (all the report
+#: keeps); SUMMARY's value counts double a trial's check and nothing reads them
+RESULT_FORMAT = "BASIC"
+#: trials one cached context checks before it is rebuilt (its in-memory store keeps every result)
+RUNS_PER_CONTEXT = 200
 
 
 @functools.cache
@@ -177,38 +183,80 @@ def suites_for(waive: frozenset[str]) -> list[str]:
 def run_batches(gx: Any, ctx: Any, batches: dict[str, tuple[Any, dict[str, Any] | None]], params: dict[str, Any],
                 *, waive: frozenset[str], data_docs_dir: Path | None, run_name: str) -> ValidationReport:
     """Run each suite on its batch (suite name -> (batch definition, batch parameters))."""
+    definitions = _definitions(gx, ctx, {name: batch for name, (batch, _) in batches.items()}, waive, run_name)
+    runs = {name: (definitions[name], parameters) for name, (_, parameters) in batches.items()}
+    return _run(gx, ctx, runs, params, waive=waive, data_docs_dir=data_docs_dir, run_name=run_name)
+
+
+def _definitions(gx: Any, ctx: Any, batches: dict[str, Any], waive: frozenset[str], run_name: str) -> dict[str, Any]:
+    """A validation definition per suite (its expectations less the waived items) on its batch definition."""
     from great_expectations.core.expectation_suite import ExpectationSuite
 
+    return {name: ctx.validation_definitions.add(gx.ValidationDefinition(
+        name=f"{run_name}:{name}", data=batch, suite=ctx.suites.add(ExpectationSuite(**load_suite(name, waive)))))
+        for name, batch in batches.items()}
+
+
+def _run(gx: Any, ctx: Any, runs: dict[str, tuple[Any, dict[str, Any] | None]], params: dict[str, Any], *,
+         waive: frozenset[str], data_docs_dir: Path | None, run_name: str) -> ValidationReport:
     outcomes: list[ExpectationOutcome] = []
-    for name, (batch, batch_parameters) in batches.items():
-        suite = ctx.suites.add(ExpectationSuite(**load_suite(name, waive)))
-        definition = ctx.validation_definitions.add(
-            gx.ValidationDefinition(name=f"{run_name}:{name}", data=batch, suite=suite))
+    for name, (definition, batch_parameters) in runs.items():
         run_kwargs = {"batch_parameters": batch_parameters, "expectation_parameters": params}
         if data_docs_dir is not None:  # a checkpoint stores the result so Data Docs can render it
             checkpoint = ctx.checkpoints.add(gx.Checkpoint(name=f"{run_name}:{name}",
                                                            validation_definitions=[definition]))
             vr = next(iter(checkpoint.run(**run_kwargs).run_results.values()))
         else:
-            vr = definition.run(**run_kwargs, result_format="SUMMARY")
+            vr = definition.run(**run_kwargs, result_format=RESULT_FORMAT)
         outcomes.extend(_outcome(name, r) for r in vr.to_json_dict()["results"])
     docs = None
     if data_docs_dir is not None:
         ctx.build_data_docs(site_names=["servetune"])
         docs = str(Path(data_docs_dir) / "index.html")
     return ValidationReport(
-        success=all(o.success for o in outcomes), results=outcomes, suites=list(batches),
+        success=all(o.success for o in outcomes), results=outcomes, suites=list(runs),
         gx_version=gx.__version__, parameters=params, waived=sorted(waive), data_docs=docs,
         suites_digest=suites_digest(),
     )
 
 
+class _Checker:
+    """An ephemeral context holding the suites (less one set of waived items) on whole-dataframe batches, built
+    once a process: each trial then passes only its frames (a campaign checks every trial as it finishes)."""
+
+    def __init__(self, waive: frozenset[str]) -> None:
+        self.gx, self.ctx = gx_context()
+        source = self.ctx.data_sources.add_pandas(name="trial")
+        batches = {name: source.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe("whole")
+                   for name in suites_for(waive)}
+        self.definitions = _definitions(self.gx, self.ctx, batches, waive, "trial")
+        self.runs = 0
+
+
+_checkers: dict[frozenset[str], _Checker] = {}
+_checkers_lock = threading.Lock()
+
+
+def _checker(waive: frozenset[str]) -> _Checker:
+    """The process's checker for ``waive``, rebuilt after RUNS_PER_CONTEXT trials."""
+    checker = _checkers.get(waive)
+    if checker is None or checker.runs >= RUNS_PER_CONTEXT:
+        checker = _checkers[waive] = _Checker(waive)
+    checker.runs += 1
+    return checker
+
+
 def run_suites(frames: TrialFrames, params: dict[str, Any], *, waive: frozenset[str] = frozenset(),
                data_docs_dir: Path | None = None, run_name: str = "trial") -> ValidationReport:
-    """The suites on a trial's pandas frames (whole-dataframe batches)."""
+    """The suites on a trial's pandas frames (whole-dataframe batches); Data Docs get a context of their own."""
+    frame_of = {"trial_summary": frames.summary, "trial_requests": frames.requests, "trial_gpu": frames.gpu}
+    if data_docs_dir is None:
+        with _checkers_lock:  # a GX context is not thread-safe: a process checks one trial at a time
+            c = _checker(waive)
+            runs = {name: (d, {"dataframe": frame_of[name]}) for name, d in c.definitions.items()}
+            return _run(c.gx, c.ctx, runs, params, waive=waive, data_docs_dir=None, run_name=run_name)
     gx, ctx = gx_context(data_docs_dir)
     source = ctx.data_sources.add_pandas(name="trial")
-    frame_of = {"trial_summary": frames.summary, "trial_requests": frames.requests, "trial_gpu": frames.gpu}
     batches = {
         name: (source.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe("whole"),
                {"dataframe": frame_of[name]})

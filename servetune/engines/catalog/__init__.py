@@ -5,20 +5,13 @@ see ``python -m servetune.engines.catalog --help``). Two sections are written by
 of that version cannot know, and are carried over whenever a catalogue is regenerated (``__main__``) or
 read from a runner (``cache_runner_catalog``):
 
-``removed:`` which flags went away and what replaced them::
-
-    removed:
-      cuda-graph-max-bs: {since: 0.5.20, replacement: cuda-graph-max-bs-decode, note: ...}
-
-``limits:`` bounds and choices argparse does not check (its ``type=int`` takes 0 and -5 alike), so a
+``removed:`` which flags went away and what replaced them
+(``cuda-graph-max-bs: {since: 0.5.20, replacement: cuda-graph-max-bs-decode, note: ...}``). ``limits:`` bounds and choices argparse does not check (its ``type=int`` takes 0 and -5 alike), so a
 value SGLang would refuse, or misread, fails at plan validation. Keyed by the catalogue's flag name
 (an alias maps to it); each limit holds any of ``ge``/``gt``/``le``/``lt`` (numbers), ``also`` (values
 allowed outside the bounds, e.g. ``-1`` for "off"), ``choices``, and a ``note`` saying where the rule
-comes from (SGLang's ``ServerArgs`` checks, or what the value means there)::
-
-    limits:
-      chunked-prefill-size: {ge: 1, also: [-1], note: "-1 disables chunked prefill; ..."}
-      mem-fraction-static: {gt: 0, lt: 1, note: ...}
+comes from (SGLang's ``ServerArgs`` checks, or what the value means there), e.g.
+``chunked-prefill-size: {ge: 1, also: [-1], note: "-1 disables chunked prefill; ..."}``.
 
 A value breaking one raises ``FlagError``: ``bad value 0 for --chunked-prefill-size (sglang 0.5.17): must
 be -1 or >= 1 (note)``. Strings read by SGLang's ``human_readable_int`` (``128k``, ``1Mi``) are compared
@@ -36,6 +29,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from servetune.names import safe_component
 
 CATALOG_DIR = Path(__file__).parent
 
@@ -293,6 +288,11 @@ def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))
 
 
+def catalog_file(directory: Path, engine: str, version: str) -> Path:
+    """``<engine>-<version>.yaml`` in ``directory``: a version from a plan or a runner is a label, never a path."""
+    return directory / f"{safe_component(f'{engine}-{version}')}.yaml"
+
+
 def available_versions(engine: str) -> list[str]:
     """Catalogued versions of ``engine``, oldest first."""
     found = [p.stem.removeprefix(f"{engine}-") for p in CATALOG_DIR.glob(f"{engine}-*.yaml")]
@@ -301,7 +301,7 @@ def available_versions(engine: str) -> list[str]:
 
 @lru_cache(maxsize=16)
 def load_catalog(engine: str, version: str) -> Catalog:
-    path = CATALOG_DIR / f"{engine}-{version}.yaml"
+    path = catalog_file(CATALOG_DIR, engine, version)
     if not path.is_file():
         known = ", ".join(available_versions(engine)) or "none"
         raise FlagError(f"no flag catalogue for {engine} {version} (catalogued: {known}); "
@@ -325,7 +325,7 @@ def catalog_for(engine: str, version: str | None) -> Catalog:
     """The best catalogue for a planned or detected version: the one read from a runner of exactly that
     version (cached), else the shipped one nearest to it."""
     if version is not None:
-        cached = runner_catalog_dir() / f"{engine}-{version}.yaml"
+        cached = catalog_file(runner_catalog_dir(), engine, version)
         if (CATALOG_DIR / cached.name).is_file():
             return load_catalog(engine, version)
         if cached.is_file():
@@ -345,7 +345,7 @@ def cache_runner_catalog(dump: dict[str, Any]) -> Path | None:
     The shipped catalogue of the same version (with its hand-kept facts) always wins; None when one ships
     or the cache cannot be written (a read-only home changes nothing but this cache).
     """
-    if (CATALOG_DIR / f"{dump['engine']}-{dump['version']}.yaml").is_file():
+    if catalog_file(CATALOG_DIR, dump['engine'], dump['version']).is_file():
         return None
     directory = runner_catalog_dir()
     try:
@@ -358,7 +358,7 @@ def cache_runner_catalog(dump: dict[str, Any]) -> Path | None:
 def hand_kept(engine: str, version: str, directory: Path = CATALOG_DIR) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ``removed`` and ``limits`` facts a new catalogue of ``version`` inherits: those of the existing one
     of that version in ``directory``, else the nearest shipped one's (removals only up to ``version``)."""
-    existing = directory / f"{engine}-{version}.yaml"
+    existing = catalog_file(directory, engine, version)
     if existing.is_file():
         data = yaml.safe_load(existing.read_text()) or {}
         return data.get("removed") or {}, data.get("limits") or {}
@@ -387,7 +387,7 @@ def catalog_from_probe(dump: dict[str, Any], removed: dict[str, Any] | None = No
 
 
 def write_catalog(catalog: Catalog, directory: Path = CATALOG_DIR) -> Path:
-    path = directory / f"{catalog.engine}-{catalog.version}.yaml"
+    path = catalog_file(directory, catalog.engine, catalog.version)
     data = catalog.model_dump(mode="json", exclude_defaults=True)
     data["flags"] = {k: v.model_dump(mode="json", exclude_defaults=True) for k, v in catalog.flags.items()}
     data.pop("removed", None), data.pop("limits", None)  # the hand-kept sections last, in this order
