@@ -410,3 +410,36 @@ async def test_a_line_that_never_ends_fails_its_request_at_the_bound_and_the_mem
     assert sum(r.error_class is None and r.output_tokens == 8 for r in out.records) == 4
     assert took < 10, took  # ended at the bound, not at timeout_s
     assert peak[0] - base < 3 * 8 * (1 << 20) + (64 << 20), (peak[0] - base) / 2**20  # 2 cut streams + slack
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root (CI runs as root)")
+def test_a_disk_that_fills_mid_campaign_says_where_and_how_to_resume_and_the_resume_finishes(tmp_path):
+    """`tune --virtual` writing into a 192 KiB tmpfs: the disk fills after a few trials. One line names the path,
+    the cause (ENOSPC) and the --resume command; experiment.json says interrupted, not running; once the disk is
+    made bigger the same --resume finishes the campaign, every trial written before the fault kept."""
+    small = tmp_path / "small"
+    small.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192k", "tmpfs", str(small)], capture_output=True)
+    if mount.returncode != 0:
+        pytest.skip(f"tmpfs mount refused: {mount.stderr.decode()[:200]}")
+    plan = Path(__file__).resolve().parents[1] / "plans" / "demo.yaml"
+    out = small / "c"
+    cmd = [sys.executable, "-m", "servetune", "tune", str(plan), "--virtual", "--out", str(out)]
+    env = {**os.environ, "COLUMNS": "300", "NO_COLOR": "1"}
+    try:
+        first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        lines = [ln for ln in (first.stdout + first.stderr).splitlines() if ln.startswith("error:")]
+        assert first.returncode == 2 and len(lines) == 1, first.stdout[-2000:] + first.stderr[-2000:]
+        assert "No space left on device (ENOSPC)" in lines[0] and str(small) in lines[0], lines[0]
+        assert f"--out {out} --resume" in lines[0] and "Traceback" not in first.stderr, lines[0]
+        exp = orjson.loads((out / "experiment.json").read_bytes())
+        assert exp["status"] == "interrupted" and "ENOSPC" in exp["status_reason"], exp["status"]
+        kept = {p.name for p in (out / "trials").glob("*.json")}
+        assert kept  # it filled mid-campaign, after trials were written
+        subprocess.run(["mount", "-o", "remount,size=64m", str(small)], check=True)
+        again = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=600, env=env)
+        assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+        assert orjson.loads((out / "experiment.json").read_bytes())["status"] == "done"
+        assert kept <= {p.name for p in (out / "trials").glob("*.json")}
+    finally:
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)

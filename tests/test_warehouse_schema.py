@@ -156,3 +156,50 @@ def test_views_show_the_validity_and_scheduler_columns(fresh_database_url):
     assert {"valid", "completions_in_window", "in_flight_mean", "sched_cache_hit_rate"} <= cols
     migrate.downgrade(fresh_database_url, "0003")
     migrate.upgrade(fresh_database_url)
+
+
+def test_load_refuses_a_warehouse_behind_ahead_foreign_or_unmigrated_and_writes_nothing(fresh_database_url, tmp_path):
+    """`load` checks the schema before any write: each case is one line naming the way it is off, exit 2, and
+    no row lands; at the head revision the same trial loads."""
+    from sqlalchemy import text
+
+    from warehouse_fixtures import make_trial
+
+    trial = tmp_path / "t.json"
+    make_trial().save(trial)
+    url = fresh_database_url
+    eng = db.engine(url)
+
+    def load() -> tuple[int, str]:
+        r = CliRunner().invoke(app, ["load", str(trial), "--database-url", url, "--no-validate"])
+        return r.exit_code, r.output
+
+    def rows() -> int:
+        with eng.connect() as conn:
+            if "trials" not in inspect(conn).get_table_names():
+                return 0
+            return conn.execute(text("select count(*) from trials")).scalar_one()
+
+    try:
+        code, out = load()
+        assert code == 2 and "never migrated: run `servetune db upgrade`" in out, out
+        migrate.upgrade(url, "0014")
+        code, out = load()
+        assert code == 2 and f"at revision 0014, behind this servetune's {migrate.head()}" in out, out
+        assert rows() == 0
+        migrate.upgrade(url)
+        with eng.begin() as conn:
+            conn.execute(text("update alembic_version set version_num = '0099_from_the_future'"))
+        code, out = load()
+        assert code == 2 and "at revision 0099_from_the_future, newer than this servetune's" in out, out
+        assert rows() == 0 and len(out.strip().splitlines()) == 1
+        with eng.begin() as conn:
+            conn.execute(text(f"update alembic_version set version_num = '{migrate.head()}'"))
+        code, out = load()
+        assert code == 0 and rows() == 1, out
+        with eng.begin() as conn:
+            conn.execute(text("drop table alembic_version"))
+        code, out = load()
+        assert code == 2 and "no servetune revision: not a servetune warehouse" in out, out
+    finally:
+        eng.dispose()

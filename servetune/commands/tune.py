@@ -22,6 +22,7 @@ from servetune.commands.jsonout import JsonFlag, use_json
 from servetune.commands.outpath import OutPathError, check_out_dir
 from servetune.experiment import EXPERIMENT_FILE, RECOMMENDATION_FILE, ResultFolder
 from servetune.names import safe_component
+from servetune.oserrors import os_error_text
 from servetune.logs import console as _console
 from servetune.plan import PlanError, TuningPlan, load_plan
 from servetune.redact import redact
@@ -150,6 +151,7 @@ def tune(
     from servetune.campaign_lock import CampaignBusy, campaign_lock
 
     deadline = started + stop_after if stop_after is not None else None
+    campaign: Any = None
     try:
         with ExitStack() as held:  # one writer per campaign folder (servetune.campaign_lock)
             if resume and out is not None:
@@ -162,6 +164,13 @@ def tune(
                 decision = campaign.run(deadline=deadline, stop=lambda: bool(signalled))
     except CampaignBusy as exc:
         _fail(f"--resume: {exc}; wait for it to end, or stop it first")
+    except OSError as exc:  # a disk that filled, a folder that went away: the campaign resumes once it is fixed
+        if campaign is None:
+            _fail(os_error_text(exc))
+        _emit(campaign, "interrupted")
+        _fail(f"{os_error_text(exc)}; the campaign stopped after {len(campaign.state.outcomes)} trials, nothing"
+              f" measured is lost: fix that, then go on with: servetune tune {plan_path} --out {campaign.out}"
+              " --resume")
     except KeyboardInterrupt:
         _emit(campaign, "interrupted")
         console.print(f"interrupted after {len(campaign.state.outcomes)} trials: engine torn down; go on with:"

@@ -12,6 +12,7 @@ paused (stopped before a trial that would pass a time limit) | interrupted (a si
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.experiment import ExperimentRecord, ResultFolder
+from servetune.oserrors import os_error_text
 from servetune.plan import TuningPlan
 from servetune.plan_protocols import MeasurementProtocol
 from servetune.result import TrialResult
@@ -212,6 +214,12 @@ class Campaign:
         except KeyboardInterrupt:
             self._finish(None, failed=True, reason="campaign interrupted by a signal; resume with --resume",
                          status="interrupted")
+            raise
+        except OSError as exc:  # the disk or the folder failed, not the campaign: it goes on once that is fixed
+            self.experiment.update(status="interrupted", finished_at=datetime.now(UTC).isoformat(),
+                                   status_reason=f"campaign interrupted: {os_error_text(exc)}; resume with --resume")
+            with contextlib.suppress(OSError):  # the small file alone: a full disk may still take it; the
+                self.folder.write_experiment(self.experiment)  # state on disk is the last trial's either way
             raise
         except BaseException as exc:
             self._finish(None, failed=True, reason=f"campaign aborted: {type(exc).__name__}: {exc}")

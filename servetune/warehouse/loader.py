@@ -301,8 +301,12 @@ def load_result(engine_or_url: Engine | str | None, source: str | Path | TrialRe
     others still load. ``checklist`` (servetune.ingest passes the report checklist) judges each trial
     before it is stored; without one, a trial keeps the verdict stored with it, if any.
     """
+    from servetune.warehouse.migrate import check_schema
+
     eng = engine_or_url if isinstance(engine_or_url, Engine) else db.engine(engine_or_url)
     try:
+        with eng.connect() as conn:
+            check_schema(conn)  # behind, ahead or foreign: refused before anything is written
         return _load(eng, source, checklist=checklist, replace=replace)
     finally:
         if eng is not engine_or_url:

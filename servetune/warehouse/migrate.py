@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -9,8 +10,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, inspect
 
 from servetune.warehouse import db
+from servetune.warehouse.files import LoadError
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one INFO line per plugin: noise
@@ -55,5 +58,34 @@ def current(url: str | None = None) -> str | None:
         eng.dispose()
 
 
+@functools.cache
 def head() -> str:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+@functools.cache
+def _known() -> frozenset[str]:
+    return frozenset(r.revision for r in ScriptDirectory.from_config(alembic_config()).walk_revisions())
+
+
+class SchemaMismatch(LoadError):
+    """The warehouse's schema is not the one this servetune writes: behind, ahead, foreign or never migrated."""
+
+
+def check_schema(conn: Connection) -> None:
+    """Before any write: the warehouse is at this servetune's head revision, else SchemaMismatch in one line
+    saying which way it is off and what to run (a newer warehouse is never written by older code)."""
+    at = MigrationContext.configure(conn).get_current_revision()
+    if at == head():
+        return
+    if at is None:
+        tables = [t for t in inspect(conn).get_table_names() if t != "alembic_version"]
+        if tables:
+            raise SchemaMismatch(f"the database holds {len(tables)} table(s) ({', '.join(sorted(tables)[:3])}, ...)"
+                                 " but no servetune revision: not a servetune warehouse; point at another database")
+        raise SchemaMismatch("the warehouse was never migrated: run `servetune db upgrade`")
+    if at not in _known():
+        raise SchemaMismatch(f"the warehouse is at revision {at}, newer than this servetune's {head()}: upgrade"
+                             " servetune (writing with older code would miss the newer columns)")
+    raise SchemaMismatch(f"the warehouse is at revision {at}, behind this servetune's {head()}:"
+                         " run `servetune db upgrade`")

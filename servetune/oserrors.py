@@ -1,0 +1,20 @@
+"""An OS error at the boundary, said in one line: the path, the cause and its errno name (docs/reliability.md).
+
+Python's own text for a full disk is ``[Errno 28] No space left on device: 'runs/x/state.json'``; a user
+needs the path first and the cause in words, and the caller adds what to do next (a campaign: --resume)."""
+
+from __future__ import annotations
+
+import errno
+
+from servetune.names import printable
+
+
+def os_error_text(exc: OSError) -> str:
+    """``<path>: <cause> (<ERRNO>)``, or the cause alone when the error names no path."""
+    cause = exc.strerror or str(exc) or type(exc).__name__
+    code = errno.errorcode.get(exc.errno or 0)
+    if code:
+        cause += f" ({code})"
+    paths = [p for p in (exc.filename, exc.filename2) if p is not None]
+    return f"{' -> '.join(printable(str(p)) for p in paths)}: {cause}" if paths else cause
