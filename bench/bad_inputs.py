@@ -24,6 +24,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+import bad_inputs_bounded as bounded  # issue 44's names and sizes
 import bad_inputs_more as more  # issue 31's URL, dry-run, version and env-name cases
 import bad_inputs_strict as strict  # issue 31's cases, beside this file
 import orjson
@@ -178,7 +179,8 @@ PLAN_CASES: list[tuple[str, Any, tuple[str, ...]]] = [
     ("workload_unknown_distribution", {W: {"input": {"kind": "zipf", "value": 3}}}, ("workload.input", "zipf")),
     ("workload_min_above_max", {W: {"output": {"kind": "uniform", "min": 64, "max": 8}}}, ("workload.output", "min")),
 ]
-PLAN_CASES += strict.PLAN + more.PLAN  # issue 31: a key twice, a boolean, inf or nan, a size, a URL, env
+PLAN_CASES += strict.PLAN + more.PLAN + bounded.PLAN  # issue 31: a key twice, a boolean, inf or nan, a size,
+# a URL, env; issue 44: names as labels, grids and levels bounded
 FILE_LEVEL = {"plan_bad_yaml", "plan_not_utf8", "plan_empty", "plan_a_list", *strict.FILE_LEVEL}  # no header
 
 
