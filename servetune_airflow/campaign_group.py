@@ -62,7 +62,16 @@ def list_plans(runner_name: str, chosen: list[str] | None = None, from_events: b
     ctx = get_current_context()
     names = list(chosen if chosen is not None else ctx["params"].get("plans") or [])
     files = [Path(n) if Path(n).is_absolute() else plans_dir() / n for n in names] or plan_files()
-    return [str(f) for f in files if runner_of(load_plan(f)).name == runner_name]
+    return [str(f) for f in files if _runner_name(f) == runner_name]
+
+
+def _runner_name(plan_file: Path) -> str:
+    """The plan's GPU runner; a plan that does not parse goes to the local runner's group, where its own
+    prepare task fails it with the field path and no retry, and every other plan still runs."""
+    try:
+        return runner_of(load_plan(plan_file)).name
+    except PlanError:
+        return "local"
 
 
 def _trigger() -> str:

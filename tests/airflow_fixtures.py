@@ -13,7 +13,7 @@ import yaml
 from sqlalchemy.engine import make_url
 
 from servetune import localdb
-from servetune.commands.airflow import AirflowSetup, prepare_databases, register
+from servetune.commands.airflow import AirflowSetup, prepare_databases, register_dags
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,7 +77,7 @@ def airflow_setup(pg_server_url: str, airflow_templates: tuple[str, str], tmp_pa
     setup = AirflowSetup(home=tmp_path / "airflow", metadata_url=meta, warehouse_url=wh, plans_dir=plans,
                          results_dir=tmp_path / "results")
     try:
-        yield register(setup)
+        yield register_dags(setup)
     finally:
         for url in (meta, wh):
             localdb.drop_database(pg_server_url, make_url(url).database)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import re
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 from aiosmtpd.controller import Controller as SMTPController
 from sqlalchemy import create_engine, text
 
-from airflow_fixtures import template_file, write_plan
+from airflow_fixtures import TINY_PLAN, template_file, write_plan
 from fake_engines.helpers import FAKE_ENGINES
 from servetune import localdb
 from servetune.runners.preflight import free_port
@@ -142,11 +143,53 @@ def test_the_load_mode_param_runs_the_campaign_as_an_open_loop(airflow_setup):
     rec = orjson.loads((exp_dir / "recommendation.json").read_bytes())
     # (the capacity itself depends on the machine's load: the client and the simulated engine share its cores)
     assert rec["rate"] > 0 and rec["concurrency"] >= 1
-    (check,) = rec["robustness"]
-    assert (check["fraction"], check["burstiness"], check["rate"]) == (1.0, 0.5, rec["rate"])
+    # one check at the capacity; on a loaded machine its verdict may send the answer down a rate, checked there
+    checks = rec["robustness"]
+    assert checks and all((c["fraction"], c["burstiness"]) == (1.0, 0.5) for c in checks), checks
+    assert rec["rate"] in {c["rate"] for c in checks}, (rec["rate"], checks)
     modes = _rows(airflow_setup.warehouse_url, "select distinct load_mode from trials where experiment_id = :e"
                   " and stage <> 'correctness'", e=exp["experiment_id"])
     assert modes == [("rate",)]
+
+
+def test_a_plan_with_a_typo_fails_alone_at_once_and_the_other_plan_finishes(airflow_setup):
+    """Two plans: the tiny one and one with a misspelt section. The bad plan's own prepare task fails once (no
+    retry) naming the field; the good plan's campaign finishes green beside it; the run is red."""
+    (airflow_setup.plans_dir / "typo.yaml").write_text("name: typo\nmodel: m\nsla: {p99_ttft_ms: 500}\nstagess: {}\n")
+    t = time.monotonic()
+    proc = airflow_setup.airflow("dags", "test", "servetune_weekly", check=False)
+    assert time.monotonic() - t < 600, "the run did not end"
+    assert "stagess" in proc.stdout, proc.stdout[-3000:]
+    with psycopg.connect(localdb.libpq_dsn(airflow_setup.metadata_url)) as conn:
+        prepared = conn.execute("select rendered_map_index, state, try_number from task_instance"
+                                " where task_id like '%.prepare'").fetchall()
+        runs = {r[0] for r in conn.execute("select state from dag_run").fetchall()}
+    by_plan = {r[0]: (r[1], r[2]) for r in prepared}
+    assert by_plan.get("typo") == ("failed", 1), prepared  # failed at once, never retried
+    assert by_plan.get("tiny-sim", ("?",))[0] == "success", prepared
+    (exp_dir,) = [p.parent for p in airflow_setup.results_dir.glob("*/experiment.json")]
+    assert orjson.loads((exp_dir / "experiment.json").read_bytes())["status"] == "done"
+    assert runs == {"failed"}
+
+
+@pytest.mark.parametrize("clock", ["live", "virtual"])
+def test_an_engine_that_never_starts_ends_red_within_two_minutes_with_its_reason(airflow_setup, clock):
+    """A sim plan naming a model profile that does not exist: the correctness trial cannot start the engine;
+    the stages after it run nothing, the outcome fails with that reason, and `dags test` ends (no retry loop)."""
+    write_plan(airflow_setup.plans_dir, engine={**TINY_PLAN["engine"], "model_profile": "no-such-profile"})
+    t = time.monotonic()
+    proc = airflow_setup.airflow("dags", "test", "servetune_weekly", "--conf", json.dumps({"clock": clock}),
+                                 check=False)
+    took = time.monotonic() - t
+    assert took < 120, f"{took:.0f} s: {proc.stdout[-3000:]}"
+    assert "was started with another plan" not in proc.stdout, proc.stdout[-3000:]
+    assert _task_states(airflow_setup, "outcome") == {"failed"}
+    assert "campaign tiny-sim failed: correctness trial failed: server failed to start" in proc.stdout
+    assert "no-such-profile" in proc.stdout
+    with psycopg.connect(localdb.libpq_dsn(airflow_setup.metadata_url)) as conn:
+        assert {r[0] for r in conn.execute("select state from dag_run").fetchall()} == {"failed"}
+        tries = conn.execute("select max(try_number) from task_instance").fetchone()[0]
+    assert tries == 1, f"a task was retried ({tries} tries)"
 
 
 def test_the_second_weekly_run_is_compared_with_the_first_and_a_goodput_drop_alerts(airflow_setup):

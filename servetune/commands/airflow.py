@@ -149,7 +149,7 @@ def setup_for(state_dir: Path, server_url: str, plans_dir: Path, results_dir: Pa
 
 def prepare(setup: AirflowSetup) -> AirflowSetup:
     """Migrate both databases, then register the DAGs and pools."""
-    return register(prepare_databases(setup))
+    return register_dags(prepare_databases(setup))
 
 
 def prepare_databases(setup: AirflowSetup) -> AirflowSetup:
@@ -162,7 +162,7 @@ def prepare_databases(setup: AirflowSetup) -> AirflowSetup:
     return setup
 
 
-def register(setup: AirflowSetup) -> AirflowSetup:
+def register_dags(setup: AirflowSetup) -> AirflowSetup:
     """On migrated databases: every DAG serialized with this setup's plans, and the GPU pools created."""
     setup.home.mkdir(parents=True, exist_ok=True)
     setup.results_dir.mkdir(parents=True, exist_ok=True)
