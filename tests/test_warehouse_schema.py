@@ -14,9 +14,9 @@ from servetune.warehouse import db, migrate
 from servetune.warehouse.tables import metadata
 from servetune.warehouse.views import view_names
 
-TABLES = {"experiments", "trials", "request_records", "gpu_samples", "server_samples", "validations",
+TABLES = {"experiments", "acceptances", "trials", "request_records", "gpu_samples", "server_samples", "validations",
           "asset_fingerprints", "scheduler_batches", "diagnoses"}
-CORE_TABLES = TABLES - {"asset_fingerprints", "scheduler_batches", "diagnoses"}  # before 0003
+CORE_TABLES = TABLES - {"asset_fingerprints", "scheduler_batches", "diagnoses", "acceptances"}  # before 0003
 SCHED_COLUMNS = {"sched_prefill_batches", "sched_decode_lines", "sched_decode_running_mean",
                  "sched_gen_throughput_mean", "sched_queue_max", "sched_token_usage_max", "sched_cache_hit_rate",
                  "sched_cuda_graph_fraction"}
@@ -49,7 +49,7 @@ def test_migrations_up_down_up(fresh_database_url):
     assert migrate.current(url) == migrate.head()
 
     migrate.downgrade(url, "0004")  # 0005 added scheduler_batches and the sched_* summary columns
-    assert _objects(url)[0] == TABLES - {"scheduler_batches", "diagnoses"}
+    assert _objects(url)[0] == TABLES - {"scheduler_batches", "diagnoses", "acceptances"}
     assert not SCHED_COLUMNS & table_columns(url)
     migrate.upgrade(url)
     assert SCHED_COLUMNS <= table_columns(url)

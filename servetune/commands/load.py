@@ -1,4 +1,5 @@
-"""``servetune load RESULT``: a campaign directory or a trial JSON into the warehouse."""
+"""``servetune load RESULT``: a campaign directory or a trial JSON into the warehouse; ``servetune accept
+EXPERIMENT``: its answer as the baseline later runs are compared with (servetune.warehouse.acceptance)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,28 @@ def register(app: typer.Typer) -> None:
             err.print(f"[red]load:[/red] {escape(redact_text(e))}", soft_wrap=True)
         if report.errors:
             raise typer.Exit(1)
+        if report.accepted:
+            err.print(f"accepted as the baseline: {escape(report.accepted)}", soft_wrap=True, highlight=False)
+
+    @app.command("accept")
+    def accept_cmd(
+        experiment: Annotated[str, typer.Argument(help="the experiment id (or enough of its start to be unique)")],
+        why: Annotated[str, typer.Option("--why", help="why this answer is the baseline now (kept, shown)")],
+        by: Annotated[str | None, typer.Option("--by", help="who accepts (default: the login name)")] = None,
+        database_url: DatabaseUrl = None,
+        json_out: JsonFlag = False,
+    ) -> None:
+        """Accept a campaign's answer as the baseline later runs are compared with (a regressed or changed
+        answer waits for this; until then later runs compare with the last accepted one)."""
+        as_json = use_json(json_out)
+        from servetune.logs import emit_json
+        from servetune.warehouse.acceptance import accept
+
+        with warehouse_errors("accept"):
+            done = accept(experiment, why, by=by, database_url=database_url)
+        if as_json:
+            emit_json({"experiment_id": done.experiment_id, "model": done.model, "accepted_by": done.accepted_by,
+                       "reason": done.reason})
+        else:
+            typer.echo(f"accepted {done.experiment_id} ({done.model}) as the baseline, by {done.accepted_by}:"
+                       f" {done.reason}")

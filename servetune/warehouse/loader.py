@@ -29,6 +29,7 @@ from servetune.experiment import EXPERIMENT_FILE
 from servetune.redact import redact
 from servetune.result import TrialResult
 from servetune.warehouse import db, diagnoses, scheduler_rows
+from servetune.warehouse.acceptance import auto_accept
 from servetune.warehouse.files import ExperimentInfo, LoadError, iso, read_campaign, read_trial, ts
 from servetune.warehouse.request_copy import WIRE_COLUMNS, EncodeError, copy_stream
 from servetune.warehouse.tables import (
@@ -70,6 +71,7 @@ class LoadReport:
     experiment_id: str | None = None
     trials: list[TrialLoad] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # "<file or trial>: <cause>", one per trial not loaded
+    accepted: str | None = None  # why servetune took the answer as the baseline; None: a person decides
 
     @property
     def ok(self) -> bool:
@@ -338,6 +340,9 @@ def _load(eng: Engine, source: str | Path | TrialResult, **kw: Any) -> LoadRepor
                 raise
             except Exception as e:  # a database error: this trial rolled back, the rest still load
                 report.errors.append(f"{f}: {type(e).__name__}: {str(e).splitlines()[0]}")
+        if not report.errors:  # the baseline for later runs, when no person needs to decide (acceptance.py)
+            with eng.begin() as conn:
+                report.accepted = auto_accept(conn, exp.experiment_id, exp.model, exp.status, exp.recommendation)
         return report
     if not path.exists():
         raise LoadError(f"{path}: no such file or directory")

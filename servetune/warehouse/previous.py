@@ -18,7 +18,7 @@ from sqlalchemy import select
 from servetune.plan import TuningPlan
 from servetune.redact import redact
 from servetune.warehouse import db
-from servetune.warehouse.tables import experiments
+from servetune.warehouse.tables import acceptances, experiments
 
 #: the parts of a plan that make two campaigns the same service, and how each is read from a stored plan
 LIKE_FOR_LIKE = ("workload", "sla", "load", "engine kind", "gpu")
@@ -111,10 +111,12 @@ def describe(old_plan: dict[str, Any], new_plan: dict[str, Any]) -> list[str]:
 
 def last_accepted(plan: TuningPlan, database_url: str | None = None, *,
                   exclude: str | None = None, scan: int = 50) -> PreviousAnswer | None:
-    """The newest ``done`` experiment of ``plan.model`` with a recommendation (not ``exclude``, the campaign
-    itself), like for like first; None when the model has none."""
+    """The newest accepted answer of ``plan.model`` (servetune.warehouse.acceptance; not ``exclude``, the
+    campaign itself), like for like first; None when the model has none. A regressed or changed answer
+    nobody accepted is never the baseline."""
     query = (select(experiments.c.experiment_id, experiments.c.started_at, experiments.c.plan,
                     experiments.c.recommendation)
+             .join(acceptances, acceptances.c.experiment_id == experiments.c.experiment_id)
              .where(experiments.c.model == plan.model, experiments.c.status == "done",
                     experiments.c.recommendation.is_not(None))
              .order_by(experiments.c.started_at.desc().nulls_last(), experiments.c.loaded_at.desc())

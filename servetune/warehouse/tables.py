@@ -72,6 +72,19 @@ experiments = Table(
 )
 
 
+# which answers are the baseline later runs are compared with (0016): a person's decision, or servetune's when
+# the answer is the model's first or changed nothing and fell behind in nothing; reloads never touch it
+acceptances = Table(
+    "acceptances",
+    metadata,
+    Column("experiment_id", Text, ForeignKey("experiments.experiment_id", ondelete="CASCADE"), primary_key=True),
+    Column("accepted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("accepted_by", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("automatic", Boolean, nullable=False),
+)
+
+
 # --- the summary, flattened ----------------------------------------------------------------------
 
 _STATS = tuple(Percentiles.model_fields)  # count, mean, p50, p90, p95, p99, max, min
