@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from servetune.cli import app
 from servetune.ingest import load_result
 from servetune.plan import parse_plan
-from servetune.warehouse import db, migrate
+from servetune.report.history import fetch_history
+from servetune.warehouse import db, migrate, queries
 from servetune.warehouse.previous import last_accepted
 
 MODEL = "llama-3.1-8b"
@@ -56,8 +57,11 @@ def test_a_regression_stays_the_comparison_until_someone_accepts_it(fresh_databa
     first = load_result(url, _campaign(tmp_path, 0), validate=False)
     assert first.accepted == f"the first answer for {MODEL}"
     a = first.experiment_id
-    slow = load_result(url, _campaign(tmp_path, 1, against=a, regressed=True), validate=False)
+    slow_dir = _campaign(tmp_path, 1, against=a, regressed=True)
+    slow = load_result(url, slow_dir, validate=False)
     assert slow.ok and slow.accepted is None  # a regression waits for a person
+    assert {e.experiment_id: e.shown_status() for e in fetch_history(MODEL, database_url=url)}[
+        slow.experiment_id] == "regressed"
     assert last_accepted(plan, url).experiment_id == a  # next week is compared with the accepted answer
     changed = load_result(url, _campaign(tmp_path, 2, against=a, same_config=False), validate=False)
     assert changed.accepted is None  # another config, even a faster one, waits too
@@ -65,7 +69,7 @@ def test_a_regression_stays_the_comparison_until_someone_accepts_it(fresh_databa
     assert same.accepted.startswith("the same config and level as " + a)
     assert last_accepted(plan, url).experiment_id == same.experiment_id
     # a reload of the regressed campaign's folder never accepts it
-    assert load_result(url, _campaign(tmp_path, 1, against=a, regressed=True), validate=False).accepted is None
+    assert load_result(url, slow_dir, validate=False).accepted is None
 
     r = CliRunner().invoke(app, ["accept", slow.experiment_id[:12], "--why", "the new driver is slower; known",
                                  "--by", "alice", "--database-url", url])
@@ -75,6 +79,21 @@ def test_a_regression_stays_the_comparison_until_someone_accepts_it(fresh_databa
     assert set(_accepted(url)) == {a, same.experiment_id, slow.experiment_id}
     # the newest accepted answer is the baseline: `same` (week 3) is newer than the regressed week 1
     assert last_accepted(plan, url).experiment_id == same.experiment_id
+
+    # `history` says which answer is the baseline and which await a person
+    shown = {e.experiment_id: e.shown_status() for e in fetch_history(MODEL, database_url=url)}
+    assert shown == {a: "done ✓", slow.experiment_id: "done ✓", changed.experiment_id: "awaiting",
+                     same.experiment_id: "done ✓"}
+
+    # the named queries an operator reads: the regression and who accepted it, every answer and its decision
+    cols, rows = queries.run("regressions", {"days": "3650"}, database_url=url)
+    got = [dict(zip(cols, r, strict=True)) for r in rows]
+    assert [(g["experiment_id"], g["against_experiment_id"], g["accepted_by"]) for g in got] == [
+        (slow.experiment_id, a, "alice")]
+    cols, rows = queries.run("accepted_answers", {}, database_url=url)
+    by = {r[cols.index("experiment_id")]: r[cols.index("accepted_by")] for r in rows}
+    assert by == {a: "servetune (automatic)", slow.experiment_id: "alice", changed.experiment_id: None,
+                  same.experiment_id: "servetune (automatic)"}
 
 
 def test_accept_refuses_what_cannot_be_a_baseline_in_one_line(fresh_database_url: str, tmp_path: Path) -> None:
@@ -86,6 +105,8 @@ def test_accept_refuses_what_cannot_be_a_baseline_in_one_line(fresh_database_url
     (d / "experiment.json").write_bytes(orjson.dumps(data))
     failed = load_result(url, d, validate=False)
     assert failed.accepted is None
+    cols, rows = queries.run("failed_campaigns", {"days": "3650"}, database_url=url)
+    assert [r[cols.index("experiment_id")] for r in rows] == [failed.experiment_id]
     for argv, words in (([failed.experiment_id, "--why", "x"], "is failed with no recommendation"),
                         (["0" * 32, "--why", "x"], "no experiment"),
                         ([failed.experiment_id, "--why", "  "], "say why")):

@@ -33,7 +33,7 @@ from servetune.report.campaign import flag_value
 from servetune.warehouse import db
 from servetune.warehouse.files import FAILED_STATUSES
 from servetune.warehouse.previous import differences, identity
-from servetune.warehouse.tables import experiments, trials
+from servetune.warehouse.tables import acceptances, experiments, trials
 
 # the view, referenced by name and the columns read here (it is defined and migrated by the warehouse)
 ceiling_history = table(
@@ -81,6 +81,17 @@ class HistoryEntry:
     compared_with: str | None = None  # the experiment the arrows compare with (None: no arrows)
     previous: dict[str, float | None] | None = None  # that experiment's TRENDS figures
     note: str | None = None  # which run the arrows compare with when not the row below, or why there are none
+    accepted_by: str | None = None  # who made the answer the baseline (servetune.warehouse.acceptance)
+    regressed: bool = False  # its answer fell behind the one it was compared with
+
+    def shown_status(self) -> str:
+        """A done campaign says whether its answer is the baseline: accepted (✓), regressed or awaiting a
+        person (`servetune accept`); any other status as it is."""
+        if self.status != "done":
+            return self.status or "-"
+        if self.accepted_by:
+            return "done ✓"
+        return "regressed" if self.regressed else "awaiting"
 
     def has_figures(self) -> bool:
         return any(getattr(self, f) is not None for f in TRENDS)
@@ -136,7 +147,7 @@ def fetch_history(model: str, *, database_url: str | None = None, limit: int = 2
         select(
             experiments.c.experiment_id, experiments.c.started_at, experiments.c.status, experiments.c.trigger,
             experiments.c.recommendation, experiments.c.plan, experiments.c.engine, experiments.c.failure_reason,
-            experiments.c.gpu_seconds, experiments.c.server_starts,
+            experiments.c.gpu_seconds, experiments.c.server_starts, acceptances.c.accepted_by,
             func.coalesce(counts.c.trials_total, 0).label("trials_total"),
             func.coalesce(counts.c.trials_ok, 0).label("trials_ok"),
             counts.c.hit_rate_mean, counts.c.trial_sla, counts.c.trial_workload, counts.c.trial_load,
@@ -147,6 +158,7 @@ def fetch_history(model: str, *, database_url: str | None = None, limit: int = 2
         .select_from(
             experiments.outerjoin(counts, counts.c.experiment_id == experiments.c.experiment_id)
             .outerjoin(ch, ch.c.experiment_id == experiments.c.experiment_id)
+            .outerjoin(acceptances, acceptances.c.experiment_id == experiments.c.experiment_id)
         )
         .where(experiments.c.model == model)
         .order_by(experiments.c.started_at.desc().nulls_last(), experiments.c.loaded_at.desc())
@@ -176,7 +188,8 @@ def fetch_history(model: str, *, database_url: str | None = None, limit: int = 2
             p99_ttft_ms=_set((rec.get("p99_ttft_ms"), ""), (p99s.get("ttft_ms"), ""), (r["ttft_p99_ms"], ""))[0],
             prefix_hit_rate=hit, hit_rate_source=source,
             energy_per_output_token_j=_set((rec.get("energy_per_output_token_j"), ""))[0],
-            gpu_seconds=r["gpu_seconds"], server_starts=r["server_starts"],
+            gpu_seconds=r["gpu_seconds"], server_starts=r["server_starts"], accepted_by=r["accepted_by"],
+            regressed=bool((rec.get("diff_from_previous") or {}).get("regressions")),
             **_conditions(r),
         ))
     compare(out)
@@ -277,7 +290,7 @@ def history_table(model: str, entries: list[HistoryEntry], *, width: int | None 
         joules = e.energy_per_output_token_j
         started = e.started_at.strftime("%Y-%m-%d" if compact else "%Y-%m-%d %H:%M") if e.started_at else "-"
         table.add_row(
-            started, e.experiment_id[:8 if compact else 12], *([] if one_trigger else [e.trigger]), e.status or "-",
+            started, e.experiment_id[:8 if compact else 12], *([] if one_trigger else [e.trigger]), e.shown_status(),
             f"{e.trials_ok}/{e.trials_total}",
             *([gpu_minutes(e)] if cost else []),
             cell("ceiling", "-" if e.ceiling is None else str(e.ceiling)),
@@ -294,6 +307,9 @@ def history_table(model: str, entries: list[HistoryEntry], *, width: int | None 
         captions.append("* no recommendation: mean hit rate over the experiment's accepted trials")
     if cost:
         captions.append("GPU min: what the campaign spent on its answer, server start-ups included")
+    if any(e.status == "done" and not e.accepted_by for e in entries):
+        captions.append("done ✓: the answer later runs compare with; awaiting, regressed: not until someone"
+                        " runs `servetune accept EXPERIMENT --why ...`")
     if notes:
         captions.append("arrows compare a run with the last run of the same plan, workload, SLA, load mode, engine"
                         " and GPU; the note says which, or why a row has none")
