@@ -21,7 +21,8 @@ GPU time (target <= 30%), and trial counts; at the end, the median staged GPU mi
 answer per scenario) over the scenarios run.
 
 ``--clear-margin M`` sets ``repeats.clear_margin`` (adaptive repeats: a verdict far from the SLA's edge is
-settled on one seed; docs/tuning.md) in the staged campaign's plan only: the grid, and the staged answer's
+settled on one seed; docs/tuning.md) and ``--predict`` sets ``refine.predict`` (the calibrated simulator in the
+loop: servetune.tuning.predict) in the staged campaign's plan only: the grid, and the staged answer's
 judging on the grid's seeds, keep the plan without it. ``--grid-cache DIR`` keeps each scenario's grid
 trials in DIR and reuses them when nothing the grid depends on changed (the grid's plan, seeds, the bench's
 grid code and servetune's sources): the simulator runs in virtual time, so a grid re-run gives the same
@@ -147,7 +148,8 @@ SCENARIOS = [
 ]
 
 
-def make_plan(sc: Scenario, requests: int, seeds: int, clear_margin: float | None = None) -> TuningPlan:
+def make_plan(sc: Scenario, requests: int, seeds: int, clear_margin: float | None = None,
+              predict: bool = False) -> TuningPlan:
     prefix_policies = ["lpm"] if "shared_prefix" in sc.workload else []
     return parse_plan({
         "name": sc.name, "model": sc.model,
@@ -158,7 +160,8 @@ def make_plan(sc: Scenario, requests: int, seeds: int, clear_margin: float | Non
             "correctness": {"enabled": False},
             "baseline": {"concurrency": 8, "requests": requests, "warmup": 16},
             "ramp": {"levels": LEVELS, "requests": requests, "warmup": 16, "bisect": True, "bisect_min_step": 8},
-            "refine": {"grid": GRID, "shared_prefix_policies": prefix_policies, "extend_levels": 2},
+            "refine": {"grid": GRID, "shared_prefix_policies": prefix_policies, "extend_levels": 2,
+                       **({"predict": {}} if predict else {})},
         },
         "budget": {"max_gpu_minutes": 100000, "restart_cost_s": RESTART_S},
         # as on a live engine: decisions on the seeds the grid is judged on (count), more inside the noise
@@ -327,7 +330,7 @@ def _first_seeds(plan: TuningPlan, outcomes: list[TrialOutcome], seeds: int) -> 
 def run_scenario(sc: Scenario, args: argparse.Namespace) -> dict[str, Any]:
     """One scenario, both sides: the staged campaign and the grid on the same seeds; its table row."""
     plan = make_plan(sc, args.requests, args.seeds)  # the grid's, and the staged answer's judging
-    campaign = make_plan(sc, args.requests, args.seeds, args.clear_margin)  # the staged campaign's
+    campaign = make_plan(sc, args.requests, args.seeds, args.clear_margin, args.predict)  # the staged campaign's
     t0 = time.perf_counter()
     decision, staged, _ = dry_run(campaign, SimTrialRunner(campaign), checklist=args.checklist)
     t1 = time.perf_counter()
@@ -363,6 +366,8 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1, help="scenarios run in parallel processes (default 1)")
     ap.add_argument("--clear-margin", type=float, default=None, metavar="M",
                     help="repeats.clear_margin in the staged campaign's plan (adaptive repeats); default none")
+    ap.add_argument("--predict", action="store_true",
+                    help="refine.predict in the staged campaign's plan (the calibrated simulator rules candidates out)")
     ap.add_argument("--grid-cache", default=None, metavar="DIR",
                     help="keep each scenario's grid trials here and reuse them while nothing they depend on changed")
     args = ap.parse_args()
@@ -395,7 +400,8 @@ def main() -> int:
                   f" {r['g_g']:.2f} | {cv} | {gr:.1%} | {r['t_s'] / 60:.1f} | {r['t_g'] / 60:.1f} | {tr:.1%} |"
                   f" {r['lvl']} ({r['seeds']}) | {r['grid_lvl']} | {'yes' if ok else 'NO'} |", flush=True)
     margin = "none" if args.clear_margin is None else f"{args.clear_margin:g}"
-    print(f"\n{len(rows)} scenarios, {args.seeds} seeds, clear margin {margin}, {time.perf_counter() - t_start:.0f} s wall;"
+    print(f"\n{len(rows)} scenarios, {args.seeds} seeds, clear margin {margin}, predict {'on' if args.predict else 'off'},"
+          f" {time.perf_counter() - t_start:.0f} s wall;"
           f" all meet >= 97% goodput at <= 30% GPU time: {'yes' if ok_all else 'NO'}"
           + (f"; worst goodput ratio {worst[0]:.1%} ({worst[1]})" if worst else ""))
     if rows:

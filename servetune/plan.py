@@ -18,7 +18,7 @@ from servetune.engines.knobs import FlagValue, KnobError, engine_flags, with_fla
 from servetune.plan_load import LoadSection, check_trace
 from servetune.plan_modality import check_modality
 from servetune.plan_protocols import MeasurementProtocol, check_protocols
-from servetune.plan_sections import Objective, RepeatsSection, RobustnessSection, SimEstimate
+from servetune.plan_sections import Objective, PredictSection, RepeatsSection, RobustnessSection, SimEstimate
 from servetune.plan_types import (MAX_GRID_VALUES, MAX_LIST, MAX_NAME, Int, Label, Number, RampLevel, Rate,
                                   Requests, Streams, Warmup, check_numbers, check_protocol_sizes, error_text)
 from servetune.plan_types import Strict as _Strict
@@ -104,6 +104,8 @@ class RefineStage(_Strict):
         default=0.02, ge=0, le=1, description="gain a change needs to be kept, and it must exceed the noise too")
     requests: Requests | None = Field(default=None, description="default: ramp.requests")
     warmup: Warmup | None = Field(default=None, description="default: ramp.warmup")
+    predict: PredictSection | None = Field(default=None, description="skip candidates the calibrated simulator"
+                                                                     " rules out (servetune.tuning.predict)")
 
     @field_validator("grid")
     @classmethod

@@ -43,6 +43,15 @@ class RepeatsSection(_Strict):
         return self
 
 
+class PredictSection(_Strict):
+    """The calibrated simulator in the loop (servetune.tuning.predict): a refinement candidate the simulator,
+    calibrated on the campaign's own trials, predicts clearly worse than the incumbent is not measured."""
+
+    max_error: Number = Field(default=0.10, gt=0, lt=1, description="abstain (measure every candidate) when the"
+                                                                    " calibration's held-out error is above this")
+    min_trials: Int = Field(default=3, ge=2, le=50, description="measured trials at the base flags it needs")
+
+
 class RobustnessSection(_Strict):
     """The answer re-measured under gamma bursts at ``fractions`` of the rate it serves (servetune.tuning.robustness)."""
 

@@ -38,7 +38,7 @@ def plan_fingerprints(plan: TuningPlan) -> tuple[str | None, str | None]:
 ADDED_SINCE_KEPT = (("load", None), ("robustness", None), ("stages", "baseline", "rate", None),
                     ("validation", "max_latency_growth", 1.5), ("validation", "max_client_lag_ms", 25.0),
                     ("repeats", "clear_margin", None), ("budget", "warmup_after_start", None),
-                    ("stages", "ramp", "rate_step", 0.025))
+                    ("stages", "ramp", "rate_step", 0.025), ("stages", "refine", "predict", None))
 
 
 def plan_digest(plan: TuningPlan) -> str:

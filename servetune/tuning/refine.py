@@ -24,6 +24,7 @@ from servetune.stats import Comparison
 from servetune.tuning import signals
 from servetune.tuning.ceiling import adaptive_gather, bisect_between, climb, first_seeds, ramp_levels, walk_seeds
 from servetune.tuning.evidence import Evidence, gather, settle
+from servetune.tuning.predict import Predictor
 from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialOutcome, TrialSpec
 
 RADIX_OFF = "disable-radix-cache"
@@ -66,11 +67,12 @@ class _NeedTrial(Exception):  # noqa: N818 - control flow inside the replay, nev
 
 
 class _Walk:
-    def __init__(self, plan: TuningPlan, state: CampaignState, ceiling: Ceiling) -> None:
+    def __init__(self, plan: TuningPlan, state: CampaignState, ceiling: Ceiling, base_flags: Flags) -> None:
         self.plan, self.state, self.ceiling = plan, state, ceiling
         self.compared: list[str] = []
         self.notes: list[str] = []
         self.ties: list[str] = []
+        self.predictor = Predictor(plan, state, base_flags) if plan.stages.refine.predict is not None else None
 
     def levels_above(self, level: Level) -> list[Level]:
         """The ramp's levels above ``level``: where a config that ties may show it holds more load."""
@@ -115,6 +117,9 @@ class _Walk:
         level where the incumbent fails), or ties and is simpler; else the incumbent."""
         at = self.plan.level_text
         level = inc.level
+        if self.predictor is not None and self.predictor.rules_out(flags, inc.representative, level, what):
+            self.notes.append(self.predictor.skipped[-1])  # the calibrated simulator: it cannot even tie
+            return inc
         if self.plan.rate_mode and self.plan.repeats.clear_margin is not None \
                 and complexity(flags) >= complexity(inc.flags):
             # adaptive repeats, open loop: every config that passes a rate serves it, so at the capacity a passing
@@ -122,6 +127,7 @@ class _Walk:
             # better is holding the rate above, tried first (one failing seed there ends it) instead of proving
             # the tie on every seed at the capacity
             first = self.measure(flags, level, f"refine {what} at {at(level)}", exact=True)
+            self.predicted(flags, inc, first, what)
             if not first.passed:
                 return inc
             up = self.carry_up(first, inc, what)
@@ -133,6 +139,7 @@ class _Walk:
             self.notes.append(text)
             return inc
         cand = self.measure(flags, level, f"refine {what} at {at(level)}")
+        self.predicted(flags, inc, cand, what)
         started = cand.n > 1  # once its repeats started they finish (the replay must not stop half-way)
         if not cand.passed and not _near_miss(cand, inc) and not started:
             return inc
@@ -172,6 +179,10 @@ class _Walk:
             self.notes.append(text)
             return inc if keep else cand
         return inc
+
+    def predicted(self, flags: Flags, inc: Evidence, cand: Evidence, what: str) -> None:
+        if self.predictor is not None:
+            self.predictor.measured(flags, inc.level, inc.representative, cand.goodput.mean, what)
 
     def carry_up(self, cand: Evidence, inc: Evidence, what: str, limit: int | None = None) -> Evidence | None:
         """At a fixed level a closed loop's goodput is capped by the load itself, so a config that ties may
@@ -268,11 +279,13 @@ def _simpler(a: Evidence, b: Evidence) -> bool:
 def refine(plan: TuningPlan, state: CampaignState, ceiling: Ceiling, base_flags: Flags) -> TrialSpec | RefineResult:
     """The next refinement trial, or the walk's result once every step has its measurement."""
     assert ceiling.level is not None
-    walk = _Walk(plan, state, ceiling)
+    walk = _Walk(plan, state, ceiling, base_flags)
     try:
         best = _run(plan, walk, ceiling, base_flags)
     except _NeedTrial as need:
         return need.spec
+    if walk.predictor is not None:  # how it was calibrated first, predicted vs measured last
+        walk.notes = [walk.predictor.header(), *walk.notes, *walk.predictor.shown]
     rep = best.representative
     assert rep is not None
     return RefineResult(best=rep, evidence=best, compared=walk.compared, notes=walk.notes, ties=walk.ties)

@@ -1,0 +1,131 @@
+"""The calibrated simulator in the loop: refinement candidates it rules out are not measured.
+
+Once the ceiling is found, the campaign's own accepted trials at the base flags (baseline, ramp, bisection)
+are replayed in the simulator, trial for trial (same flags, level, size and seed), in virtual time. The ratio
+measured / simulated goodput of each is the calibration; its median is the scale every prediction is shown
+with, and its **held-out error** is leave-one-out: each trial predicted with the scale of the others, the
+largest relative miss. A refinement candidate is simulated at the incumbent's level beside the incumbent; it
+is **ruled out**, and never measured, when even twice that error cannot lift it to a tie
+(simulated candidate / incumbent < 1 - 2 x error - ``refine.min_improvement``). A candidate that could tie or
+win is measured as before, and its prediction is shown beside what was measured. The walk **abstains** (rules
+nothing out, says why) when the plan has no simulator profile (an SGLang plan without ``estimate:``, another
+engine), when fewer than ``predict.min_trials`` trials calibrate it, or when the held-out error is above
+``predict.max_error``.
+
+What it cannot see: the error is measured at the base flags only, across levels, so a flag whose real effect
+the simulator gets wrong is not caught by it; that is why only a candidate predicted clearly worse is
+skipped, never one predicted to tie or win. Deterministic (the simulator under a seed), so the walk's replay
+on every call asks the same questions; the simulations are memoised per plan.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from servetune.plan import Level, TuningPlan
+from servetune.tuning.state import CampaignState, Flags, TrialOutcome, TrialSpec, config_key
+
+BASE_STAGES = ("baseline", "ramp", "bisect")
+_SIMULATED: dict[tuple[str, str, float, int, int, int], float | None] = {}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    scale: float | None = None  # median measured / simulated goodput over the calibrating trials
+    error: float | None = None  # leave-one-out: the largest relative miss of a trial predicted from the others
+    trials: int = 0
+    abstain: str | None = None  # why nothing is ruled out
+
+
+@dataclass
+class Predictor:
+    """Predictions for one call of the walk (cheap to rebuild: the simulations are memoised)."""
+
+    plan: TuningPlan
+    state: CampaignState
+    base_flags: Flags
+    calibration: Calibration = field(init=False)
+    shown: list[str] = field(default_factory=list)  # predicted vs measured, one line per candidate measured
+    skipped: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.calibration = self._calibrate()
+
+    def _runner(self):  # noqa: ANN202 - a SimTrialRunner or None
+        from servetune.tuning.runner import SimTrialRunner
+
+        return SimTrialRunner.for_plan(self.plan)
+
+    def simulate(self, flags: Flags, level: Level, like: TrialOutcome) -> float | None:
+        """Simulated goodput of ``flags`` at ``level``, sized and seeded as ``like`` (None: it failed to start)."""
+        from servetune.tuning.plan_identity import plan_digest
+
+        key = (plan_digest(self.plan), repr(sorted(flags.items())), float(level), like.requests, like.warmup,
+               like.seed_offset)
+        if key not in _SIMULATED:
+            runner = self._runner()
+            spec = TrialSpec(stage="refine", **self.plan.load_at(level), flags=flags, requests=like.requests,  # type: ignore[arg-type]
+                             warmup=like.warmup, seed_offset=like.seed_offset)
+            result = runner.run(spec, experiment_id="prediction").result
+            _SIMULATED[key] = result.summary.goodput_rps if result.status == "ok" else None
+        return _SIMULATED[key]
+
+    def _calibrate(self) -> Calibration:
+        section = self.plan.stages.refine.predict
+        assert section is not None
+        if self._runner() is None:
+            return Calibration(abstain="no simulator profile for this engine (an SGLang plan needs `estimate:`)")
+        key = config_key(self.base_flags)
+        base = [o for o in self.state.outcomes if o.stage in BASE_STAGES and o.key[0] == key and o.valid
+                and (o.summary.goodput_rps or 0) > 0]
+        pairs = [(o.summary.goodput_rps or 0.0, self.simulate(o.flags, o.level, o)) for o in base]
+        ratios = [m / s for m, s in pairs if s]
+        if len(ratios) < section.min_trials:
+            return Calibration(trials=len(ratios), abstain=f"{len(ratios)} trial(s) calibrate the simulator;"
+                                                           f" it needs {section.min_trials}")
+        misses = [abs(r / statistics.median(ratios[:i] + ratios[i + 1:]) - 1) for i, r in enumerate(ratios)]
+        cal = Calibration(scale=statistics.median(ratios), error=max(misses), trials=len(ratios))
+        if cal.error is not None and cal.error > section.max_error:
+            return Calibration(scale=cal.scale, error=cal.error, trials=cal.trials,
+                               abstain=f"its held-out error {cal.error:.1%} is above max_error {section.max_error:.0%}")
+        return cal
+
+    def header(self) -> str:
+        c = self.calibration
+        if c.abstain:
+            return f"prediction abstained: {c.abstain}; every candidate measured"
+        return (f"prediction: the simulator scaled x{c.scale:.3f} to {c.trials} measured trial(s) at the base"
+                f" flags, held-out error {c.error:.1%}; a candidate predicted below the incumbent by more than"
+                f" twice that plus min_improvement is not measured")
+
+    def rules_out(self, flags: Flags, inc: TrialOutcome | None, level: Level, what: str) -> bool:
+        """True (and said why) when the candidate cannot tie the incumbent within the held-out error."""
+        c = self.calibration
+        if c.abstain or inc is None or c.error is None:
+            return False
+        cand_g, inc_g = self.simulate(flags, level, inc), self.simulate(inc.flags, level, inc)
+        if not inc_g:
+            return False
+        ratio = (cand_g or 0.0) / inc_g
+        if ratio >= 1 - 2 * c.error - self.plan.stages.refine.min_improvement:
+            return False
+        self.skipped.append(f"{what}: not measured: predicted {self._scaled(cand_g)} against the incumbent's"
+                            f" {self._scaled(inc_g)} req/s at {self.plan.level_text(level)} ({ratio - 1:+.1%},"
+                            f" beyond twice the held-out error {c.error:.1%})")
+        return True
+
+    def measured(self, flags: Flags, level: Level, like: TrialOutcome | None, goodput: float | None, what: str) -> None:
+        """Predicted vs measured, for a candidate the walk measured."""
+        if self.calibration.abstain or like is None or goodput is None:
+            return
+        predicted = self.simulate(flags, level, like)
+        if predicted is None or self.calibration.scale is None:
+            return
+        scaled = predicted * self.calibration.scale
+        line = f"{what}: predicted {scaled:.2f}, measured {goodput:.2f} req/s ({goodput / scaled - 1:+.1%})"
+        if line not in self.shown:
+            self.shown.append(line)
+
+    def _scaled(self, goodput: float | None) -> str:
+        return "-" if goodput is None or self.calibration.scale is None else f"{goodput * self.calibration.scale:.2f}"
