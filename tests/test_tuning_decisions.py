@@ -169,6 +169,27 @@ def test_budget_ends_the_ramp_early() -> None:
     assert "GPU budget spent" in d.reason
 
 
+def test_a_budget_spent_on_rejected_trials_says_nothing_is_recommended_and_why() -> None:
+    """A host too busy to sample the GPU on time: the checklist rejects every trial (gpu_memory_curve), the
+    budget runs out, and the reason says no trial passed and which item rejected them, never 'recommending
+    from the trials so far' with no recommendation."""
+    plan = make_plan(budget={"max_gpu_minutes": 4}, repeats={"count": 1, "invalid_retries": 0})
+    state = CampaignState()
+    for i in range(4):
+        d = next_trials(plan, state)
+        assert not d.done, d.reason
+        (spec,) = d.trials
+        state = state.add(TrialOutcome(
+            trial_id=f"t{i}", stage=spec.stage, concurrency=spec.concurrency, flags=spec.flags, status="rejected",
+            failure_reason="checklist: [gpu_memory_curve: samples 31 ms late on median] [clean_gpu: x]",
+            summary=linear(spec.flags, spec.concurrency), gpu_seconds=60, seed_offset=spec.seed_offset,
+            requests=spec.requests, warmup=spec.warmup))
+    d = next_trials(plan, state)
+    assert d.done and d.failed and d.recommendation is None
+    assert "recommending" not in d.reason and "no trial passed, so nothing is recommended" in d.reason, d.reason
+    assert "the checklist rejected 4 of 4 trial(s) (gpu_memory_curve on 4, clean_gpu on 4)" in d.reason, d.reason
+
+
 def test_judge_lists_every_broken_limit() -> None:
     plan = make_plan()
     o = TrialOutcome(trial_id="x", stage="ramp", concurrency=8,

@@ -7,6 +7,8 @@ state passed as JSON. Calling it again with one more outcome moves the campaign 
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from typing import Any
 
 from servetune.plan import TuningPlan
@@ -107,6 +109,18 @@ def _budget_reason(plan: TuningPlan, state: CampaignState) -> str:
             " recommending from the trials so far")
 
 
+def _nothing_passed(reason: str, state: CampaignState) -> str:
+    """Why a campaign stopped with nothing to recommend, in words that do not promise a recommendation: the
+    stop's reason, and when the checklist rejected the measurements, which items it rejected them for (a host
+    too busy to sample the GPU on time shows here as gpu_memory_curve on every trial)."""
+    reason = reason.replace("; recommending from the trials so far", "")
+    rejected = [o for o in state.outcomes if o.rejected]
+    items = Counter(i for o in rejected for i in dict.fromkeys(re.findall(r"\[(\w+):", o.failure_reason or "")))
+    why = (f"; the checklist rejected {len(rejected)} of {len(state.outcomes)} trial(s) ("
+           + ", ".join(f"{item} on {n}" for item, n in items.most_common(3)) + ")") if items else ""
+    return f"{reason}; no trial passed, so nothing is recommended{why}"
+
+
 def best_passing(plan: TuningPlan, state: CampaignState) -> TrialOutcome | None:
     """The (config, level) whose pooled evidence passes (by majority; every seed in rate mode) with the most
     mean goodput, as its representative trial: one lucky seed of a config that fails on the others is not it."""
@@ -137,7 +151,7 @@ def _stop(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | Non
     """End early (budget, stop-on-failure): recommend the best passing trial so far, if any."""
     best = best_passing(plan, state)
     if best is None:
-        return Decision(stage="done", done=True, failed=True, reason=reason, ceiling=ceiling)
+        return Decision(stage="done", done=True, failed=True, reason=_nothing_passed(reason, state), ceiling=ceiling)
     if ceiling is None:
         ceiling = Ceiling(level=best.level, kind="budget", pass_trial_id=best.trial_id,
                           reasons=["the campaign ended before the ramp found the ceiling"])
