@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from servetune.limits import MAX_SMALL_BYTES, ResponseTooLarge, read_body
 from servetune.loadgen import LoadConfig, Target, TargetUnreachable, run_load
 from servetune.loadgen.workers import run_load_workers, worker_count
 from servetune.loadgen.client import LoadOutcome
@@ -339,9 +340,9 @@ async def _flush_cache(target: Target) -> dict[str, Any]:
                 url, headers=_auth(target), timeout=aiohttp.ClientTimeout(total=FLUSH_TIMEOUT_S)
             ) as resp,
         ):
-            text = (await resp.text())[:200]
+            text = (await read_body(resp, MAX_SMALL_BYTES, f"POST {url}")).decode("utf-8", "replace")[:200]
             status = {"status": resp.status, "flushed": resp.status < 300, "body": text}
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+    except (aiohttp.ClientError, TimeoutError, OSError, ResponseTooLarge) as exc:
         status = {"status": None, "flushed": False, "body": f"{type(exc).__name__}: {exc}"}
     if resp_missing := status["status"] in (404, 405):
         log.info("%s has no /flush_cache; the prefix cache was not flushed", target.url)

@@ -384,9 +384,9 @@ async def test_a_line_that_never_ends_fails_its_request_at_the_bound_and_the_mem
     unharmed, and the client holds no more than the bound per stream (its RSS sampled every 10 ms)."""
     import psutil
 
-    from servetune.loadgen import bounded
+    from servetune import limits
 
-    monkeypatch.setattr(bounded, "MAX_RESPONSE_BYTES", 8 << 20)
+    monkeypatch.setattr(limits, "MAX_RESPONSE_BYTES", 8 << 20)
     me = psutil.Process()
     peak = [me.memory_info().rss]
     base = peak[0]
@@ -443,3 +443,43 @@ def test_a_disk_that_fills_mid_campaign_says_where_and_how_to_resume_and_the_res
         assert kept <= {p.name for p in (out / "trials").glob("*.json")}
     finally:
         subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+async def test_a_metrics_page_or_server_info_past_its_limit_is_refused_by_name_and_never_read_whole():
+    """An engine whose /metrics, /server_info and /health answer without end (1 MiB a write): each read stops at
+    its endpoint's limit (servetune.limits) with one message naming the endpoint and the limit."""
+    from aiohttp import web
+
+    from servetune.limits import MAX_METRICS_BYTES
+    from servetune.telemetry.prometheus import MetricsScraper, MetricsUnavailable
+    from servetune.telemetry.server_info import fetch_server_info
+
+    written = [0]
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        try:
+            while written[0] < 4 * MAX_METRICS_BYTES:  # a bound for the test itself
+                await resp.write(b"#" * (1 << 20))
+                written[0] += 1 << 20
+        except (ConnectionError, RuntimeError):
+            pass
+        return resp
+
+    app = web.Application()
+    for path in ("/metrics", "/server_info", "/get_server_info", "/v1/models", "/version"):
+        app.router.add_get(path, endless)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # noqa: SLF001
+    try:
+        with pytest.raises(MetricsUnavailable, match=r"GET .*/metrics: the response passed 16 MiB"):
+            await MetricsScraper(url + "/metrics").snapshot()
+        assert written[0] < 3 * MAX_METRICS_BYTES  # the client hung up at the limit
+        info = await fetch_server_info(url)
+        assert "the response passed 4 MiB" in str(info), info
+    finally:
+        await runner.cleanup()

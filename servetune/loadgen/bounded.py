@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-#: the most a response may hold: 4x a 128k-token stream of chat chunks with usage on each (~250 B a token)
-MAX_RESPONSE_BYTES = 128 << 20
+from servetune import limits
+from servetune.limits import mib
 
 
 class BoundedReads(list[bytes]):
@@ -21,7 +21,8 @@ class BoundedReads(list[bytes]):
 
     def __init__(self, limit: int | None = None) -> None:
         super().__init__()
-        self.size, self.limit, self.over = 0, MAX_RESPONSE_BYTES if limit is None else limit, False
+        self.size, self.over = 0, False
+        self.limit = limits.MAX_RESPONSE_BYTES if limit is None else limit  # read now: a test may lower it
         self.deadline: asyncio.Timeout | None = None
 
     def append(self, data: bytes) -> None:
@@ -40,4 +41,4 @@ class BoundedReads(list[bytes]):
                 pass
 
     def error_message(self) -> str:
-        return f"the response passed {self.limit / (1 << 20):g} MiB, the most a response may hold; it was cut"
+        return f"the response passed {mib(self.limit)}, the most a response may hold; it was cut"

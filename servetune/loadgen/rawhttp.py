@@ -19,7 +19,10 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from servetune.limits import MAX_SMALL_BYTES
+
 from . import stamps
+from .bounded import BoundedReads
 
 _clock = time.perf_counter_ns
 MAX_HEAD_BYTES = 1 << 16
@@ -335,7 +338,7 @@ class RawHttpPool:
         """GET ``path`` under the base URL (the preflight): the status."""
         request = f"GET {self._base_path}{path} HTTP/1.1\r\nHost: {self._netloc}\r\n\r\n".encode("latin-1")
         try:
-            return await self._exchange(request, [], [], None)
+            return await self._exchange(request, [], BoundedReads(MAX_SMALL_BYTES), None)  # what it says is not read
         finally:
             self._unstamped_before_load = self.reader.unstamped
 

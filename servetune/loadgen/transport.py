@@ -15,6 +15,8 @@ from typing import Protocol
 
 import aiohttp
 
+from servetune.limits import MAX_SMALL_BYTES, ResponseTooLarge, read_body
+
 from .capture import capture, release
 from .config import Target
 from .rawhttp import RawHttpPool
@@ -107,8 +109,8 @@ async def open_transport(target: Target, headers: dict[str, str], streams: int) 
                                      auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)) as session:
         try:
             async with session.get(target.url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-                await r.read()
-        except (aiohttp.ClientConnectionError, TimeoutError, OSError) as exc:
+                await read_body(r, MAX_SMALL_BYTES, "GET /health")
+        except (aiohttp.ClientConnectionError, TimeoutError, OSError, ResponseTooLarge) as exc:
             raise _unreachable(target, exc) from exc
         yield _Aiohttp(session, target.request_url)
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
+from servetune.limits import MAX_METRICS_BYTES, ResponseTooLarge, read_body
 from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger(__name__)
@@ -159,10 +161,12 @@ class MetricsScraper:
                 return await self.snapshot(own)
         try:
             async with session.get(self.url, headers=self._headers, timeout=self.timeout) as resp:
-                body = await resp.text()
+                body = (await read_body(resp, MAX_METRICS_BYTES, f"GET {self.url}")).decode("utf-8", "replace")
                 if resp.status != 200:
                     hint = " (SGLang needs --enable-metrics)" if resp.status == 404 else ""
                     raise MetricsUnavailable(f"GET {self.url}: HTTP {resp.status}{hint}")
+        except ResponseTooLarge as exc:
+            raise MetricsUnavailable(str(exc)) from exc
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise MetricsUnavailable(f"GET {self.url}: {type(exc).__name__}: {exc}") from exc
         return parse_metrics(body)

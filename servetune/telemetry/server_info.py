@@ -11,6 +11,9 @@ import logging
 from typing import Any
 
 import aiohttp
+import orjson
+
+from servetune.limits import MAX_JSON_BYTES, ResponseTooLarge, read_body
 
 from servetune.telemetry.redact import redact
 
@@ -24,7 +27,9 @@ async def _get_json(
         async with session.get(url, headers=headers) as resp:
             if resp.status != 200:
                 return None, f"GET {url}: HTTP {resp.status}"
-            return await resp.json(content_type=None), None
+            return orjson.loads(await read_body(resp, MAX_JSON_BYTES, f"GET {url}")), None
+    except ResponseTooLarge as exc:
+        return None, str(exc)
     except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
         return None, f"GET {url}: {type(exc).__name__}: {exc}"
 
