@@ -74,12 +74,6 @@ class RampStage(_Strict):
         return v
 
 
-DEFAULT_GRID: dict[str, list[FlagValue]] = {
-    "chunked-prefill-size": [1024, 2048, 4096, 8192],
-    "schedule-conservativeness": [0.3, 0.7, 1.0, 1.3],
-}
-
-
 class RefineStage(_Strict):
     """Step 5: tune server flags near the ceiling; every server-side change restarts the server.
 
@@ -96,9 +90,11 @@ class RefineStage(_Strict):
         default_factory=list,
         description="schedule policies tried in the radix step when the workload shares prefixes, e.g. [lpm]",
     )
-    grid: dict[str, list[FlagValue]] = Field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_GRID.items()})
-    set_max_running: bool = Field(default=True, description="try max-running-requests = the ceiling level last")
-    max_running_flag: str = Field(default="max-running-requests", description="vLLM: max-num-seqs")
+    grid: dict[str, list[FlagValue]] | None = Field(
+        default=None, description="flag -> values, walked in order; default: the engine's own (EngineBase.tuning)")
+    set_max_running: bool = Field(default=True, description="try the engine's running-request cap = the level last")
+    max_running_flag: str | None = Field(default=None, description="default: the engine's (SGLang"
+                                                                   " max-running-requests, vLLM max-num-seqs)")
     extend_levels: Int = Field(default=2, ge=0, description="levels above the ceiling tried with the tuned config")
     min_improvement: Number = Field(
         default=0.02, ge=0, le=1, description="gain a change needs to be kept, and it must exceed the noise too")
@@ -109,7 +105,9 @@ class RefineStage(_Strict):
 
     @field_validator("grid")
     @classmethod
-    def _non_empty_values(cls, v: dict[str, list[FlagValue]]) -> dict[str, list[FlagValue]]:
+    def _non_empty_values(cls, v: dict[str, list[FlagValue]] | None) -> dict[str, list[FlagValue]] | None:
+        if v is None:
+            return v
         if (n := sum(map(len, v.values()))) > MAX_GRID_VALUES:  # the walk and its dry run grow with the grid
             raise ValueError(f"{n} values in all; a grid has at most {MAX_GRID_VALUES}")
         for flag, values in v.items():
@@ -288,11 +286,18 @@ class TuningPlan(_Strict):
 
     @model_validator(mode="after")
     def _tunable(self) -> TuningPlan:
-        if not self.engine.launches and self.stages.refine.enabled:
+        r, knobs = self.stages.refine, type(self.engine).tuning
+        if r.grid is None:  # the engine's own knobs: tuning never names an engine's flag
+            r.grid = {k: list(v) for k, v in knobs.grid.items()}
+        if r.max_running_flag is None:
+            r.max_running_flag = knobs.max_running
+        if not self.engine.launches and r.enabled:
             raise ValueError(f"stages.refine.enabled: an {self.engine.kind} engine cannot be restarted with new flags")
-        if not self.stages.refine.enabled:
+        if not r.enabled:
             return self
-        r = self.stages.refine
+        if r.set_max_running and r.max_running_flag is None:
+            raise ValueError(f"stages.refine.set_max_running: the {self.engine.kind} engine has no flag capping"
+                             " running requests; name one in max_running_flag or set set_max_running: false")
         # every grid value, through the engine's own checks (the catalogue's types, bounds and choices):
         # a value the engine would refuse fails here, not on a GPU halfway through the campaign
         tries = [(f"stages.refine.grid.{flag}[{i}]", {flag: value})

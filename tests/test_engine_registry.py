@@ -96,8 +96,11 @@ def test_a_transformers_grid_value_it_would_refuse_fails_the_plan():
     with pytest.raises(PlanError, match=r"grid.cb-max-memory-percent\[0\]: the transformers engine refuses it"):
         parse_plan(_plan({"kind": "transformers"}, {"grid": {"cb-max-memory-percent": [1.5]},
                                                     "set_max_running": False}))
-    with pytest.raises(PlanError, match="max_running_flag: the transformers engine refuses it"):
+    with pytest.raises(PlanError, match="set_max_running: the transformers engine has no flag capping running"):
         parse_plan(_plan({"kind": "transformers"}, {"grid": {"cb-max-batch-tokens": [256]}}))
+    with pytest.raises(PlanError, match="max_running_flag: the transformers engine refuses it"):
+        parse_plan(_plan({"kind": "transformers"}, {"grid": {"cb-max-batch-tokens": [256]},
+                                                    "max_running_flag": "max-running-requests"}))
 
 
 def test_tune_dry_run_of_a_transformers_plan(tmp_path):

@@ -126,3 +126,26 @@ def test_no_two_modules_import_each_other(graph) -> None:
     pairs = sorted(f"{a} <-> {b}" for a, bs in edges.items() for b in bs if a < b and a in edges.get(b, set())
                    and not a.endswith("__init__") and b.rpartition(".")[0] != a and a.rpartition(".")[0] != b)
     assert pairs == []
+
+
+def test_tuning_plan_and_runners_name_no_engine_flag() -> None:
+    """Engine knowledge lives in servetune/engines: the tuner, the plan and the runners ask an engine's
+    ``tuning`` knobs (default grid, running-request cap, prefix-cache switch, policy flag, API-key variable)
+    and never spell one of them in code (messages and docstrings may)."""
+    from servetune.engines.registry import ENGINES
+
+    names: set[str] = set()
+    for cls in ENGINES.values():
+        k = cls.tuning
+        names |= set(k.grid) | set(k.directions) | {x for x in (k.max_running, k.prefix_cache_off,
+                                                                  k.schedule_policy, k.api_key_env) if x}
+    assert {"max-running-requests", "max-num-seqs", "VLLM_API_KEY"} <= names  # the engines declare them
+    found = []
+    files = [*(LIB / "tuning").rglob("*.py"), *(LIB / "runners").rglob("*.py"), *LIB.glob("plan*.py")]
+    for path in files:
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.FunctionDef,
+                ast.AsyncFunctionDef, ast.ClassDef)) and n.body and isinstance(n.body[0], ast.Expr)}
+        found += [f"{path.relative_to(REPO)}:{n.lineno}: {n.value!r}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Constant) and n.value in names and id(n) not in docs]
+    assert not found, found

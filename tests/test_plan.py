@@ -59,7 +59,8 @@ def bad(data: dict, tmp_path: Path) -> str:
         ({"engine": {"kind": "sglang", "args": {"no-such-flag": 2}}}, "engine.sglang", "unknown flag --no-such-flag"),
         ({"engine": {"kind": "vllm", "max_num_seqs": 0}}, "engine.vllm.max_num_seqs",
          "bad value 0 for --max-num-seqs (vllm): must be >= 1"),
-        ({"engine": {"kind": "vllm"}}, "stages.refine.grid.chunked-prefill-size[0]", "the vllm engine refuses it"),
+        ({"engine": {"kind": "vllm"}, "stages": {"refine": {"grid": {"chunked-prefill-size": [1024]}}}},
+         "stages.refine.grid.chunked-prefill-size[0]", "the vllm engine refuses it"),
         ({"engine": {"kind": "sim"}, "stages": {"refine": {"grid": {"schedule-policy": ["nope"]}}}},
          "stages.refine.grid.schedule-policy[0]", "the sim engine refuses it"),
         ({"stages": {"refine": {"grid": {"chunked-prefill-size": []}}}}, "stages.refine.grid", "at least one value"),
@@ -99,3 +100,16 @@ def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
     p.write_text("- a list\n")
     with pytest.raises(PlanError, match="must be a mapping"):
         load_plan(p)
+
+
+def test_the_refinement_walks_the_engines_own_knobs_when_the_plan_names_none() -> None:
+    """The default grid and running-request cap are the engine's (EngineBase.tuning): SGLang's chunked prefill
+    and conservativeness with max-running-requests, vLLM's max-num-batched-tokens with max-num-seqs."""
+    base = {"name": "p", "model": "m", "sla": {"p99_ttft_ms": 500}}
+    sglang = parse_plan(base).stages.refine
+    assert list(sglang.grid) == ["chunked-prefill-size", "schedule-conservativeness"]
+    assert sglang.max_running_flag == "max-running-requests"
+    vllm = parse_plan({**base, "engine": {"kind": "vllm"}}).stages.refine
+    assert vllm.grid == {"max-num-batched-tokens": [1024, 2048, 4096, 8192]} and vllm.max_running_flag == "max-num-seqs"
+    mine = parse_plan({**base, "stages": {"refine": {"grid": {"chunked-prefill-size": [2048]}}}}).stages.refine
+    assert mine.grid == {"chunked-prefill-size": [2048]}  # the plan's own grid stands

@@ -27,7 +27,8 @@ from servetune.redact import (
     split_secret_flags,
 )
 from servetune.result import TrialResult
-from servetune.runners.lifecycle import SGLANG_SECRETS, secure_launch
+from servetune.engines.sglang import SECRETS_FILE as SGLANG_SECRETS
+from servetune.runners.lifecycle import secure_launch
 from servetune.runners.local import LocalBackend
 from servetune.runners.base import LocalRunnerConfig
 from servetune.warehouse import db

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -36,6 +37,20 @@ EnvName = Annotated[str, AfterValidator(env_name)]
 
 class KnobError(ValueError):
     """A flag the engine kind cannot take through tuning."""
+
+
+@dataclass(frozen=True)
+class TuningKnobs:
+    """What the tuner needs to know about an engine's flags; servetune.tuning and the plan ask the engine for
+    these and never name an engine's flag themselves (docs/architecture.md, "Adding a tuning knob")."""
+
+    grid: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  #: the refinement's default grid, in order
+    max_running: str | None = None  #: the flag capping running requests (set to the level last); None: none
+    prefix_cache_off: str | None = None  #: a flag that turns the prefix cache off (dropped first); None: none
+    schedule_policy: str | None = None  #: the flag naming the scheduling policy (prefix-aware ones tried)
+    #: grid flag -> the server signal that suggests which way to walk it (servetune.tuning.signals)
+    directions: Mapping[str, str] = field(default_factory=dict)
+    api_key_env: str | None = None  #: the environment variable the engine reads its API key from
 
 
 class EngineBase(BaseModel):
@@ -66,6 +81,8 @@ class EngineBase(BaseModel):
     cli_needs_model: ClassVar[bool] = True
     #: a plan's top-level ``model`` fills ``engine.model`` when the engine section leaves it out
     model_from_plan: ClassVar[bool] = False
+    #: what tuning needs to know of its flags (default grid, max-running flag, prefix-cache switch, ...)
+    tuning: ClassVar[TuningKnobs] = TuningKnobs()
 
     @property
     def launches(self) -> bool:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from servetune.engines.catalog import Catalog, FlagError, FlagValue, cache_runner_catalog, catalog_for
-from servetune.engines.common import EngineBase, Flags, FlagValue as _FlagValue
+from servetune.engines.common import EngineBase, Flags, FlagValue as _FlagValue, TuningKnobs
 from servetune.redact import split_secret_flags
 
 log = logging.getLogger("servetune.runners.lifecycle")  # where its launch messages always appeared
@@ -34,11 +34,21 @@ PROBE_PATH = Path(__file__).parent / "catalog" / "sglang_probe.py"
 SECRETS_FILE = "sglang-secrets.yaml"
 
 
+#: SGLang's knobs as the tuner walks them (the simulator speaks the same flags): chunked prefill, then the
+#: scheduler's conservativeness (the tuning guide's order), the running-request cap last
+SGLANG_TUNING = TuningKnobs(
+    grid={"chunked-prefill-size": (1024, 2048, 4096, 8192), "schedule-conservativeness": (0.3, 0.7, 1.0, 1.3)},
+    max_running="max-running-requests", prefix_cache_off="disable-radix-cache", schedule_policy="schedule-policy",
+    directions={"chunked-prefill-size": "chunk", "schedule-conservativeness": "conservativeness"},
+)
+
+
 class SGLangFlagsMixin:
     """SGLang and its simulator: the launch flags are ``args``, and ``--set`` pairs are SGLang flags."""
 
     display_name = "SGLang"
     metric_prefix = "sglang:"
+    tuning = SGLANG_TUNING
 
     def flags(self) -> Flags:
         return dict(self.args)  # type: ignore[attr-defined]

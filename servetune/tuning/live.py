@@ -51,14 +51,16 @@ def engine_provisioner(plan: TuningPlan, *, log_dir: Path | None = None, owner: 
 
 
 def engine_api_key(engine: Any) -> str | None:
-    """The key the plan's engine is launched with (``--api-key`` among its flags, or vLLM's ``VLLM_API_KEY`` in
-    its environment), which every request must then carry; None when it takes none."""
+    """The key the plan's engine is launched with (``--api-key`` among its flags, or the environment variable the
+    engine reads it from: ``EngineBase.tuning.api_key_env``), which every request must then carry; None when it
+    takes none."""
     from servetune.redact import split_secret_flags
 
     if not getattr(engine, "launches", False):
         return None
     _argv, secrets = split_secret_flags(engine.launch_argv(host="127.0.0.1", port=1))
-    return secrets.get("api-key") or (getattr(engine, "env", None) or {}).get("VLLM_API_KEY") or None
+    env_name = type(engine).tuning.api_key_env
+    return secrets.get("api-key") or ((getattr(engine, "env", None) or {}).get(env_name) if env_name else None) or None
 
 
 def running_preflight(server: Any) -> Callable[[], None] | None:

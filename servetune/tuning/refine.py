@@ -27,7 +27,6 @@ from servetune.tuning.evidence import Evidence, gather, settle
 from servetune.tuning.predict import Predictor
 from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialOutcome, TrialSpec
 
-RADIX_OFF = "disable-radix-cache"
 _T = TypeVar("_T")
 
 
@@ -292,20 +291,20 @@ def refine(plan: TuningPlan, state: CampaignState, ceiling: Ceiling, base_flags:
 
 
 def _run(plan: TuningPlan, walk: _Walk, ceiling: Ceiling, base_flags: Flags) -> Evidence:
-    r = plan.stages.refine
+    r, knobs = plan.stages.refine, type(plan.engine).tuning  # the engine names its flags, never this walk
     inc = walk.measure(base_flags, ceiling.level, "incumbent at the ceiling")  # type: ignore[arg-type]
 
-    # 1. radix cache on, and a prefix-aware policy when prefixes are shared
-    radix_flags = {k: v for k, v in inc.flags.items() if k != RADIX_OFF}
-    if r.radix_cache and inc.flags.get(RADIX_OFF):
-        inc = walk.try_switch(inc, radix_flags, "radix cache on")
-    if plan.workload.shared_prefix is not None:
+    # 1. the prefix cache on, and a prefix-aware policy when prefixes are shared
+    off, policy_flag = knobs.prefix_cache_off, knobs.schedule_policy
+    if off is not None and r.radix_cache and inc.flags.get(off):
+        inc = walk.try_switch(inc, {k: v for k, v in inc.flags.items() if k != off}, "radix cache on")
+    if plan.workload.shared_prefix is not None and policy_flag is not None:
         for policy in r.shared_prefix_policies:
-            if not _same(inc.flags.get("schedule-policy"), policy):
-                inc = walk.try_switch(inc, {**inc.flags, "schedule-policy": policy}, f"schedule-policy {policy}")
+            if not _same(inc.flags.get(policy_flag), policy):
+                inc = walk.try_switch(inc, {**inc.flags, policy_flag: policy}, f"{policy_flag} {policy}")
 
     # 2. one flag at a time, in the plan's order
-    for flag, values in r.grid.items():
+    for flag, values in (r.grid or {}).items():
         inc = _climb(plan, walk, inc, flag, values)
 
     # 3. a better config may hold a higher level: it climbs like a tied candidate (the incumbent's own
@@ -315,15 +314,17 @@ def _run(plan: TuningPlan, walk: _Walk, ceiling: Ceiling, base_flags: Flags) -> 
         if up is not None:
             inc = up
 
-    # 4. max-running-requests = the level: a water mark that keeps overload in the queue
+    # 4. the running-request cap = the level: a water mark that keeps overload in the queue
+    if not r.set_max_running or r.max_running_flag is None:
+        return inc
     resolved = inc.representative.resolved if inc.representative else {}
     running = inc.flags.get(r.max_running_flag, resolved.get(r.max_running_flag.replace("-", "_")))
-    if r.set_max_running and plan.rate_mode:
+    if plan.rate_mode:
         # an open loop has no stream count to cap at, and a cap sized from its mean in-flight level
         # would queue every burst above it: not tried, and said so
         walk.notes.append(f"{r.max_running_flag} not tried: in rate mode the in-flight level varies with the"
                           " arrivals, and a cap at its mean would queue the bursts")
-    elif r.set_max_running and not _same(running, inc.level):
+    elif not _same(running, inc.level):
         inc = walk.try_switch(inc, {**inc.flags, r.max_running_flag: inc.level}, f"{r.max_running_flag} {inc.level}")
     return inc
 
@@ -332,9 +333,10 @@ def _climb(plan: TuningPlan, walk: _Walk, inc: Evidence, flag: str, values: list
     """Hill-climb one flag from its current value, signal-suggested direction first."""
     rep = inc.representative
     summary = rep.summary if rep else None
-    if flag == "schedule-conservativeness" and summary is not None:
+    signal = type(plan.engine).tuning.directions.get(flag)  # which server signal suggests this flag's way
+    if signal == "conservativeness" and summary is not None:
         direction = signals.conservativeness_direction(summary)
-    elif flag == "chunked-prefill-size" and summary is not None:
+    elif signal == "chunk" and summary is not None:
         direction = signals.chunk_direction(summary, plan.sla)
     else:
         direction = 1
