@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from servetune_airflow import tasks
 from servetune_airflow.alerts import notify_failure
-from servetune_airflow.config import WAREHOUSE_CONN_ID, GpuRunner, plan_files, plans_dir, runner_of
+from servetune_airflow.config import WAREHOUSE_CONN_ID, GpuRunner, plan_files, plans_dir, runner_of, runners
 from servetune.plan import PlanError, load_plan
 
 # Retries that outlive an Airflow restart: a killed scheduler or worker orphans the running task, whose retry
@@ -91,6 +91,19 @@ def _named(exp: dict[str, Any]) -> dict[str, Any]:
     return exp
 
 
+def task_suffix(runner: GpuRunner) -> str:
+    """A runner's name as Airflow task and group ids take it (``ssh-gpu-7`` -> ``ssh_gpu_7``)."""
+    return runner.name.replace("-", "_")
+
+
+def campaigns_per_runner(plans_task, *, trigger: str | None = None) -> None:  # noqa: ANN001 - an Airflow @task
+    """Inside a DAG: for each GPU runner, ``plans_task`` (called with the runner's name) lists its plans and one
+    campaign group runs per plan, mapped; the weekly and the on-change DAGs differ only in that task."""
+    for runner in runners().values():
+        plans = plans_task.override(task_id=f"plans_{task_suffix(runner)}")(runner.name)
+        campaign_group(runner, trigger=trigger).expand(plan_file=plans)
+
+
 def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
     """A task group factory for one GPU runner; call the result with ``.expand(plan_file=...)``."""
     where: dict[str, Any] = {"pool": runner.pool, "queue": runner.queue, **NAMED}
@@ -156,7 +169,7 @@ def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
     def teardown(exp: dict[str, Any]) -> dict[str, Any]:
         return tasks.teardown(_named(exp))
 
-    @task_group(group_id=f"campaign_{runner.name.replace('-', '_')}")
+    @task_group(group_id=f"campaign_{task_suffix(runner)}")
     def campaign(plan_file: str) -> None:
         exp = prepare(plan_file)
         ready = provision(exp)

@@ -10,8 +10,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, AssetAny, get_current_context, task
 
-from servetune_airflow.campaign_group import DEFAULT_ARGS, PARAMS, campaign_group
-from servetune_airflow.config import runners
+from servetune_airflow.campaign_group import DEFAULT_ARGS, PARAMS, campaigns_per_runner
 from servetune_airflow.watch import plan_assets, plans_using
 
 
@@ -37,6 +36,4 @@ with DAG(
     tags=["servetune"],
     doc_md=__doc__,
 ):
-    for runner in runners().values():
-        plans = changed_plans.override(task_id=f"plans_{runner.name.replace('-', '_')}")(runner.name)
-        campaign_group(runner, trigger="on_change").expand(plan_file=plans)
+    campaigns_per_runner(changed_plans, trigger="on_change")

@@ -10,8 +10,7 @@ from __future__ import annotations
 from airflow.sdk import DAG
 from airflow.sdk.definitions.timetables.trigger import CronTriggerTimetable
 
-from servetune_airflow.campaign_group import DEFAULT_ARGS, PARAMS, campaign_group, list_plans
-from servetune_airflow.config import runners
+from servetune_airflow.campaign_group import DEFAULT_ARGS, PARAMS, campaigns_per_runner, list_plans
 
 with DAG(
     dag_id="servetune_weekly",
@@ -26,6 +25,4 @@ with DAG(
     tags=["servetune"],
     doc_md=__doc__,
 ):
-    for runner in runners().values():
-        plans = list_plans.override(task_id=f"plans_{runner.name.replace('-', '_')}")(runner.name)
-        campaign_group(runner).expand(plan_file=plans)
+    campaigns_per_runner(list_plans)
