@@ -30,23 +30,26 @@ def _demo(predict: dict | None):
 @pytest.mark.slow
 def test_a_candidate_the_simulator_rules_out_is_not_measured_and_the_answer_stands() -> None:
     """Chunked prefill at 64 and 256 tokens: the simulator, calibrated on the campaign's own baseline and ramp,
-    predicts them far below the defaults (64: -86%); neither is measured, the answer is the one the full walk
-    finds, and every candidate measured shows its prediction beside its measurement."""
+    predicts them far below the defaults (64: -86%): not measured. The others it predicts a tie at best, which
+    would keep the incumbent (they set more flags) with no level above where they serve more: not measured
+    either. The answer is the one the full walk finds, for less GPU time; a candidate still measured shows its
+    prediction beside its measurement."""
     full, full_trials = _demo(None)
     pruned, trials = _demo({})
-    measured = {k: v for o in trials if o.stage == "refine" for k, v in o.flags.items()}
     assert {("chunked-prefill-size", 64), ("chunked-prefill-size", 256)} <= {
         (k, v) for o in full_trials if o.stage == "refine" for k, v in o.flags.items()}  # the full walk measures them
     assert not [o for o in trials if o.flags.get("chunked-prefill-size") in (64, 256)]
-    assert measured.get("chunked-prefill-size") == 4096
     rec, ref = pruned.recommendation, full.recommendation
     assert rec is not None and ref is not None
     assert (rec.config, rec.concurrency) == (ref.config, ref.concurrency)
     lines = rec.explanation
     assert lines[1].startswith("prediction: the simulator scaled x") and "held-out error" in lines[1]  # after the ceiling
-    assert any(ln.startswith("chunked-prefill-size 64: not measured: predicted") for ln in lines), lines
-    shown = [ln for ln in lines if ": predicted " in ln and "measured " in ln and "not measured" not in ln]
-    assert any(ln.startswith("chunked-prefill-size 4096: predicted") for ln in shown), lines
+    assert any(ln.startswith("chunked-prefill-size 64: not measured: predicted") and "beyond twice" in ln
+               for ln in lines), lines
+    assert any("not measured" in ln and "a tie at best, which keeps the incumbent" in ln for ln in lines), lines
+    measured = {str(sorted(o.flags.items())) for o in trials if o.stage == "refine" and o.flags}
+    shown = [ln for ln in lines if ": predicted " in ln and ", measured " in ln]
+    assert len(shown) >= len(measured) - 1, (measured, shown)  # the tuned config carried up is no candidate
     assert sum(o.gpu_seconds for o in trials) < sum(o.gpu_seconds for o in full_trials)
 
 

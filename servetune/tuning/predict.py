@@ -96,23 +96,38 @@ class Predictor:
         if c.abstain:
             return f"prediction abstained: {c.abstain}; every candidate measured"
         return (f"prediction: the simulator scaled x{c.scale:.3f} to {c.trials} measured trial(s) at the base"
-                f" flags, held-out error {c.error:.1%}; a candidate predicted below the incumbent by more than"
-                f" twice that plus min_improvement is not measured")
+                f" flags, held-out error {c.error:.1%}; a candidate it predicts cannot change the answer within"
+                f" twice that error is not measured")
 
-    def rules_out(self, flags: Flags, inc: TrialOutcome | None, level: Level, what: str) -> bool:
-        """True (and said why) when the candidate cannot tie the incumbent within the held-out error."""
+    def rules_out(self, flags: Flags, inc: TrialOutcome | None, level: Level, what: str, *,
+                  tie_takes_it: bool = True, above: list[Level] | None = None) -> bool:
+        """True (and said why) when the candidate cannot change the answer within the held-out error: it cannot
+        even tie the incumbent; or, when a tie would keep the incumbent (``tie_takes_it`` False: the candidate is
+        not simpler and the incumbent's verdict does not flip), it cannot win here and no level ``above`` lets it
+        serve more than the incumbent does here by ``ramp.min_gain``."""
         c = self.calibration
         if c.abstain or inc is None or c.error is None:
             return False
         cand_g, inc_g = self.simulate(flags, level, inc), self.simulate(inc.flags, level, inc)
         if not inc_g:
             return False
-        ratio = (cand_g or 0.0) / inc_g
-        if ratio >= 1 - 2 * c.error - self.plan.stages.refine.min_improvement:
+        ratio, e = (cand_g or 0.0) / inc_g, 2 * c.error
+        r = self.plan.stages.refine
+        where = f"{self._scaled(cand_g)} against the incumbent's {self._scaled(inc_g)} req/s at {self.plan.level_text(level)}"
+        if ratio < 1 - e - r.min_improvement:
+            self.skipped.append(f"{what}: not measured: predicted {where} ({ratio - 1:+.1%}, beyond twice the"
+                                f" held-out error {c.error:.1%})")
+            return True
+        if tie_takes_it or ratio + e > 1 + r.min_improvement:
             return False
-        self.skipped.append(f"{what}: not measured: predicted {self._scaled(cand_g)} against the incumbent's"
-                            f" {self._scaled(inc_g)} req/s at {self.plan.level_text(level)} ({ratio - 1:+.1%},"
-                            f" beyond twice the held-out error {c.error:.1%})")
+        gain = self.plan.stages.ramp.min_gain
+        for up in above or []:
+            up_g = self.simulate(flags, up, inc)
+            if up_g is not None and up_g * (1 + e) > inc_g * (1 + gain):
+                return False  # it might hold a level above with more goodput: measured, as a tie carried up
+        self.skipped.append(f"{what}: not measured: predicted {where} ({ratio - 1:+.1%}): a tie at best, which"
+                            f" keeps the incumbent, and no level above where it serves {gain:.0%} more (within"
+                            f" twice the held-out error {c.error:.1%})")
         return True
 
     def measured(self, flags: Flags, level: Level, like: TrialOutcome | None, goodput: float | None, what: str) -> None:

@@ -116,8 +116,10 @@ class _Walk:
         level where the incumbent fails), or ties and is simpler; else the incumbent."""
         at = self.plan.level_text
         level = inc.level
-        if self.predictor is not None and self.predictor.rules_out(flags, inc.representative, level, what):
-            self.notes.append(self.predictor.skipped[-1])  # the calibrated simulator: it cannot even tie
+        tie_takes_it = complexity(flags) < complexity(inc.flags) or inc.marginal  # simpler, or steadier
+        if self.predictor is not None and self.predictor.rules_out(
+                flags, inc.representative, level, what, tie_takes_it=tie_takes_it, above=self.levels_above(level)):
+            self.notes.append(self.predictor.skipped[-1])  # the calibrated simulator: it cannot change the answer
             return inc
         if self.plan.rate_mode and self.plan.repeats.clear_margin is not None \
                 and complexity(flags) >= complexity(inc.flags):
