@@ -89,8 +89,7 @@ def next_trials(plan: TuningPlan, state: CampaignState, *, previous: dict[str, A
         # the answer is chosen: only its margin is incomplete, so it stands, with the checks that ran
         assert chosen is not None
         robust = checks_so_far(plan, state, chosen)
-        robust.notes.append(_budget_reason(plan, state).replace("recommending from the trials so far",
-                                                                "the robustness checks are incomplete"))
+        robust.notes.append(_budget_reason(plan, state, then="the robustness checks are incomplete"))
     if robust is not None and robust.fallback is not None:
         refined = RefineResult(best=robust.fallback, compared=refined.compared if refined else [],
                                notes=refined.notes if refined else [], ties=refined.ties if refined else [])
@@ -104,16 +103,18 @@ def next_trials(plan: TuningPlan, state: CampaignState, *, previous: dict[str, A
                            f" {plan.level_text(rec.rate if plan.rate_mode else rec.concurrency) if rec else '-'}")
 
 
-def _budget_reason(plan: TuningPlan, state: CampaignState) -> str:
-    return (f"GPU budget spent: {state.gpu_seconds / 60:.1f} of {plan.budget.max_gpu_minutes:g} min;"
-            " recommending from the trials so far")
+RECOMMENDING = "recommending from the trials so far"
+
+
+def _budget_reason(plan: TuningPlan, state: CampaignState, then: str = RECOMMENDING) -> str:
+    return f"GPU budget spent: {state.gpu_seconds / 60:.1f} of {plan.budget.max_gpu_minutes:g} min; {then}"
 
 
 def _nothing_passed(reason: str, state: CampaignState) -> str:
     """Why a campaign stopped with nothing to recommend, in words that do not promise a recommendation: the
     stop's reason, and when the checklist rejected the measurements, which items it rejected them for (a host
     too busy to sample the GPU on time shows here as gpu_memory_curve on every trial)."""
-    reason = reason.replace("; recommending from the trials so far", "")
+    reason = reason.removesuffix(f"; {RECOMMENDING}")  # _stop found nothing to recommend after all
     rejected = [o for o in state.outcomes if o.rejected]
     items = Counter(i for o in rejected for i in dict.fromkeys(re.findall(r"\[(\w+):", o.failure_reason or "")))
     why = (f"; the checklist rejected {len(rejected)} of {len(state.outcomes)} trial(s) ("

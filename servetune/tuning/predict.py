@@ -50,31 +50,29 @@ class Predictor:
     skipped: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.calibration = self._calibrate()
-
-    def _runner(self):  # noqa: ANN202 - a SimTrialRunner or None
+        from servetune.tuning.plan_identity import plan_digest
         from servetune.tuning.runner import SimTrialRunner
 
-        return SimTrialRunner.for_plan(self.plan)
+        self._digest = plan_digest(self.plan)  # once: every simulation's memo key starts with it
+        self._runner = SimTrialRunner.for_plan(self.plan)  # one runner: its workloads are built once
+        self.calibration = self._calibrate()
 
     def simulate(self, flags: Flags, level: Level, like: TrialOutcome) -> float | None:
         """Simulated goodput of ``flags`` at ``level``, sized and seeded as ``like`` (None: it failed to start)."""
-        from servetune.tuning.plan_identity import plan_digest
-
-        key = (plan_digest(self.plan), repr(sorted(flags.items())), float(level), like.requests, like.warmup,
+        key = (self._digest, repr(sorted(flags.items())), float(level), like.requests, like.warmup,
                like.seed_offset)
         if key not in _SIMULATED:
-            runner = self._runner()
+            assert self._runner is not None  # a plan without a simulator profile abstains before simulating
             spec = TrialSpec(stage="refine", **self.plan.load_at(level), flags=flags, requests=like.requests,  # type: ignore[arg-type]
                              warmup=like.warmup, seed_offset=like.seed_offset)
-            result = runner.run(spec, experiment_id="prediction").result
+            result = self._runner.run(spec, experiment_id="prediction").result
             _SIMULATED[key] = result.summary.goodput_rps if result.status == "ok" else None
         return _SIMULATED[key]
 
     def _calibrate(self) -> Calibration:
         section = self.plan.stages.refine.predict
         assert section is not None
-        if self._runner() is None:
+        if self._runner is None:
             return Calibration(abstain="no simulator profile for this engine (an SGLang plan needs `estimate:`)")
         key = config_key(self.base_flags)
         base = [o for o in self.state.outcomes if o.stage in BASE_STAGES and o.key[0] == key and o.valid
