@@ -63,7 +63,9 @@ class SendLog:
     """What the server did for one request (perf_counter_ns)."""
 
     t_recv_ns: int
-    chunk_ns: list[int] = field(default_factory=list)  # content chunk writes
+    chunk_ns: list[int] = field(default_factory=list)  # content chunk writes (stamped right before each)
+    chunk_end_ns: list[int] = field(default_factory=list)  # ... and right after each returned
+    end_ns: int | None = None  # after the stream's end was written: no byte of it arrives later
     chunk_tokens: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -196,6 +198,7 @@ class SseServer:
                 await self._hold(resp, ending == "keepalive")
                 return resp
             await resp.write_eof()
+            log.end_ns = time.perf_counter_ns()
             return resp
 
         return handle
@@ -272,6 +275,7 @@ class SseServer:
         if self.counter is not None:
             self.counter[0] += 1
         await s.resp.write(frame)
+        s.log.chunk_end_ns.append(time.perf_counter_ns())
         if last:
             s.log.completion_tokens = s.sent
             await self._write_trailer(s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -145,16 +146,24 @@ async def test_a_trial_measures_every_request_and_states_its_inputs(server, tmp_
     assert s.itl_ms.count == n * 6
     assert s.output_len.min == s.output_len.max == 8
     assert s.tpot_ms.count == n
-    # the chunk gaps are the server's own: each stream's first-to-last span as the client stamped it is the
-    # span the server wrote (its send log), to the stamps' accuracy. The server's schedule gives 4 ms between
-    # due times, so a write it makes late is followed by a shorter gap (3 gaps: at least 12 ms in all only
-    # when the first write was on time); a chunk read together with the next (a loop >= 4 ms late) would
-    # shorten one stream's span by a gap, so the medians are compared, and no stream is longer than any sent.
-    measured = [r for r in result.records if not r.warmup]
-    got = sorted(r.chunk_offsets_ms[-1] - r.chunk_offsets_ms[0] for r in measured)
-    sent = sorted((lg.chunk_ns[-1] - lg.chunk_ns[0]) / 1e6 for lg in srv.log.values())
-    assert len(sent) == 14 and abs(got[len(got) // 2] - sent[len(sent) // 2]) < 1.0, (got, sent)
-    assert got[-1] <= sent[-1] + 0.5
+    # the chunk gaps are the server's own: each stream's first-to-last span as the client stamped it (kernel
+    # arrival stamps) lies between what the server's own stamps allow. Its first chunk arrived after that
+    # write began and before it returned, its last after the last write began and before the stream's end
+    # was written. A busy host delays a write after its stamp, but the delay lies inside these bounds, so
+    # they hold at any load. A chunk read together with the next shares that one's stamp and shortens its
+    # stream's span: such streams (a repeated stamp) are counted and excused from the lower bound.
+    # The server cannot tell which stream is which request here, so the spans are compared sorted: when each
+    # stream is within its own bounds, the k-th shortest span is within the k-th smallest bounds.
+    assert result.load["arrival_stamps"] == ("kernel" if sys.platform == "linux" else "client")
+    spans = sorted(r.chunk_offsets_ms[-1] - r.chunk_offsets_ms[0] for r in result.records)
+    merged = sum(len(set(r.chunk_offsets_ms)) < len(r.chunk_offsets_ms) for r in result.records)
+    logs = list(srv.log.values())
+    upper = sorted((lg.end_ns - lg.chunk_ns[0]) / 1e6 + 0.1 for lg in logs)
+    lower = sorted((lg.chunk_ns[-1] - lg.chunk_end_ns[0]) / 1e6 - 0.1 for lg in logs)
+    assert len(spans) == len(logs) == 14
+    assert all(got <= most for got, most in zip(spans, upper, strict=True)), (spans, upper)
+    if sys.platform == "linux":
+        assert all(spans[k] >= lower[k - merged] for k in range(merged, 14)), (spans, lower, merged)
     assert s.token_count_sources == {"apportioned": 12}
     assert s.output_tokens_per_s > 0 and s.decode_tokens_per_s < s.output_tokens_per_s
     assert s.window_s > 0 and s.window_source == "steady" and s.in_flight_mean == pytest.approx(3, rel=0.1)
