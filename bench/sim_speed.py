@@ -89,11 +89,12 @@ def real_time(streams: int) -> None:
                                    t0_ns=time.perf_counter_ns()))
         wall = time.perf_counter() - t
         st = _get(url + "/server_info")["internal_states"][0]
-        e, w = st["sim_emission_error_ms"], st["sim_wake_error_ms"]
+        e, w, slip = st["sim_emission_error_ms"], st["sim_wake_error_ms"], st["sim_slip_ms"]
         ok = sum(r.ok for r in out.records)
         print(f"real time: {streams} streams, {len(reqs)} requests ({ok} ok) in {wall:.1f} s: emission error "
               f"|write - modelled| over {e['count']} token writes p50 {e['p50']:.3f} ms, p99 {e['p99']:.3f} ms, "
-              f"max {e['max']:.2f} ms; engine wake-up p50 {w['p50']:.3f} ms, p99 {w['p99']:.3f} ms")
+              f"max {e['max']:.2f} ms; engine wake-up p50 {w['p50']:.3f} ms, p99 {w['p99']:.3f} ms; schedule slip "
+              f"{slip.get('total', 0.0):.1f} ms in all over {slip['count']} late starts")
     finally:
         proc.terminate()
         proc.wait(timeout=10)

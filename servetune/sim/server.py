@@ -37,7 +37,7 @@ log = logging.getLogger("servetune.sim.server")
 
 SPIN_S = 0.0012  # wake this much before the modelled time, then spin
 LEAD_MAX_S = 0.002  # never emit more than this ahead of the modelled time
-CATCH_UP_S = 0.002  # an engine later than this starts the next iteration "now" (lag is not carried)
+CATCH_UP_S = 0.002  # an engine later than this starts the next iteration "now" (its slip: lag is not carried)
 ERROR_SAMPLES = 200_000
 NO_KEY_PATHS = ("/health", "/health_generate", "/metrics", "/ready")
 
@@ -53,6 +53,8 @@ class SimServer(GenerationEndpoints):
         self.streams: dict[int, Stream] = {}
         self.errors: deque[float] = deque(maxlen=ERROR_SAMPLES)  # per token write: actual - modelled time
         self.wake_errors: deque[float] = deque(maxlen=ERROR_SAMPLES)  # per iteration: engine wake-up lateness
+        self.slips: deque[float] = deque(maxlen=ERROR_SAMPLES)  # per late start: how far the schedule moved
+        self.slip_s = 0.0  # the schedule's total slip: modelled time a starved host added to every later token
         self._next_rid = 0
         self._per_write = 5e-6  # running estimate of one socket write (s)
         self._wake: asyncio.Event | None = None
@@ -86,6 +88,9 @@ class SimServer(GenerationEndpoints):
                 await self._wake.wait()
             now = self.now()
             start = sched.clock_end if now - sched.clock_end < CATCH_UP_S else now
+            if start == now and (slip := now - self._could_start(sched)) > 0:
+                self.slips.append(slip)
+                self.slip_s += slip
             it = sched.next_iteration(max(start, 0.0))
             if it is None:
                 self._wake.clear()
@@ -123,6 +128,14 @@ class SimServer(GenerationEndpoints):
                 st = streams.get(r.rid)
                 if st is not None and not st.done.done():
                     st.done.set_result(None)
+
+    @staticmethod
+    def _could_start(sched: Scheduler) -> float:
+        """When the modelled engine could have begun its next iteration: at the last one's end while it has work
+        in hand, else when the first waiting request entered."""
+        if sched.running or sched.chunked is not None or not sched.waiting:
+            return sched.clock_end
+        return max(sched.clock_end, min(r.arrival for r in sched.waiting))
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -226,6 +239,7 @@ class SimServer(GenerationEndpoints):
                     "num_queue_reqs": sc.num_queue(),
                     "sim_emission_error_ms": self.emission_error_ms(),
                     "sim_wake_error_ms": self.emission_error_ms(self.wake_errors),
+                    "sim_slip_ms": self.emission_error_ms(self.slips) | {"total": self.slip_s * 1e3},
                 }
             ],
         }
