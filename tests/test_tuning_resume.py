@@ -97,6 +97,24 @@ def test_resume_refuses_another_plan_and_a_finished_campaign(tmp_path: Path) -> 
     assert res.exit_code == BAD_INPUT and "done already" in res.output
 
 
+def test_a_plan_that_leaves_repeats_unset_resumes_with_the_command_it_prints(tmp_path: Path) -> None:
+    """The campaign stores its plan with ``repeats.count`` resolved for its runner; a resume compares the plan
+    the same way (it once refused every such plan as 'another plan'), and the printed command keeps
+    ``--virtual``, so following it goes on in virtual time instead of starting the engine."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("name: unset-repeats\nmodel: m\nsla: {p99_ttft_ms: 500}\nengine: {kind: sim}\n"
+                    "stages: {refine: {enabled: false}}\n")
+    out = tmp_path / "out"
+    res = tune(str(plan), "--virtual", "--out", str(out), "--stop-after", "1")
+    assert res.exit_code == PAUSED, res.output
+    command = " ".join(res.output.split()).split("go on with: servetune tune ")[1].split()
+    assert command == [str(plan), "--out", str(out), "--resume", "--virtual"]
+    before = len(trials(out))
+    res = tune(*command, "--stop-after", "1")
+    assert res.exit_code in (0, PAUSED), res.output
+    assert len(trials(out)) > before
+
+
 def test_resume_takes_a_raised_budget_and_nothing_else(tmp_path: Path) -> None:
     """A campaign that ran out of GPU time finishes with a larger budget; any other change is refused."""
     out, text = tmp_path / "out", (PLANS / "demo.yaml").read_text()

@@ -169,18 +169,17 @@ def tune(
             _fail(os_error_text(exc))
         _emit(campaign, "interrupted")
         _fail(f"{os_error_text(exc)}; the campaign stopped after {len(campaign.state.outcomes)} trials, nothing"
-              f" measured is lost: fix that, then go on with: servetune tune {plan_path} --out {campaign.out}"
-              " --resume")
+              f" measured is lost: fix that, then go on with: {_go_on(plan_path, campaign.out, virtual)}")
     except KeyboardInterrupt:
         _emit(campaign, "interrupted")
         console.print(f"interrupted after {len(campaign.state.outcomes)} trials: engine torn down; go on with:"
-                      f" servetune tune {plan_path} --out {campaign.out} --resume", highlight=False, soft_wrap=True)
+                      f" {_go_on(plan_path, campaign.out, virtual)}", highlight=False, soft_wrap=True)
         raise typer.Exit(INTERRUPTED) from None
     spent = f"({len(campaign.state.outcomes)} trials, {fmt_s(campaign.state.gpu_seconds)} GPU)"
     _emit(campaign, "paused" if not decision.done else "failed" if decision.failed else "done", decision)
     if not decision.done:
         console.print(f"paused before the next {decision.stage} trial: --stop-after {stop_after:g} s {spent};"
-                      f" go on with: servetune tune {plan_path} --out {campaign.out} --resume",
+                      f" go on with: {_go_on(plan_path, campaign.out, virtual)}",
                       highlight=False, soft_wrap=True)
         raise typer.Exit(PAUSED)
     _results().print(f"done: {escape(decision.reason)} {spent}", highlight=False)
@@ -254,6 +253,11 @@ def _stored_experiment(out: Path | None) -> dict[str, Any]:
     if not isinstance(stored, dict) or not stored.get("experiment_id"):
         _fail(f"--resume: {out}/{EXPERIMENT_FILE} names no experiment_id")
     return stored
+
+
+def _go_on(plan_path: Path, out: Path, virtual: bool) -> str:
+    """The command that continues this campaign: a virtual one resumes in virtual time, never on the engine."""
+    return f"servetune tune {plan_path} --out {out} --resume" + (" --virtual" if virtual else "")
 
 
 def _fail(message: str) -> NoReturn:

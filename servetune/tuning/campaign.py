@@ -155,7 +155,7 @@ class Campaign:
             if stored.get("experiment_id") != campaign.experiment_id:
                 raise ValueError(f"{out_dir} holds experiment {stored.get('experiment_id')}, "
                                  f"not {campaign.experiment_id}")
-            check_same_plan(stored, plan, out_dir)
+            check_same_plan(stored, campaign.plan, out_dir)  # as stored: its repeats resolved for the runner
             campaign.experiment.update(started_at=stored["started_at"])
         state_json = folder.read_state_json()
         if state_json is not None:
