@@ -8,6 +8,7 @@ Airflow log), so one line stays one line.
 
 from __future__ import annotations
 
+import errno
 import inspect
 import sys
 import traceback
@@ -19,6 +20,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from servetune.commands.jsonout import JsonFlag, use_json
+from servetune.oserrors import os_error_text
 
 # Typer vendors click (>= 0.26) and exports only some of its exceptions: the base classes come from
 # the MRO of the public ``typer.BadParameter`` rather than from a private module.
@@ -122,6 +124,11 @@ class OneLineErrors(TyperGroup):
         except typer.Abort:
             error_line("aborted")
             code = 1
+        except OSError as exc:  # at the boundary: the path and the cause; a full disk is not the input's fault
+            if _Run.verbose:
+                traceback.print_exception(exc, file=sys.stderr)
+            error_line(os_error_text(exc))
+            code = 1 if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS) else 2
         except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes one line
             if _Run.verbose:
                 traceback.print_exception(exc, file=sys.stderr)

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from servetune.result import TrialResult
 
 
+NAME_MAX = 255  # bytes in one file name: ext4, xfs, btrfs, tmpfs and overlayfs alike
+
+
 class OutPathError(ValueError):
     """The output path cannot be written; the message names the option and the path."""
 
@@ -36,7 +39,14 @@ def _writable_folder(folder: Path, option: str) -> None:
 
 
 def _no_loop(path: Path, option: str) -> None:
-    """A symlink loop at the path or above it: pathlib calls it missing, which sent the user looking elsewhere."""
+    """A name longer than the file system takes, or a symlink loop at the path or above it: pathlib calls a
+    loop missing, which sent the user looking elsewhere, and a long name failed late as 'unexpected'."""
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            shown = part[:40] + "..." if len(part) > 40 else part
+            raise OutPathError(f"{option}: the name {shown!r} is {size} bytes long; file names take at most "
+                               f"{NAME_MAX}")
     for where in (path.absolute().parent, path):
         try:
             os.stat(where)

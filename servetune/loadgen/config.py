@@ -26,6 +26,14 @@ def http_base_url(v: str) -> str:
     parts = urlsplit(v)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"url must be http(s)://host[:port], got {v!r}")
+    try:
+        port = parts.port
+    except ValueError:  # Python's own text ("Port out of range 0-65535") names neither the URL nor the rule
+        port = 0
+    if port == 0:
+        from servetune.redact import redact_url
+
+        raise ValueError(f"url's port must be a number from 1 to 65535, got {redact_url(v)!r}")
     extra = [what for what, there in (("a path", parts.path.strip("/")), ("a query string", parts.query or "?" in v),
                                       ("a fragment", parts.fragment or "#" in v)) if there]
     if extra:  # a path would 404 every request; a query string silently broke the cache flush and /metrics

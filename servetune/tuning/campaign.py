@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from servetune.experiment import ExperimentRecord, ResultFolder
 from servetune.oserrors import os_error_text
 from servetune.plan import TuningPlan
@@ -159,7 +161,7 @@ class Campaign:
             campaign.experiment.update(started_at=stored["started_at"])
         state_json = folder.read_state_json()
         if state_json is not None:
-            campaign.state = _with_secrets(CampaignState.model_validate_json(state_json), plan)
+            campaign.state = _with_secrets(_parse_state(state_json, folder.state_file), plan)
         return campaign
 
     def advance(self, stages: Iterable[Stage] | None = None, *, deadline: float | None = None,
@@ -344,6 +346,19 @@ def _stop_if(stop: Callable[[], bool] | None) -> None:
     """``KeyboardInterrupt`` when the caller's flag says a signal came (see ``Campaign.advance``)."""
     if stop is not None and stop():
         raise KeyboardInterrupt("stop requested")
+
+
+def _parse_state(raw: bytes, path: Path) -> CampaignState:
+    """The stored state, or one line that says it is damaged (written whole each time, so only a hand or a
+    broken disk cuts it short) and what is still there."""
+    try:
+        return CampaignState.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(k) for k in first["loc"])
+        raise ValueError(f"{path} is damaged ({first['msg']}{' at ' + where if where else ''}), so the campaign"
+                         f" cannot go on from it; its trial files are kept in {path.parent / 'trials'}: start"
+                         " the campaign again in a new folder") from None
 
 
 def _with_secrets(state: CampaignState, plan: TuningPlan) -> CampaignState:

@@ -231,6 +231,24 @@ _SERVER_PREFIX = re.compile(r'^(?:connection failed: )?connection to server (?:a
                             r'(?:, port \d+)? failed: ')
 
 
+#: psycopg's words when the other end speaks some other protocol (an HTTP server answers "H...")
+_NOT_POSTGRES = re.compile(r"invalid response to SSL negotiation|expected authentication request from server")
+
+
+def _listens(url: URL) -> bool:
+    """Does something accept a TCP connection at the URL's host and port (within a second)? Tells a port that
+    takes connections and stays silent from one nobody listens on."""
+    import socket
+
+    if not url.host or url.host.startswith("/"):
+        return False
+    try:
+        with socket.create_connection((url.host, url.port or 5432), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def explain_errors(url: URL, limits: dict[str, float]):
     """A ``handle_error`` hook: a failed connect, a timeout or a lost connection becomes one
     ``WarehouseUnavailable`` line (where, what, which bound and how to change it)."""
@@ -253,9 +271,17 @@ def explain_errors(url: URL, limits: dict[str, float]):
         elif isinstance(orig, NoAnswer):
             msg = (f"warehouse {where}: the server sent no answer within {bound('response_timeout')}: frozen, or"
                    " the network cut; the open transaction was not committed")
+        elif ctx.connection is None and _NOT_POSTGRES.search(detail):
+            msg = (f"warehouse {where} answered, but not as a PostgreSQL server ({detail}): is that the"
+                   " database's port?")
         elif ctx.connection is None:
-            late = f" within {bound('connect_timeout')}" if "timeout" in detail.lower() else ""
-            msg = f"warehouse {where} is not reachable: {detail}{late}"
+            late = "timeout" in detail.lower()
+            if late and _listens(url):
+                msg = (f"warehouse {where} took the connection but gave no PostgreSQL answer within "
+                       f"{bound('connect_timeout')}: is that the database's port, or is the server stuck?")
+            else:
+                within = f" within {bound('connect_timeout')}" if late else ""
+                msg = f"warehouse {where} is not reachable: {detail}{within}"
         elif ctx.is_disconnect:
             msg = f"warehouse {where} closed the connection: {detail}"
         else:
