@@ -15,15 +15,15 @@ import shlex
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+import bad_inputs_boundary as boundary  # issue 44's addresses, warehouse schemas and OS errors at a path
 import bad_inputs_bounded as bounded  # issue 44's names and sizes
 import bad_inputs_more as more  # issue 31's URL, dry-run, version and env-name cases
 import bad_inputs_strict as strict  # issue 31's cases, beside this file
@@ -179,7 +179,7 @@ PLAN_CASES: list[tuple[str, Any, tuple[str, ...]]] = [
     ("workload_unknown_distribution", {W: {"input": {"kind": "zipf", "value": 3}}}, ("workload.input", "zipf")),
     ("workload_min_above_max", {W: {"output": {"kind": "uniform", "min": 64, "max": 8}}}, ("workload.output", "min")),
 ]
-PLAN_CASES += strict.PLAN + more.PLAN + bounded.PLAN  # issue 31: a key twice, a boolean, inf or nan, a size,
+PLAN_CASES += strict.PLAN + more.PLAN + bounded.PLAN + boundary.PLAN  # issue 31: a key twice, a boolean, inf or nan, a size,
 # a URL, env; issue 44: names as labels, grids and levels bounded
 FILE_LEVEL = {"plan_bad_yaml", "plan_not_utf8", "plan_empty", "plan_a_list", *strict.FILE_LEVEL}  # no header
 
@@ -241,8 +241,8 @@ def _cases() -> list[Case]:
         b("bench_tokenizer_missing", ["--tokenizer", "nope/tok.json"], ("tokenizer", "nope/tok.json")),
         b("bench_timeout_0", ["--timeout-s", "0"], ("--timeout-s",)),
         b("bench_unknown_option", ["--concurency", "4"], ("--concurency",)),
-        *(b(*c) for c in strict.BENCH + more.BENCH),
-        *(Case(*c) for c in more.TUNE + more.OTHER),
+        *(b(*c) for c in strict.BENCH + more.BENCH + boundary.BENCH),
+        *(Case(*c) for c in more.TUNE + more.OTHER + boundary.OTHER),
         # --- validate and load: broken result files (load against a real, migrated database) ---
         Case("validate_no_such_file", ["validate", "nope.json"], ("nope.json", "no such file")),
         res("validate_empty_file", "validate", b"", ("r.json", "empty")),
@@ -326,13 +326,22 @@ def clean_env() -> dict[str, str]:
     return {**env, "COLUMNS": "80", "NO_COLOR": "1"}
 
 
-def prepare(case: Case, where: Path, db: str | None) -> list[str]:
-    """Write the case's files into ``where``; its argv with ``{db}`` filled in."""
+def prepare(case: Case, where: Path, db: str | dict[str, str] | None) -> list[str]:
+    """Write the case's files into ``where`` (a ``Link`` as a symlink); its argv with ``{db}`` filled in, or
+    every ``{place}`` of ``places()`` when given them all."""
     where.mkdir(parents=True, exist_ok=True)
     for rel, text in case.files.items():
         (where / rel).parent.mkdir(parents=True, exist_ok=True)
-        (where / rel).write_bytes(text if isinstance(text, bytes) else text.encode())
-    return [a.replace("{db}", db or "{db}") for a in case.argv]
+        if isinstance(text, boundary.Link):
+            (where / rel).symlink_to(str(text))
+        else:
+            (where / rel).write_bytes(text if isinstance(text, bytes) else text.encode())
+    filled = db if isinstance(db, dict) else {"db": db or "{db}"}
+    argv = list(case.argv)
+    for key, value in filled.items():
+        argv = [a.replace("{%s}" % key, value) for a in argv]
+    return argv
+
 
 
 def run_subprocess(case: Case, where: Path, db: str | None = None, timeout: float = 60.0) -> Outcome:
@@ -344,25 +353,6 @@ def run_subprocess(case: Case, where: Path, db: str | None = None, timeout: floa
     except subprocess.TimeoutExpired:
         return Outcome(124, "", f"timed out after {timeout:g} s")
     return Outcome(proc.returncode, proc.stdout, proc.stderr)
-
-
-@contextmanager
-def warehouse() -> Iterator[str]:
-    """A fresh database on the local Postgres (or a private cluster), migrated, dropped at the end."""
-    from sqlalchemy.engine import make_url
-
-    from servetune import localdb
-    from servetune.warehouse import migrate
-
-    server, cluster = localdb.resolve_server("SERVETUNE_TEST_DATABASE_URL")
-    url = localdb.create_database(server)
-    try:
-        migrate.upgrade(url)
-        yield url
-    finally:
-        localdb.drop_database(server, make_url(url).database)
-        if cluster is not None:
-            cluster.stop()
 
 
 def table(cases: list[Case], outcomes: list[Outcome]) -> str:
@@ -380,7 +370,7 @@ def table(cases: list[Case], outcomes: list[Outcome]) -> str:
 
 def main(names: list[str]) -> int:
     cases = [c for c in CASES if not names or c.name in names]
-    with warehouse() as db, ThreadPoolExecutor(2) as pool:
+    with boundary.warehouse() as db, ThreadPoolExecutor(2) as pool:
         def one(case: Case) -> Outcome:
             with TemporaryDirectory(prefix="bad-input-") as tmp:
                 return run_subprocess(case, Path(tmp), db)

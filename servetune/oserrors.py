@@ -6,6 +6,7 @@ needs the path first and the cause in words, and the caller adds what to do next
 from __future__ import annotations
 
 import errno
+import os
 
 from servetune.names import printable
 
@@ -18,3 +19,15 @@ def os_error_text(exc: OSError) -> str:
         cause += f" ({code})"
     paths = [p for p in (exc.filename, exc.filename2) if p is not None]
     return f"{' -> '.join(printable(str(p)) for p in paths)}: {cause}" if paths else cause
+
+
+def why_not_there(path: str | os.PathLike[str]) -> str:
+    """Why ``path`` cannot be opened, for a caller that found it missing: pathlib calls a symlink loop or a name
+    too long "missing" too, which sent users looking for a file that is there."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return "no such file or directory"
+    except OSError as exc:
+        return os_error_text(exc).rpartition(": ")[2] if exc.filename is not None else os_error_text(exc)
+    return "not a file or folder it can read"

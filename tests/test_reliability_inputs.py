@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import bad_inputs  # noqa: E402
+import bad_inputs_boundary as boundary  # noqa: E402
 from bad_inputs import CASES, SECRET, Case, Outcome, prepare, problems, run_subprocess  # noqa: E402
 
 from servetune.cli import app  # noqa: E402
@@ -32,7 +34,7 @@ def _timed_out(signum: int, frame: Any) -> None:
     raise TimeoutError("the case ran past its time limit (did it start something?)")
 
 
-def run_inprocess(case: Case, where: Path, db: str | None, timeout: float = 30.0) -> Outcome:
+def run_inprocess(case: Case, where: Path, db: str | dict[str, str] | None, timeout: float = 30.0) -> Outcome:
     """The case through CliRunner in ``where``, with the catalogue's environment; an escaped exception
     counts as the traceback a user would have seen."""
     argv = prepare(case, where, db)
@@ -61,6 +63,13 @@ def db(database_url: str) -> str:
     return migrated(database_url)
 
 
+@pytest.fixture(scope="module")
+def places(pg_server_url: str, db: str) -> Iterator[dict[str, str]]:
+    """The boundary cases' databases (ahead, behind, foreign, ...) and ports (a web server, a silent one)."""
+    with boundary.places(pg_server_url, db) as filled:
+        yield filled
+
+
 def test_the_catalogue_covers_every_command_with_60_cases_or_more() -> None:
     assert len(CASES) >= 60
     assert len({c.name for c in CASES}) == len(CASES)
@@ -85,7 +94,8 @@ def test_the_rules_can_fail() -> None:
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=c.known)]
                                                if c.known else []) for c in CASES])
 def test_each_bad_input_gets_its_clear_line(case: Case, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    db = request.getfixturevalue("db") if any("{db}" in a for a in case.argv) else None
+    wanted = boundary.needs(case.argv)
+    db = request.getfixturevalue("places" if wanted - {"db"} else "db") if wanted else None
     out = run_inprocess(case, tmp_path, db)
     assert problems(case, out) == [], f"{out.message()}\n{out.stderr[-3000:]}"
 

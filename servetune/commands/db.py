@@ -28,9 +28,10 @@ DatabaseUrl = Annotated[str | None, typer.Option(
 
 
 @contextmanager
-def warehouse_errors(command: str) -> Iterator[None]:
+def warehouse_errors(command: str, database_url: str | None = None) -> Iterator[None]:
     """Known failures -> one red line on stderr and exit 2; the URL is shown redacted only. A warehouse
-    that is down, frozen or past a timeout says where and which bound (servetune.warehouse.db)."""
+    that is down, frozen or past a timeout says where and which bound (servetune.warehouse.db); a query
+    that fails on a warehouse whose schema is not this servetune's says which way it is off."""
     from alembic.util import CommandError
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
@@ -51,8 +52,9 @@ def warehouse_errors(command: str) -> Iterator[None]:
         raise typer.Exit(BAD_INPUT) from None
     except (OperationalError, ProgrammingError) as exc:
         first = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc).splitlines()[0]
-        err.print(f"[red]{command}:[/red] warehouse not reachable or not migrated "
-                  f"(run `servetune db upgrade`): {escape(first)}", soft_wrap=True)
+        why = migrate.schema_problem(database_url) if isinstance(exc, ProgrammingError) else None
+        err.print(f"[red]{command}:[/red] {escape(why)}" if why else f"[red]{command}:[/red] warehouse not reachable"
+                  f" or not migrated (run `servetune db upgrade`): {escape(first)}", soft_wrap=True)
         raise typer.Exit(BAD_INPUT) from None
 
 

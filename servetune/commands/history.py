@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         from servetune.logs import emit_json
         from servetune.report.history import fetch_history, print_history
 
-        with warehouse_errors("history"):
+        with warehouse_errors("history", database_url):
             entries = fetch_history(model, database_url=database_url, limit=limit)
         if as_json:  # the entries, newest first (the config already redacted); [] for an unknown model
             emit_json([asdict(e) for e in entries])

@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
                 err.print(f"[red]query:[/red] --param expects k=v, got {escape(repr(item))}")
                 raise typer.Exit(BAD_INPUT)
             given[key.strip()] = value
-        with warehouse_errors("query"):
+        with warehouse_errors("query", database_url):
             columns, rows = queries.run(name, given, database_url=database_url)
             if not rows and "model" in given:  # a model named otherwise: say which ones the warehouse knows
                 known = queries.known_models(database_url=database_url)

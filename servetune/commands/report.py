@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
         try:
             if out is not None:
                 check_out_dir(out)
-            with warehouse_errors("report"):  # an experiment id is read from the warehouse
+            with warehouse_errors("report", database_url):  # an experiment id is read from the warehouse
                 campaign = load_campaign(source, database_url=database_url)
             if not campaign.trials:
                 raise ReportInputError(f"{source}: no trials to report on")

@@ -248,8 +248,11 @@ def _stored_experiment(out: Path | None) -> dict[str, Any]:
         _fail("--resume needs --out: the folder of the campaign to go on with")
     try:
         stored = ResultFolder(out).read_experiment()
-    except (OSError, orjson.JSONDecodeError) as exc:
-        _fail(f"--resume: {out}/{EXPERIMENT_FILE}: {exc}")
+    except OSError as exc:
+        why = "not there: is this a campaign folder?" if isinstance(exc, FileNotFoundError) else os_error_text(exc)
+        _fail(f"--resume: {out}/{EXPERIMENT_FILE}: {why}")
+    except orjson.JSONDecodeError as exc:
+        _fail(f"--resume: {out}/{EXPERIMENT_FILE} is damaged ({exc})")
     if not isinstance(stored, dict) or not stored.get("experiment_id"):
         _fail(f"--resume: {out}/{EXPERIMENT_FILE} names no experiment_id")
     return stored

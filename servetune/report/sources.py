@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from servetune.oserrors import why_not_there
 from servetune.report.campaign import CampaignView, ReportInputError, load_json, load_result_dir
 
 
@@ -16,7 +17,7 @@ def load_campaign(source: str, *, database_url: str | None = None) -> CampaignVi
     if path.is_file():
         return load_json(path)
     if path.suffix == ".json" or "/" in source:
-        raise ReportInputError(f"{source}: no such file or directory")
+        raise ReportInputError(f"{source}: {why_not_there(path)}")
     from servetune.report.warehouse_source import load_experiment
 
     return load_experiment(source, database_url=database_url)

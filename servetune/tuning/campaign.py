@@ -158,7 +158,7 @@ class Campaign:
                 raise ValueError(f"{out_dir} holds experiment {stored.get('experiment_id')}, "
                                  f"not {campaign.experiment_id}")
             check_same_plan(stored, campaign.plan, out_dir)  # as stored: its repeats resolved for the runner
-            campaign.experiment.update(started_at=stored["started_at"])
+            campaign.experiment.update(started_at=stored.get("started_at") or campaign.experiment["started_at"])
         state_json = folder.read_state_json()
         if state_json is not None:
             campaign.state = _with_secrets(_parse_state(state_json, folder.state_file), plan)

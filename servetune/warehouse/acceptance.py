@@ -61,21 +61,24 @@ def accept(experiment_id: str, reason: str, *, by: str | None = None, database_u
     """A person accepts a campaign's answer as the baseline (again: the latest decision stands). Refused in one
     line (LoadError) when the experiment is unknown, not done, or has no recommendation."""
     if not reason.strip():
-        raise LoadError("accept: say why (--why): the next reader of the history sees it")
+        raise LoadError("say why (--why): the next reader of the history sees it")
+    from servetune.warehouse.migrate import check_schema  # alembic: imported only by the commands that write
+
     who = by or getpass.getuser()
     eng = db.engine(database_url)
     try:
         with eng.begin() as conn:
+            check_schema(conn)  # a write: never into a warehouse behind, ahead of or foreign to this servetune
             rows = conn.execute(select(experiments.c.experiment_id, experiments.c.model, experiments.c.status,
                                        experiments.c.recommendation).where(
                 experiments.c.experiment_id.startswith(experiment_id, autoescape=True))).all()
             if len(rows) != 1:
-                raise LoadError(f"accept: {experiment_id!r} names {len(rows)} experiments in the warehouse"
-                                " (give more of its id)" if rows else f"accept: no experiment {experiment_id!r}"
+                raise LoadError(f"{experiment_id!r} names {len(rows)} experiments in the warehouse"
+                                " (give more of its id)" if rows else f"no experiment {experiment_id!r}"
                                 " in the warehouse (load its folder first)")
             row = rows[0]
             if row.status != "done" or not row.recommendation:
-                raise LoadError(f"accept: experiment {row.experiment_id} is {row.status} with no recommendation:"
+                raise LoadError(f"experiment {row.experiment_id} is {row.status} with no recommendation:"
                                 " only an answer can be the baseline")
             values = {"accepted_by": who, "reason": redact_text(reason.strip())[:500], "automatic": False}
             stmt = insert(acceptances).values(experiment_id=row.experiment_id, **values)

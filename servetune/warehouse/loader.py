@@ -26,6 +26,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from servetune.checklist_report import ValidationReport
 from servetune.experiment import EXPERIMENT_FILE
+from servetune.oserrors import why_not_there
 from servetune.redact import redact
 from servetune.result import TrialResult
 from servetune.warehouse import db, diagnoses, scheduler_rows
@@ -345,7 +346,7 @@ def _load(eng: Engine, source: str | Path | TrialResult, **kw: Any) -> LoadRepor
                 report.accepted = auto_accept(conn, exp.experiment_id, exp.model, exp.status, exp.recommendation)
         return report
     if not path.exists():
-        raise LoadError(f"{path}: no such file or directory")
+        raise LoadError(f"{path}: {why_not_there(path)}")
     result = read_trial(path)
     exp = ExperimentInfo.for_lone_trial(result)
     report.experiment_id = exp.experiment_id

@@ -41,7 +41,31 @@ def _run(fn, url: str | None, revision: str) -> None:
 
 
 def upgrade(url: str | None = None, revision: str = "head") -> None:
+    """Migrate up to ``revision``; a database that is someone else's (tables, no revision) is refused."""
+    eng = db.engine(url)
+    try:
+        with eng.connect() as conn:
+            check_foreign(conn)
+    finally:
+        eng.dispose()
     _run(command.upgrade, url, revision)
+
+
+def schema_problem(url: str | None) -> str | None:
+    """Why a query against this warehouse failed, when its schema is the reason (behind, ahead, foreign or
+    never migrated); None when the schema is this servetune's or the database cannot be asked."""
+    try:
+        eng = db.engine(url)
+        try:
+            with eng.connect() as conn:
+                check_schema(conn)
+        finally:
+            eng.dispose()
+    except SchemaMismatch as exc:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - a diagnosis only: the original error is reported instead
+        return None
+    return None
 
 
 def downgrade(url: str | None = None, revision: str = "-1") -> None:
@@ -72,6 +96,17 @@ class SchemaMismatch(LoadError):
     """The warehouse's schema is not the one this servetune writes: behind, ahead, foreign or never migrated."""
 
 
+def check_foreign(conn: Connection) -> None:
+    """A database that holds tables but no servetune revision is someone else's: SchemaMismatch, so neither a
+    load nor ``db upgrade`` writes servetune's tables beside theirs."""
+    if MigrationContext.configure(conn).get_current_revision() is not None:
+        return
+    tables = [t for t in inspect(conn).get_table_names() if t != "alembic_version"]
+    if tables:
+        raise SchemaMismatch(f"the database holds {len(tables)} table(s) ({', '.join(sorted(tables)[:3])}, ...)"
+                             " but no servetune revision: not a servetune warehouse; point at another database")
+
+
 def check_schema(conn: Connection) -> None:
     """Before any write: the warehouse is at this servetune's head revision, else SchemaMismatch in one line
     saying which way it is off and what to run (a newer warehouse is never written by older code)."""
@@ -79,10 +114,7 @@ def check_schema(conn: Connection) -> None:
     if at == head():
         return
     if at is None:
-        tables = [t for t in inspect(conn).get_table_names() if t != "alembic_version"]
-        if tables:
-            raise SchemaMismatch(f"the database holds {len(tables)} table(s) ({', '.join(sorted(tables)[:3])}, ...)"
-                                 " but no servetune revision: not a servetune warehouse; point at another database")
+        check_foreign(conn)
         raise SchemaMismatch("the warehouse was never migrated: run `servetune db upgrade`")
     if at not in _known():
         raise SchemaMismatch(f"the warehouse is at revision {at}, newer than this servetune's {head()}: upgrade"
