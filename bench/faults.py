@@ -53,6 +53,9 @@ FAULTS = [
           fb.every_request_503),
     Fault("endless_line", "`bench --timeout-s 30` on a server whose 4th and 9th streams are one `data:` line that"
           " never ends (1 MiB a write); the client's RSS sampled every 50 ms", fb.endless_line),
+    Fault("unbounded_answers", "`bench --timeout-s 30` (16 + 2 warm-up requests) on a server whose streams 4, 7, "
+          "10, 13, 16 never end, each its own way: short lines in one open event, JSON arrays opening, an HTTP 500 "
+          "body, headers, one `data:` line", fb.unbounded_answers),
     Fault("stream_cut_mid_way", "`bench` on a server that closes every fourth connection after 2 chunks",
           fb.stream_cut_mid_way),
     Fault("engine_killed_mid_campaign", "live `tune` (sim engine); SIGKILL to the engine's group 0.5 s into the "

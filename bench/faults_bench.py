@@ -134,31 +134,66 @@ def stream_cut_mid_way(ctx: Ctx) -> tuple[str, int]:
 ENDLESS_RSS_BOUND_MIB = 2 * 128 + 160
 
 
+def _bench_rss(ctx: Ctx, argv: list[str]) -> tuple[Any, float]:
+    """Run ``servetune ARGV``, its RSS sampled every 50 ms: (the outcome, MiB it grew from its least to its peak)."""
+    import psutil
+
+    run = ctx.start(*argv)
+    proc, peak, rest = psutil.Process(run.pid), 0, None
+    while run.proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            rss = proc.memory_info().rss
+            rest = rss if rest is None else min(rest, rss)
+            peak = max(peak, rss)
+        time.sleep(0.05)
+    return run.finish(10), (peak - (rest or 0)) / 2**20
+
+
 def endless_line(ctx: Ctx) -> tuple[str, int]:
     """Two of 12 streams are one `data:` line that never ends (1 MiB a write): each fails at the response bound
     (response_too_large) well inside --timeout-s 30, the client's RSS sampled every 50 ms stays bounded."""
-    import psutil
-
     with sse(ttft_ms=5, gap_ms=5, fail_nth={3: "endless", 8: "endless"}) as srv:
-        run = ctx.start(*_bench(ctx, srv.url, 12, "--no-prime", "--timeout-s", "30"))
-        proc, peak, rest = psutil.Process(run.pid), 0, None
-        while run.proc.poll() is None:
-            with contextlib.suppress(psutil.Error):
-                rss = proc.memory_info().rss
-                rest = rss if rest is None else min(rest, rss)
-                peak = max(peak, rss)
-            time.sleep(0.05)
-        out = run.finish(10)
+        out, grew = _bench_rss(ctx, _bench(ctx, srv.url, 12, "--no-prime", "--timeout-s", "30"))
         written = srv.endless_bytes
     d = _result(ctx)
     cut = [r for r in d["records"] if r["error_class"]]
     line = ctx.line(out, r"^\W*errors\s", "response_too_large=2")
     ctx.check([r["error_class"] for r in cut] == ["response_too_large"] * 2, f"failed: {[r['error_class'] for r in cut]}")
     ctx.check(all("passed 128 MiB" in (r["error_message"] or "") for r in cut), "the message does not name the bound")
-    grew = (peak - (rest or 0)) / 2**20
     ctx.check(grew < ENDLESS_RSS_BOUND_MIB, f"the client grew {grew:.0f} MiB (bound {ENDLESS_RSS_BOUND_MIB} MiB)")
     ctx.check(out.seconds < 30, f"took {out.seconds:.0f} s: the timeout, not the bound, ended it")
     _each_once(ctx, d, 14)
+    return f"{line} (client +{grew:.0f} MiB peak while the engine wrote {written / 2**20:.0f} MiB)", out.code
+
+
+#: issue 44's own variants of an engine that sends without end, each in one stream: (fault, the request's class,
+#: words its message holds)
+UNBOUNDED = {"endless_event": ("response_too_large", "passed 128 MiB"),  # short lines, the event never closes
+             "deep_json": ("response_too_large", "passed 128 MiB"),  # one event opening JSON arrays without end
+             "endless_error": ("http_5xx", "HTTP 500"),  # an error status whose body never ends: 2 KiB kept
+             "endless_headers": ("connection", "no end of headers"),  # a 200 whose headers never end
+             "endless": ("response_too_large", "passed 128 MiB")}
+
+
+def unbounded_answers(ctx: Ctx) -> tuple[str, int]:
+    """Five of 16 streams each misbehave one way without end (UNBOUNDED): each fails with its own class at its
+    bound, well inside --timeout-s 30; the other streams finish; the client's RSS stays bounded."""
+    kinds = list(UNBOUNDED)
+    with sse(ttft_ms=5, gap_ms=5, fail_nth={3 + 3 * i: k for i, k in enumerate(kinds)}) as srv:
+        out, grew = _bench_rss(ctx, _bench(ctx, srv.url, 16, "--no-prime", "--timeout-s", "30"))
+        written = srv.endless_bytes
+    d = _result(ctx)
+    cut = [r for r in d["records"] if r["error_class"]]
+    got = [(r["error_class"], r["error_message"] or "") for r in sorted(cut, key=lambda r: r["request_id"])]
+    ctx.check(len(got) == len(kinds), f"{len(got)} requests failed, {len(kinds)} were sent without end")
+    for kind, (cls, msg) in zip(kinds, got, strict=False):
+        want, words = UNBOUNDED[kind]
+        ctx.check(cls == want and words in msg, f"{kind}: {cls} {msg[:80]!r}, expected {want} naming {words!r}")
+    bound = 3 * 128 + 160  # three responses cut at 128 MiB may be in flight at once (4 streams)
+    ctx.check(grew < bound, f"the client grew {grew:.0f} MiB (bound {bound} MiB)")
+    ctx.check(out.seconds < 30, f"took {out.seconds:.0f} s: the timeout, not the bounds, ended it")
+    _each_once(ctx, d, 18)
+    line = ctx.line(out, r"^\W*errors\s", "response_too_large=3")
     return f"{line} (client +{grew:.0f} MiB peak while the engine wrote {written / 2**20:.0f} MiB)", out.code
 
 

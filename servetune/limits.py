@@ -15,6 +15,7 @@ MAX_RESPONSE_BYTES = 128 << 20
 MAX_METRICS_BYTES = 16 << 20  #: a Prometheus /metrics page (SGLang's: ~100 KB)
 MAX_JSON_BYTES = 4 << 20  #: /server_info, /v1/models, /version
 MAX_SMALL_BYTES = 64 << 10  #: /health, /flush_cache: a status, not a document
+ERROR_BODY_BYTES = 2048  #: what a request's record keeps of an error's body; the rest is not read
 
 
 class ResponseTooLarge(ValueError):

@@ -172,6 +172,8 @@ class SseServer:
             self.log[rid] = log
             if fail in ("400", "500", "503"):
                 return web.json_response({"error": {"message": f"scheduled {fail}"}}, status=int(fail))
+            if fail in ("endless_error", "endless_headers"):  # an error body, or the headers, without end
+                return await self._endless_before_body(request, fail)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             resp.enable_chunked_encoding()
             await resp.prepare(request)
@@ -180,8 +182,8 @@ class SseServer:
             if fail == "stall":  # headers sent, then nothing until the client gives up
                 await self._closing.wait()  # type: ignore[union-attr]
                 return resp
-            if fail == "endless":  # one `data:` line that never ends, 1 MiB a write, until the client hangs up
-                await self._endless(resp)
+            if fail in ("endless", "endless_event", "deep_json"):  # see _endless
+                await self._endless(resp, fail)
                 return resp
             stream = _Stream(resp, endpoint, log, total, fail, asyncio.get_running_loop().create_future())
             due = t_recv + int(self.scenario.ttft_ms * 1e6)
@@ -225,15 +227,44 @@ class SseServer:
             if heap:
                 await asyncio.sleep(max(0, heap[0][0] - clock()) / 1e9)
 
-    async def _endless(self, resp: web.StreamResponse) -> None:
-        block = b"x" * (1 << 20)
+    async def _endless(self, resp: web.StreamResponse, how: str = "endless") -> None:
+        """Until the client hangs up, 1 MiB a write: ``endless`` one `data:` line without end; ``endless_event``
+        short `data:` lines that never close their event (no blank line); ``deep_json`` one event whose JSON
+        opens arrays without end."""
+        if how == "endless_event":
+            head, block = b"", b"data: xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n" * 14_000
+        else:
+            head = b"data: " + (b"[" if how == "deep_json" else b'{"choices": [{"index": 0, "delta": {"content": "')
+            block = (b"[" if how == "deep_json" else b"x") * (1 << 20)
         try:
-            await resp.write(b'data: {"choices": [{"index": 0, "delta": {"content": "')
+            await resp.write(head)
             while not self._closing.is_set():  # type: ignore[union-attr]
                 await resp.write(block)
                 self.endless_bytes += len(block)
         except (ConnectionError, RuntimeError):  # the client hung up (aiohttp raises either)
             pass
+
+    async def _endless_before_body(self, request: web.Request, how: str) -> web.StreamResponse:
+        """``endless_error``: HTTP 500 with a JSON error body without end; ``endless_headers``: a 200 whose
+        headers never end (64-byte header lines, 1 MiB a write), written on the raw transport."""
+        if how == "endless_error":
+            resp = web.StreamResponse(status=500, headers={"Content-Type": "application/json"})
+            await resp.prepare(request)
+            await self._endless(resp)
+            return resp
+        transport = request.transport
+        assert transport is not None
+        line = b"X-Pad: " + b"p" * 55 + b"\r\n"
+        block = line * ((1 << 20) // len(line))
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
+        while not self._closing.is_set() and not transport.is_closing():  # type: ignore[union-attr]
+            if transport.get_write_buffer_size() > 4 << 20:  # the client reads no faster: wait, never buffer
+                await asyncio.sleep(0.01)
+                continue
+            transport.write(block)
+            self.endless_bytes += len(block)
+            await asyncio.sleep(0)
+        raise asyncio.CancelledError  # the response was written by hand: aiohttp must not add one
 
     async def _hold(self, resp: web.StreamResponse, comments: bool) -> None:
         """Keep the stream open with no data until the client leaves or the server stops."""

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from servetune.limits import MAX_SMALL_BYTES
+from servetune.limits import ERROR_BODY_BYTES, MAX_SMALL_BYTES
 
 from . import stamps
 from .bounded import BoundedReads
@@ -124,6 +124,8 @@ class _Connection:
                 self._chunks(data, t)
             else:
                 self._plain(data, t)
+            if self.status >= 400:
+                self._enough_of_an_error()
             return
         if self.done is None:  # bytes between responses: nothing can be trusted on this connection
             self.close()
@@ -149,6 +151,15 @@ class _Connection:
         elif len(head) > end + 4:
             rest = head[end + 4:]
             self._chunks(rest, t) if self.chunked else self._plain(rest, t)
+        if self.status >= 400:
+            self._enough_of_an_error()
+
+    def _enough_of_an_error(self) -> None:
+        """An error's body is read up to ERROR_BODY_BYTES (what the record keeps), then the exchange ends and
+        the connection closes: a server that sends an error without end costs the client nothing more."""
+        if self.done is not None and sum(map(len, self.reads)) >= ERROR_BODY_BYTES:
+            self.keep_alive = False
+            self._finish()
 
     def _plain(self, data: bytes, t: int) -> None:
         if self.left >= 0:

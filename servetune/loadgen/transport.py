@@ -15,14 +15,13 @@ from typing import Protocol
 
 import aiohttp
 
-from servetune.limits import MAX_SMALL_BYTES, ResponseTooLarge, read_body
+from servetune.limits import ERROR_BODY_BYTES, MAX_SMALL_BYTES, ResponseTooLarge, read_body
 
 from .capture import capture, release
 from .config import Target
 from .rawhttp import RawHttpPool
 
 READ_BUFSIZE = 1 << 22  # 64 KiB (aiohttp's default) throttles long-context streams: vLLM #39963
-ERROR_BODY_BYTES = 2048
 PREFLIGHT_TIMEOUT_S = 10.0
 #: what a failing connection raises, through either client (the request is recorded as a connection error)
 CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)
