@@ -382,7 +382,8 @@ def realtime(priority: int) -> bool:
 
 def dump_log(log: dict[int, SendLog], path: Path) -> None:
     rows = {
-        str(rid): {"t_recv_ns": lg.t_recv_ns, "chunk_ns": lg.chunk_ns, "chunk_tokens": lg.chunk_tokens}
+        str(rid): {"t_recv_ns": lg.t_recv_ns, "chunk_ns": lg.chunk_ns, "chunk_end_ns": lg.chunk_end_ns,
+                   "chunk_tokens": lg.chunk_tokens}
         for rid, lg in log.items()
     }
     path.write_bytes(orjson.dumps(rows))

@@ -25,6 +25,7 @@ RAMP = "campaign_local.ramp"
 RUN_ID = "manual__restart"
 
 
+@pytest.mark.timeout(1800)  # its own waits add up to ~22 min at worst: they, not the global 600 s, should speak
 def test_a_killed_scheduler_and_task_mid_ramp_recover_on_their_own(airflow_setup, tmp_path):
     # a ramp of four levels, each trial a few seconds of the simulated engine: long enough to be cut
     write_plan(airflow_setup.plans_dir, "restart", name="restart-sim",

@@ -210,7 +210,7 @@ async def test_bad_url_scheme(tmp_path):
 
 
 @pytest.fixture
-def sim_url():
+def sim_url(tmp_path_factory):
     """`servetune sim serve` in its own process: simulated SGLang (/server_info, /flush_cache, /metrics)."""
     import subprocess
     import sys
@@ -220,7 +220,10 @@ def sim_url():
     port = _closed_port()
     argv = [sys.executable, "-m", "servetune", "sim", "serve", "--port", str(port), "--load-seconds", "0",
             "--enable-metrics", "--enable-cache-report"]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # to a file: the sim logs a line per prefill batch, and an unread pipe fills and freezes it
+    log_path = tmp_path_factory.mktemp("sim") / "sim.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -232,7 +235,7 @@ def sim_url():
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"sim server did not start: {proc.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(f"sim server did not start: {log_path.read_text(errors='replace')[-2000:]}")
             time.sleep(0.1)
         yield url
     finally:
@@ -242,6 +245,7 @@ def sim_url():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.close()
 
 
 async def test_bench_against_the_simulated_sglang_server(sim_url, tmp_path):

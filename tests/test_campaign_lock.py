@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from typer.testing import CliRunner
@@ -18,6 +17,11 @@ from servetune.cli import app
 
 HOLD = ("import sys, time\nfrom servetune.campaign_lock import campaign_lock\n"
         "with campaign_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(float(sys.argv[2]))\n")
+
+
+# holds the lock until told to let go (a line on stdin)
+HOLD_UNTIL_TOLD = ("import sys\nfrom servetune.campaign_lock import campaign_lock\n"
+                   "with campaign_lock(sys.argv[1]):\n    print('held', flush=True)\n    sys.stdin.readline()\n")
 
 
 def _holder(folder, seconds: float) -> subprocess.Popen:
@@ -40,13 +44,26 @@ def test_a_held_folder_is_refused_with_its_holder_and_freed_by_its_death(tmp_pat
 
 
 def test_a_waiting_attempt_goes_on_once_the_holder_ends(tmp_path):
-    p = _holder(tmp_path, 1.0)
+    p = subprocess.Popen([sys.executable, "-c", HOLD_UNTIL_TOLD, str(tmp_path)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
     told: list[str] = []
-    t0 = time.monotonic()
-    with campaign_lock(tmp_path, wait_s=30, poll_s=0.05, on_wait=told.append):
-        waited = time.monotonic() - t0
-    p.wait()
-    assert told and told[0].startswith(f"pid {p.pid} ") and 0.3 < waited < 20, (told, waited)
+
+    def waiting(holder: str) -> None:  # the holder lets go only once this attempt is seen waiting
+        told.append(holder)
+        if len(told) == 1:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with campaign_lock(tmp_path, wait_s=120, poll_s=0.05, on_wait=waiting):
+            assert f"pid {os.getpid()} " in (tmp_path / ".campaign.lock").read_text()
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert told and told[0].startswith(f"pid {p.pid} "), told
 
 
 def test_tune_resume_on_a_folder_in_use_says_so_in_one_line(tmp_path):

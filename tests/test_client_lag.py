@@ -16,19 +16,26 @@ from test_bench_cli import sim_url  # noqa: F401  (fixture: `servetune sim serve
 
 
 def test_a_stalled_loop_shows_in_the_lag() -> None:
-    async def main() -> tuple[LoopLag, int]:
+    async def main() -> tuple[LoopLag, int, int]:
         lag = LoopLag()
         task = asyncio.create_task(lag.tick())
         t0 = time.perf_counter_ns()
         await asyncio.sleep(0.1)
+        b0 = time.perf_counter_ns()
         time.sleep(0.06)  # the loop is busy: no tick can wake
+        blocked = time.perf_counter_ns() - b0
         await asyncio.sleep(0.1)
         task.cancel()
-        return lag, t0
+        return lag, t0, blocked
 
-    lag, t0 = asyncio.run(main())
+    lag, t0, blocked = asyncio.run(main())
     p99, worst = lag.over(0.0, 1.0, t0)
-    assert 50 < worst < 80 and p99 > 10
+    # the stall counts once, as its length: the worst tick is late by the time blocked (less the 5 ms it may
+    # have been due after the stall began) plus no more than the ticker's ordinary lateness before and after it
+    late_ms = sorted(x / 1e6 for x in lag._late)
+    outside = late_ms[-2]  # every other tick: the ticker's lateness outside the stall
+    bound = blocked / 1e6 + 2 * outside + 5
+    assert 50 < worst <= bound and p99 > 10, (worst, blocked / 1e6, outside)
     assert lag.over(5.0, 6.0, t0) == (None, None)  # no tick in that span
 
 
@@ -42,14 +49,19 @@ def _trial(url: str, progress=None):
 
 def test_a_busy_client_makes_its_trial_invalid(sim_url) -> None:  # noqa: F811
     calm = _trial(sim_url)
-    assert calm.summary.client_lag_p99_ms is not None and calm.summary.client_lag_p99_ms < 25
-    assert not any("event loop" in r for r in calm.summary.invalid_reasons)
+    assert calm.summary.client_lag_p99_ms is not None
+    # a busy machine may make even the calm client late: then, and only then, the rule refuses it too
+    rule = ValidityRules().max_client_lag_ms
+    calm_refused = any("event loop" in r for r in calm.summary.invalid_reasons)
+    assert calm_refused == (calm.summary.client_lag_p99_ms > rule), (calm.summary.client_lag_p99_ms, rule)
 
     def hog(done: int, errors: int, tokens: int) -> None:
         time.sleep(0.04)  # a progress callback that blocks the loop: every stamp after it is late
 
     busy = _trial(sim_url, progress=hog)
-    assert busy.summary.client_lag_p99_ms > 30
+    # each 40 ms stall makes a tick >= 35 ms late, on top of whatever lag the calm run had
+    assert busy.summary.client_lag_p99_ms > max(30, calm.summary.client_lag_p99_ms + 20), (
+        busy.summary.client_lag_p99_ms, calm.summary.client_lag_p99_ms)
     assert not busy.summary.valid
     assert any("the client's event loop woke p99" in r for r in busy.summary.invalid_reasons)
     assert busy.load["client_lag_max_ms"] >= busy.summary.client_lag_p99_ms

@@ -176,29 +176,39 @@ async def test_batched_passes_are_bounded_and_every_stamp_is_a_segments_arrival(
             before, after = sent[count - 1]  # the read ends with segment count-1: its stamp is that one's
             assert before - 50_000 <= t <= after + 50_000, (before - t, t - after)
         reads += len(conn.got)
-    assert reads < 40 * len(conns) * 0.5  # batched: most reads carry several segments
+    # batched: a pass reads a socket once, all that came since, and the passes are bounded by the interval
+    # (above); how many segments a read carries then depends only on how fast this machine wrote them
+    assert reads <= (reader.passes - passes) * len(conns), (reads, reader.passes - passes)
 
 
 @pytest.mark.parametrize("batch_ms", [0.0, 1.0])
 async def test_a_load_stamps_its_chunks_on_the_servers_send_times_though_its_loop_stalls(tmp_path, batch_ms: float) -> None:
     """The server in its own process logs each write; the client's loop stalls 2 ms at every stream end (a
     slow progress callback), so a chunk that arrives meanwhile is read late. Its stamp is not: every chunk's
-    arrival is within a fraction of a millisecond of its send (read when the loop got to it: up to 2 ms)."""
+    arrival comes after the server's stamp taken right before its write and, but for the kernel's delivery
+    (tenths of a millisecond), before the one taken right after it (read when the loop got to it: up to 2 ms
+    later). A busy host may hold the write after its first stamp; the second one bounds that. Chunks read
+    together share the last one's stamp: all but the last of such a run are left out (counted)."""
     with ServerProcess(Scenario(ttft_ms=10, gap_ms=5), tmp_path) as srv:
         t0 = time.perf_counter_ns()
         out = await run_load(Target(url=srv.url, read_batch_ms=batch_ms), _requests(16, out=8),
                              LoadConfig(concurrency=4), t0_ns=t0, progress=lambda *_: time.sleep(0.002))
     log = srv.log()
     assert out.arrival_stamps == ("kernel" if sys.platform == "linux" else "client")
-    err = []
+    early, late, merged = [], [], 0
     for rec in out.records:
         assert rec.ok and len(rec.chunk_offsets_ms) == 8 and rec.completion_tokens == 8
-        sent = np.asarray(log[rec.request_id]["chunk_ns"], dtype=np.float64)
-        err.extend((t0 + rec.t_send_s * 1e9 + np.asarray(rec.chunk_offsets_ms) * 1e6 - sent) / 1e6)
-    err = np.asarray(err)
-    assert err.min() > -0.05  # never before the send (the clocks' offset: microseconds)
-    if sys.platform == "linux":
-        assert np.percentile(err, 90) < 0.3, np.percentile(err, [50, 90, 99])
+        begun = np.asarray(log[rec.request_id]["chunk_ns"], dtype=np.float64)
+        ended = np.asarray(log[rec.request_id]["chunk_end_ns"], dtype=np.float64)
+        at = t0 + rec.t_send_s * 1e9 + np.asarray(rec.chunk_offsets_ms) * 1e6
+        alone = np.append(np.diff(at) != 0, True)  # a chunk whose stamp the next one does not share
+        merged += int((~alone).sum())
+        early.extend((at - begun)[alone] / 1e6)
+        late.extend((at - ended)[alone] / 1e6)
+    assert min(early) > -0.05  # never before the write began (the clocks' offset: microseconds)
+    if sys.platform == "linux":  # stamped by the kernel as it delivers, soon after the write returned
+        assert np.percentile(late, 90) < 0.3, (np.percentile(late, [50, 90, 99]), merged)
+    assert merged < len(out.records) * 8 / 2  # most chunks were read one by one
     with pytest.raises(ValueError, match="read_batch_ms"):
         Target(url=srv.url, read_batch_ms=5)
 

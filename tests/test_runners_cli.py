@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 import yaml
 from fake_engines.helpers import wait_all_gone
 from typer.testing import CliRunner
@@ -99,17 +101,38 @@ def test_serve_runs_the_sim_until_sigint_and_tears_down(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "servetune", "serve", "--engine", "sim", "--set",
                              "max-running-requests=4", "--log-dir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "COLUMNS": "200"})
+                            env={**os.environ, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1"})
+    tree: list[psutil.Process] = []  # the engine's processes (psutil refuses to signal a reused pid)
+    passed = False
     try:
         line = proc.stdout.readline()
         assert line.startswith("ready: http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() else "")
         pid = int(line.split("pid ")[1].split(",")[0])
-        engine = [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        engine = [p.pid for p in tree]
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        try:
+            # the teardown's own waits add up to ~45 s at worst; a busy machine stretches them
+            _, err = proc.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's Python stack
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            alive = [p.pid for p in tree if p.is_running()]
+            logs = {f.name: f.read_text(errors="replace")[-2000:] for f in tmp_path.iterdir() if f.is_file()}
+            pytest.fail(f"serve did not exit 150 s after SIGINT; engine pids alive: {alive}\n"
+                        f"stdout: {out[-3000:]}\nstderr (stacks): {err[-8000:]}\nlogs: {logs}")
         assert proc.returncode == 0, err
         assert "teardown: clean (signals SIGTERM" in err
         assert wait_all_gone(engine, 5) == []
+        passed = True
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        for p in tree if not passed else ():  # what a failed teardown left behind
+            with contextlib.suppress(psutil.Error):
+                p.kill()

@@ -142,7 +142,8 @@ async def test_api_key_enforced_except_health_and_metrics() -> None:
 
 
 async def test_loading_phase_answers_503_then_serves() -> None:
-    sim = SimServer(server_args_from_flags({"load_seconds": 0.4}))
+    # loading outlasts any stall of a busy machine; the test ends it (the timer: test_server_process_loads...)
+    sim = SimServer(server_args_from_flags({"load_seconds": 60}))
     server = TestServer(sim.app, host="127.0.0.1", port=0)
     await server.start_server()
     base = f"http://127.0.0.1:{server.port}"
@@ -153,7 +154,7 @@ async def test_loading_phase_answers_503_then_serves() -> None:
                     assert r.status == 503
             async with s.post(base + "/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 2}}) as r:
                 assert r.status == 503
-            await asyncio.sleep(0.5)
+            sim._set_ready()  # what the load_seconds timer calls
             async with s.get(base + "/health_generate") as r:
                 assert r.status == 200
             async with s.post(base + "/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 2}}) as r:
@@ -236,12 +237,16 @@ def test_unknown_flags_are_rejected_like_sglang() -> None:
 
 
 @pytest.fixture(scope="module")
-def server_process() -> tuple[str, float]:
+def server_process(tmp_path_factory) -> tuple[str, float]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "servetune", "sim", "serve", "--port", str(port), "--load-seconds", "1.0",
+    # 5 s of loading: long enough that even a starved poller sees a 503 in it
+    cmd = [sys.executable, "-m", "servetune", "sim", "serve", "--port", str(port), "--load-seconds", "5",
            "--enable-metrics", "--enable-cache-report"]
     t_start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    # to a file: the sim logs a line per prefill batch, and an unread pipe fills and freezes it
+    log_path = tmp_path_factory.mktemp("sim") / "sim.log"
+    log = log_path.open("w")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     saw_503 = False
@@ -261,7 +266,7 @@ def server_process() -> tuple[str, float]:
                 pass
             time.sleep(0.05)
         else:
-            raise AssertionError("simulated server never became ready")
+            raise AssertionError(f"simulated server never became ready: {log_path.read_text()[-2000:]}")
         yield url, saw_503, time.monotonic() - t_start
     finally:
         proc.terminate()
@@ -270,6 +275,7 @@ def server_process() -> tuple[str, float]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.close()
 
 
 def test_server_process_loads_then_is_ready(server_process) -> None:

@@ -49,7 +49,7 @@ def gone(pid: int) -> bool:
     return False
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(900)  # ~160 s idle, ~230 s beside a busy job on a 2-core box
 def test_demo_campaign_over_http_in_real_time(tmp_path: Path) -> None:
     plan = load_plan(REPO / "plans" / "demo.yaml")
     # one refinement flag (the rest of the walk is the virtual campaigns' business): a few minutes of real time
@@ -68,7 +68,6 @@ def test_demo_campaign_over_http_in_real_time(tmp_path: Path) -> None:
     campaign = Campaign(plan, LiveTrialRunner(plan, provisioner=procs), tmp_path / "out")
     decision = campaign.run()
     elapsed = time.monotonic() - t0
-    assert elapsed < 300, f"the demo took {elapsed:.0f} s"  # 161 s alone on the 2-core box, 233 s beside a bench
 
     assert decision.done and not decision.failed, decision.reason
     exp = json.loads((tmp_path / "out" / "experiment.json").read_text())
@@ -78,6 +77,9 @@ def test_demo_campaign_over_http_in_real_time(tmp_path: Path) -> None:
     ordered = sorted(trials, key=lambda t: t.created_at)
     assert len(trials) == len(campaign.state.outcomes)
     assert all(t.status == "ok" for t in trials), [t.failure_reason for t in trials if t.status != "ok"]
+    # real time: one after another, the trials' measured windows fit inside the campaign's own wall time
+    windows = sum(t.summary.window_s or 0.0 for t in trials)
+    assert 0 < windows <= elapsed, (windows, elapsed)
     assert all(t.target["url"].startswith("http://127.0.0.1:") for t in trials)
     # measured over HTTP: real records with SSE timings, server telemetry from /metrics
     chosen = next(t for t in trials if t.trial_id == rec["evidence_trial_ids"][0])

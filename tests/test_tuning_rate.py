@@ -213,7 +213,7 @@ def test_the_dry_run_shows_rates_and_the_capacity(tmp_path: Path) -> None:
     assert "simulated recommendation: capacity" in text and "in flight" in text
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # ~115 s idle on a 2-core box; real time stretches under load
 def test_a_rate_mode_campaign_runs_open_loops_over_http(tmp_path: Path) -> None:
     """The live runner against a real `servetune sim serve` process: every trial an open loop at its rate,
     dispatched on an exact-rate Poisson schedule over loopback HTTP."""
