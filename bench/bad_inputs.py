@@ -23,12 +23,13 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+import orjson
+import yaml
+
 import bad_inputs_boundary as boundary  # issue 44's addresses, warehouse schemas and OS errors at a path
 import bad_inputs_bounded as bounded  # issue 44's names and sizes
 import bad_inputs_more as more  # issue 31's URL, dry-run, version and env-name cases
 import bad_inputs_strict as strict  # issue 31's cases, beside this file
-import orjson
-import yaml
 
 SECRET = "Sup3rS3cret-pw"  # planted in URLs, env values and flags: never to be printed
 TRACEBACK = "Traceback (most recent call last)"
@@ -179,8 +180,8 @@ PLAN_CASES: list[tuple[str, Any, tuple[str, ...]]] = [
     ("workload_unknown_distribution", {W: {"input": {"kind": "zipf", "value": 3}}}, ("workload.input", "zipf")),
     ("workload_min_above_max", {W: {"output": {"kind": "uniform", "min": 64, "max": 8}}}, ("workload.output", "min")),
 ]
-PLAN_CASES += strict.PLAN + more.PLAN + bounded.PLAN + boundary.PLAN  # issue 31: a key twice, a boolean, inf or nan, a size,
-# a URL, env; issue 44: names as labels, grids and levels bounded
+PLAN_CASES += strict.PLAN + more.PLAN + bounded.PLAN + boundary.PLAN  # issue 31: a key twice, a boolean, inf or nan,
+# a size, a URL, env; issue 44: names as labels, grids and levels bounded
 FILE_LEVEL = {"plan_bad_yaml", "plan_not_utf8", "plan_empty", "plan_a_list", *strict.FILE_LEVEL}  # no header
 
 
@@ -339,7 +340,7 @@ def prepare(case: Case, where: Path, db: str | dict[str, str] | None) -> list[st
     filled = db if isinstance(db, dict) else {"db": db or "{db}"}
     argv = list(case.argv)
     for key, value in filled.items():
-        argv = [a.replace("{%s}" % key, value) for a in argv]
+        argv = [a.replace(f"{{{key}}}", value) for a in argv]
     return argv
 
 

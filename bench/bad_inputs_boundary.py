@@ -27,7 +27,7 @@ DAMAGED = "is damaged"
 NAME = "n" * 300
 SIM = "name: bad\nmodel: m\nsla: {p99_ttft_ms: 500}\nengine: {kind: sim}\nstages: {refine: {enabled: false}}\n"
 XID = "0123456789abcdef0123456789abcdef"
-EXPERIMENT = '{"experiment_id": "%s"}' % XID  # a campaign folder's record, enough for --resume to open it
+EXPERIMENT = f'{{"experiment_id": "{XID}"}}'  # a campaign folder's record, enough for --resume to open it
 
 
 class Link(str):

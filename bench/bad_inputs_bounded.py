@@ -34,8 +34,8 @@ PLAN: list[tuple[str, Any, tuple[str, ...]]] = [
     ("ramp_200_levels", {"stages": {"ramp": {"levels": list(range(20, 220))}}}, (RAMP, "at most 64")),
     ("grid_one_flag_65_values", {"stages": {"refine": {"grid": {"chunked-prefill-size": list(range(1, 66))}}}},
      (GRID, "65 values", "at most 64")),
-    ("grid_129_values_in_all", {"stages": {"refine": {"grid": {"chunked-prefill-size": list(range(1, 65)),
-                                                               "schedule-conservativeness": [x / 100 for x in range(1, 66)]}}}},
+    ("grid_129_values_in_all", {"stages": {"refine": {"grid": {
+        "chunked-prefill-size": list(range(1, 65)), "schedule-conservativeness": [x / 100 for x in range(1, 66)]}}}},
      (GRID, "129 values", "at most 128")),
     ("grid_200_by_200", {"stages": {"refine": {"grid": {"chunked-prefill-size": list(range(1, 201)),
                                                         "max-running-requests": list(range(1, 201))}}}},

@@ -87,7 +87,8 @@ def load_rows(path: Path) -> tuple[dict, list[Row]]:
             if key not in r:
                 raise ValueError(f"{path}: rows[{i}] has no {key!r}")
         if r["shape"] not in SHAPE_PROFILES:
-            raise ValueError(f"{path}: rows[{i}].shape {r['shape']!r} has no model profile; known: {sorted(SHAPE_PROFILES)}")
+            raise ValueError(f"{path}: rows[{i}].shape {r['shape']!r} has no model profile;"
+                             f" known: {sorted(SHAPE_PROFILES)}")
         if r["phase"] not in PHASES:
             raise ValueError(f"{path}: rows[{i}].phase must be prefill or decode, got {r['phase']!r}")
         if not (r["batch"] > 0 and r["context"] > 0 and r["ms_median"] > 0):
@@ -161,13 +162,13 @@ def fit(base: GpuProfile, rows: Sequence[Row], name: str, free: Sequence[str] = 
     w = np.sqrt(weights / weights.mean()) if weights is not None else 1.0
 
     def profile(x: np.ndarray) -> GpuProfile:
-        return base.model_copy(update={"name": name, **{n: float(v) for n, v in zip(names, x)}})
+        return base.model_copy(update={"name": name, **{n: float(v) for n, v in zip(names, x, strict=True)}})
 
     def residuals(x: np.ndarray) -> np.ndarray:
         return w * np.log(predict_all(profile(x), rows) / measured)
 
     best = None
-    for start in zip(*(FREE[n][2] for n in names)):
+    for start in zip(*(FREE[n][2] for n in names), strict=True):
         res = least_squares(residuals, np.array(start, dtype=float), bounds=(lo, hi), x_scale="jac",
                             loss=loss, f_scale=0.1)
         if best is None or res.cost < best.cost:
@@ -203,7 +204,7 @@ def bin_table(fitted: GpuProfile, base: GpuProfile, rows: Sequence[Row]) -> list
     out = []
     for b in sorted({r.bin for r in rows}, key=lambda s: (s.split()[0], int(s.split()[2].split("-")[0]))):
         sel = np.array([r.bin == b for r in rows])
-        sub = [r for r, s in zip(rows, sel) if s]
+        sub = [r for r, s in zip(rows, sel, strict=True) if s]
         out.append({"bin": b, "rows": len(sub), "context": float(np.median([r.context for r in sub])),
                     "measured_ms": float(np.median([r.ms for r in sub])), "predicted_ms": float(np.median(pred[sel])),
                     "error_pct": median_abs(errs[sel]), "base_error_pct": median_abs(base_errs[sel])})
@@ -226,14 +227,18 @@ def eager_header(gpu: GpuProfile, meta: dict, fitted: dict, base_name: str, data
 
 
 def sglang_header(gpu: GpuProfile, meta: dict, fitted: dict, base_name: str, paths: Sequence[Path]) -> list[str]:
-    srcs = " ".join(str(Path(p).resolve().relative_to(ROOT)) if Path(p).resolve().is_relative_to(ROOT) else str(p) for p in paths)
+    srcs = " ".join(str(Path(p).resolve().relative_to(ROOT)) if Path(p).resolve().is_relative_to(ROOT) else str(p)
+                    for p in paths)
     return [
         f"{gpu.name}: {meta['engine']} on an {meta['gpu']} ({meta['attention']} attention, CUDA graphs, overlap",
         f"scheduler, bf16). Fitted by bench/calibrate_sim.py to {fitted['rows']} step times from SGLang's own",
-        f"scheduler log ({meta['trials']} trials of {', '.join(meta['sources'])}, {meta['date']}; random-weight 7.24B Llama,",
-        f"model profile {SHAPE_PROFILES[SGLANG_SHAPE]}): median |step-time error| {fitted['all']:.1f}% (prefill {fitted['prefill']:.1f}%,",
+        f"scheduler log ({meta['trials']} trials of {', '.join(meta['sources'])}, {meta['date']};"
+        " random-weight 7.24B Llama,",
+        f"model profile {SHAPE_PROFILES[SGLANG_SHAPE]}): median |step-time error| {fitted['all']:.1f}%"
+        f" (prefill {fitted['prefill']:.1f}%,",
         f"decode {fitted['decode']:.1f}%).",
-        f"  .venv/bin/python bench/calibrate_sim.py --base {base_name} --name {gpu.name} --from-sglang-trials {srcs} \\",
+        f"  .venv/bin/python bench/calibrate_sim.py --base {base_name} --name {gpu.name}"
+        f" --from-sglang-trials {srcs} \\",
         f"      --write servetune/sim/profiles/gpu/{gpu.name}.yaml",
         f"Peaks and memory are the {base_name} profile's; end-to-end error: bench/sim_vs_sglang.py, docs/sim.md.",
     ]
@@ -242,7 +247,8 @@ def sglang_header(gpu: GpuProfile, meta: dict, fitted: dict, base_name: str, pat
 def main_sglang(a: argparse.Namespace, base: GpuProfile) -> None:
     meta, rows = load_sglang_rows(a.from_sglang_trials)
     fitted = rounded(fit(base, rows, a.name, SGLANG_FREE, bin_weights(rows), "soft_l1"), SGLANG_FREE)
-    print(f"data: {', '.join(meta['sources'])} ({meta['trials']} trials, {meta['engine']}, {meta['gpu']}): {len(rows)} rows")
+    print(f"data: {', '.join(meta['sources'])} ({meta['trials']} trials, {meta['engine']}, {meta['gpu']}):"
+          f" {len(rows)} rows")
     print("fitted: " + ", ".join(f"{n}={getattr(fitted, n):g}" for n in SGLANG_FREE) + " (launch_ms_per_layer 0)")
     sets = {"in sample": rows}
     if a.holdout_sglang_trials:
@@ -252,8 +258,8 @@ def main_sglang(a: argparse.Namespace, base: GpuProfile) -> None:
         table = bin_table(fitted, base, rs)
         print(f"\n{label}: | bin | rows | context | measured ms | {a.name} ms | error | {a.base} error |")
         for t in table:
-            print(f"| {t['bin']} | {t['rows']} | {t['context']:.0f} | {t['measured_ms']:.2f} | {t['predicted_ms']:.2f} |"
-                  f" {t['error_pct']:.1f}% | {t['base_error_pct']:.1f}% |")
+            print(f"| {t['bin']} | {t['rows']} | {t['context']:.0f} | {t['measured_ms']:.2f} |"
+                  f" {t['predicted_ms']:.2f} | {t['error_pct']:.1f}% | {t['base_error_pct']:.1f}% |")
         s, sb = summary(fitted, rs, by="bin"), summary(base, rs, by="bin")
         print(fmt_summary(f"{a.name} ({label})", {k: s[k] for k in ("all", "rows", *PHASES) if k in s}))
         print(fmt_summary(f"{a.base} uncalibrated ({label})", {k: sb[k] for k in ("all", "rows", *PHASES) if k in sb}))
@@ -274,7 +280,8 @@ def main() -> None:
                     help="with --from-sglang-trials: also price these trials' steps (not fitted on)")
     ap.add_argument("--base", default="H200", help="GPU profile giving the peaks (and the uncalibrated contrast)")
     ap.add_argument("--name", default=None, help="name of the fitted profile (H200-transformers-eager / H200-sglang)")
-    ap.add_argument("--write", type=Path, default=None, help=f"write the fitted profile here (e.g. {DEFAULT_OUT.relative_to(ROOT)})")
+    ap.add_argument("--write", type=Path, default=None,
+                    help=f"write the fitted profile here (e.g. {DEFAULT_OUT.relative_to(ROOT)})")
     ap.add_argument("--json", type=Path, default=None, help="also write every figure as JSON")
     a = ap.parse_args()
     base = load_gpu_profile(a.base)
@@ -293,7 +300,7 @@ def main() -> None:
     print("fitted: " + ", ".join(f"{n}={getattr(fitted, n):g}" for n in FREE))
     print(f"\n{'model':5} {'phase':7} {'batch':>5} {'context':>7} {'measured ms':>11} {'predicted':>9} {'error':>7}"
           f" | {a.base + ' (uncal.)':>14} {'error':>7}")
-    for r, e, be, p, bp in zip(rows, errs, base_errs, pred, base_pred):
+    for r, e, be, p, bp in zip(rows, errs, base_errs, pred, base_pred, strict=True):
         print(f"{r.shape:5} {r.phase:7} {r.batch:5d} {r.context:7.0f} {r.ms:11.2f} {p:9.2f} {e:+6.1f}%"
               f" | {bp:14.2f} {be:+6.1f}%")
 
@@ -325,7 +332,7 @@ def main() -> None:
             "uncalibrated": uncal, "holdout": holdout, "base_compute_bound": cb,
             "rows": [{"shape": r.shape, "phase": r.phase, "batch": r.batch, "context": r.context, "measured_ms": r.ms,
                       "predicted_ms": p, "error_pct": e, "base_error_pct": be}
-                     for r, e, be, p in zip(rows, errs, base_errs, pred)],
+                     for r, e, be, p in zip(rows, errs, base_errs, pred, strict=True)],
         }, indent=1))
 
 

@@ -6,12 +6,12 @@ the capacity, not the flag walk) through ``servetune.tuning`` (the code `servetu
 exhaustive grid runs the same default config at every rate from the ladder's lowest to its highest
 in steps of ``--step`` (5%, geometric), each trial sized by the tuner's own rule
 (servetune.tuning.sizing, one size per ladder rung's band), re-run once on the same seed, bigger, when INVALID,
-and once at the tuner's settled size when a p99 or latency-growth interval holds its bound (evidence.unsettled). Both judge a trial with
-the same verdict (SLA p99s, errors, memory, and whether the server kept up: servetune.tuning.verdict) and a
-rate with the same rule: it passes only when it passes on every one of ``--seeds`` workload and arrival
-seeds (the plan's ``repeats.count``, the same seeds on both sides), and a capacity is the highest rate
-that passes with every lower rate passing too (docs/tuning.md, "Capacity"). The grid's figure follows
-the same rule: its highest rate below its first failing one, where it then runs one more rate
+and once at the tuner's settled size when a p99 or latency-growth interval holds its bound (evidence.unsettled).
+Both judge a trial with the same verdict (SLA p99s, errors, memory, and whether the server kept up:
+servetune.tuning.verdict) and a rate with the same rule: it passes only when it passes on every one of
+``--seeds`` workload and arrival seeds (the plan's ``repeats.count``, the same seeds on both sides), and a
+capacity is the highest rate that passes with every lower rate passing too (docs/tuning.md, "Capacity"). The
+grid's figure follows the same rule: its highest rate below its first failing one, where it then runs one more rate
 (between the two, so its resolution at the edge is the search's 2.5%). A scenario with its own
 arrivals (gamma shape 0.3) keeps them whatever ``--arrival`` says. The grid's own seed-to-seed spread
 is printed: each seed's capacity alone (the highest rate that seed passes before its first failure)
@@ -41,15 +41,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tuning_efficiency import SCENARIOS, Scenario, cached_grid, cells, measure  # noqa: E402
-
 from servetune.plan import TuningPlan, parse_plan  # noqa: E402
 from servetune.tuning.campaign import dry_run  # noqa: E402
-from servetune.tuning.runner import SimTrialRunner  # noqa: E402
 from servetune.tuning.evidence import level_size, pool, size_band  # noqa: E402
+from servetune.tuning.runner import SimTrialRunner  # noqa: E402
 from servetune.tuning.sizing import size_trial  # noqa: E402
 from servetune.tuning.state import CampaignState, TrialOutcome  # noqa: E402
 from servetune.tuning.verdict import judge  # noqa: E402
+from tuning_efficiency import SCENARIOS, Scenario, cached_grid, cells, measure  # noqa: E402
 
 LADDER = [0.5, 1, 2, 4, 8, 16, 32, 64]
 PICKED = ("a100-8b-chat", "h100-8b-rag-long-prompt", "l40s-8b-chat", "a100-8b-agent-shared-prefix",
@@ -184,8 +183,8 @@ def main() -> int:
     args = ap.parse_args()
     only = [x for x in (args.only or "").split(",") if x]
     header = ("scenario", "arrivals", "search trials", "grid trials", "capacity req/s", "grid capacity req/s",
-              "ratio", "grid best pass anywhere", "grid per-seed capacities", "search GPU min", "grid GPU min", "GPU-time ratio", "ceiling kind",
-              "meets target")
+              "ratio", "grid best pass anywhere", "grid per-seed capacities", "search GPU min", "grid GPU min",
+              "GPU-time ratio", "ceiling kind", "meets target")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     ok_all, worst, t_start, n = True, None, time.perf_counter(), 0
@@ -216,8 +215,9 @@ def main() -> int:
             worst = (ratio, sc.name)
         kind = decision.ceiling.kind if decision.ceiling else "-"
         assert plan.load is not None
-        print(f"| {sc.name} | {plan.load.arrivals_text()} | {len(staged)} | {len(grid)} | {cap} | {best} | {ratio:.1%} |"
-              f" {anywhere} | {spread_text} | {t_s / 60:.1f} | {t_g / 60:.1f} | {t_s / t_g:.1%} | {kind} | {'yes' if ok else 'NO'} |",
+        print(f"| {sc.name} | {plan.load.arrivals_text()} | {len(staged)} | {len(grid)} | {cap} | {best} |"
+              f" {ratio:.1%} | {anywhere} | {spread_text} | {t_s / 60:.1f} | {t_g / 60:.1f} | {t_s / t_g:.1%} |"
+              f" {kind} | {'yes' if ok else 'NO'} |",
               flush=True)
         print(f"# {sc.name}: search {t1 - t0:.0f} s, grid{' (cached)' if was_cached else ''}"
               f" {time.perf_counter() - t1:.0f} s wall", file=sys.stderr, flush=True)

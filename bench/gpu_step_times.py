@@ -69,7 +69,7 @@ def measure(shape: str, reps: int) -> list[dict]:
         for batch, length in PREFILL:
             ids = torch.randint(0, cfg.vocab_size, (batch, length), device="cuda")
 
-            def step():
+            def step(model=model, ids=ids):  # bound here: run in this iteration only
                 model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
             timed(step, 2)
@@ -85,7 +85,7 @@ def measure(shape: str, reps: int) -> list[dict]:
             ids = torch.randint(0, cfg.vocab_size, (batch, 1), device="cuda")
             pos = torch.full((batch, 1), ctx, device="cuda", dtype=torch.long)
 
-            def step():
+            def step(model=model, ids=ids, cache=cache, pos=pos, ctx=ctx):  # bound here: run in this iteration only
                 model(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True)
                 cache.crop(ctx)  # keep the context length fixed across repetitions
 
@@ -94,7 +94,7 @@ def measure(shape: str, reps: int) -> list[dict]:
             rows.append(dict(shape=shape, phase="decode", batch=batch, context=ctx, tokens=batch,
                              ms_median=statistics.median(ms), ms_min=min(ms), params=params))
             print(json.dumps(rows[-1]), flush=True)
-            del cache
+            del step, cache  # step holds the cache too: both go, so that empty_cache frees it
             torch.cuda.empty_cache()
     del model
     torch.cuda.empty_cache()

@@ -16,10 +16,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuning_efficiency import SCENARIOS, make_plan  # noqa: E402
-
 from servetune.tuning.campaign import dry_run  # noqa: E402
 from servetune.tuning.runner import SimTrialRunner  # noqa: E402
+from tuning_efficiency import SCENARIOS, make_plan  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -45,8 +44,8 @@ def main(argv: list[str]) -> int:
         (n0, g0, a0, _, _), (n1, g1, a1, rec, _) = runs
         same = a0 == a1
         same_all &= same
-        print(f"| {name} | {n0} | {g0:.1f} | {n1} | {g1:.1f} | {g1 / g0:.2f} | {'yes' if same else f'NO: {a0} vs {a1}'} |",
-              flush=True)
+        print(f"| {name} | {n0} | {g0:.1f} | {n1} | {g1:.1f} | {g1 / g0:.2f} |"
+              f" {'yes' if same else f'NO: {a0} vs {a1}'} |", flush=True)
         for line in rec.explanation if rec else []:
             if "not measured" in line or line.startswith("prediction"):
                 print(f"    {line}", file=sys.stderr)

@@ -59,8 +59,9 @@ def main() -> int:
                 state = state.add(o)
                 if k == 0 and not o.valid:  # the first size was a guess: re-size from what it measured, once
                     requests, warmup, how = size_trial(plan, state, flags, level, "ramp", resize_from=o)
-                    print(f"# level {level}: INVALID at {spec.requests} requests ({'; '.join(o.summary.invalid_reasons)});"
-                          f" re-sized to {requests}", file=sys.stderr, flush=True)
+                    print(f"# level {level}: INVALID at {spec.requests} requests"
+                          f" ({'; '.join(o.summary.invalid_reasons)}); re-sized to {requests}",
+                          file=sys.stderr, flush=True)
                     continue
                 outcomes.append(o)
                 result = rep.result
@@ -82,7 +83,8 @@ def main() -> int:
             rows.append(row)
     finally:
         runner.close()
-    print("| level | valid / repeats | passed SLA | " + " | ".join(f"{n} (mean ± 95% CI, CV)" for n, _ in FIGURES) + " |")
+    print("| level | valid / repeats | passed SLA | "
+          + " | ".join(f"{n} (mean ± 95% CI, CV)" for n, _ in FIGURES) + " |")
     print("|---|---|---|" + "---|" * len(FIGURES))
     for row in rows:
         cells = []
@@ -90,7 +92,8 @@ def main() -> int:
             sp = row[name]
             cells.append("-" if sp["mean"] is None else
                          f"{sp['mean']:.2f} ± {sp['ci95'] or 0:.2f} (CV {100 * (sp['cv'] or 0):.1f}%)")
-        print(f"| {row['level']} | {row['valid']} / {row['repeats']} | {row['passed_sla']} | " + " | ".join(cells) + " |")
+        print(f"| {row['level']} | {row['valid']} / {row['repeats']} | {row['passed_sla']} | "
+              + " | ".join(cells) + " |")
     (args.out / "study.json").write_bytes(orjson.dumps({"plan": plan.name, "rows": rows}, option=orjson.OPT_INDENT_2))
     return 0
 

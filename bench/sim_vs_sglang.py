@@ -55,7 +55,8 @@ def _campaign_state(name: str) -> dict:
 def _spans(name: str) -> dict[str, float]:
     """trial id -> seconds from the first send to the last completion, for the trial files kept."""
     where = DATA / name if (DATA / name).is_dir() else DATA / f"{name}.tar.xz"
-    return {t["trial_id"]: t["load"]["drain_end_s"] for t in load_trials([where]) if t.get("load", {}).get("drain_end_s")}
+    return {t["trial_id"]: t["load"]["drain_end_s"] for t in load_trials([where])
+            if t.get("load", {}).get("drain_end_s")}
 
 
 def _resummarized(trial: dict) -> dict:

@@ -7,7 +7,8 @@ run against ``servetune.sim.simulate``; the grid ramps each config until its fir
 Both see the same deterministic simulator and the same validity rules (servetune.validity, the
 GPU defaults: a 20 s steady window, max(200, 4 x streams) completions), and both size their
 trials with servetune.tuning.sizing (the grid re-runs an INVALID trial once, bigger, and an unsettled p99 or
-latency-growth verdict once at the settled size, as the tuner does); a trial that stays INVALID counts for neither side. Both are judged on the same workload seeds
+latency-growth verdict once at the settled size, as the tuner does); a trial that stays INVALID counts for neither
+side. Both are judged on the same workload seeds
 (``--seeds``, default 3: the grid runs every config and level on each, a level passing by majority, and
 one whose seeds disagree gets seeds up to ``repeats.max``, as the tuner's; the staged campaign runs with
 ``repeats.count`` = that many, as on a live engine, and its answer's config and level are measured on the
@@ -28,8 +29,8 @@ trials in DIR and reuses them when nothing the grid depends on changed (the grid
 grid code and servetune's sources): the simulator runs in virtual time, so a grid re-run gives the same
 trials, and a run with and one without a margin need the grid once.
 
-    .venv/bin/python bench/tuning_efficiency.py [--requests 200] [--seeds 3] [--only NAME] [--skip NAME] [--checklist] [--jobs 2]
-        [--clear-margin 0.5] [--grid-cache DIR]
+    .venv/bin/python bench/tuning_efficiency.py [--requests 200] [--seeds 3] [--only NAME] [--skip NAME]
+        [--checklist] [--jobs 2] [--clear-margin 0.5] [--grid-cache DIR]
 """
 
 from __future__ import annotations
@@ -50,12 +51,12 @@ from typing import Any
 
 from servetune.plan import Level, TuningPlan, parse_plan
 from servetune.tuning.campaign import dry_run
-from servetune.validation.campaign import check_trial
 from servetune.tuning.ceiling import judge, ramp_levels
 from servetune.tuning.evidence import Evidence, current, pool, unsettled
 from servetune.tuning.runner import SimTrialRunner
 from servetune.tuning.sizing import size_trial
-from servetune.tuning.state import CampaignState, TrialOutcome, TrialSpec, config_key
+from servetune.tuning.state import CampaignState, TrialOutcome, TrialSpec
+from servetune.validation.campaign import check_trial
 
 LEVELS = [16, 32, 48, 64, 96, 128, 192, 256]
 GRID = {"chunked-prefill-size": [1024, 2048, 4096, 8192], "schedule-conservativeness": [0.3, 0.7, 1.0, 1.3]}
@@ -116,11 +117,13 @@ SCENARIOS = [
               "multi_turn": {"turns": 3, "turn_input": {"kind": "uniform", "min": 32, "max": 256}}},
              {"p99_ttft_ms": 4000, "p99_tpot_ms": 80}, {}),
     Scenario("h100-8b-decode-heavy", "H100-80G", "llama-3.1-8b",
-             {"name": "decode-heavy", "input": {"kind": "lognormal", "median": 256, "sigma": 0.5, "min": 32, "max": 1024},
+             {"name": "decode-heavy",
+              "input": {"kind": "lognormal", "median": 256, "sigma": 0.5, "min": 32, "max": 1024},
               "output": {"kind": "lognormal", "median": 512, "sigma": 0.4, "min": 64, "max": 2048}},
              {"p99_ttft_ms": 1500, "p99_tpot_ms": 40}, {}),
     Scenario("l40s-8b-rag-shared-prefix", "L40S", "llama-3.1-8b",
-             {"name": "rag-prefix", "input": {"kind": "lognormal", "median": 2500, "sigma": 0.3, "min": 1024, "max": 6000},
+             {"name": "rag-prefix",
+              "input": {"kind": "lognormal", "median": 2500, "sigma": 0.3, "min": 1024, "max": 6000},
               "output": {"kind": "lognormal", "median": 128, "sigma": 0.4, "min": 16, "max": 512},
               "shared_prefix": {"tokens": 2048, "share_ratio": 0.95, "num_prefixes": 6}},
              {"p99_ttft_ms": 4000, "p99_tpot_ms": 80}, {}),
@@ -400,7 +403,8 @@ def main() -> int:
                   f" {r['g_g']:.2f} | {cv} | {gr:.1%} | {r['t_s'] / 60:.1f} | {r['t_g'] / 60:.1f} | {tr:.1%} |"
                   f" {r['lvl']} ({r['seeds']}) | {r['grid_lvl']} | {'yes' if ok else 'NO'} |", flush=True)
     margin = "none" if args.clear_margin is None else f"{args.clear_margin:g}"
-    print(f"\n{len(rows)} scenarios, {args.seeds} seeds, clear margin {margin}, predict {'on' if args.predict else 'off'},"
+    print(f"\n{len(rows)} scenarios, {args.seeds} seeds, clear margin {margin},"
+          f" predict {'on' if args.predict else 'off'},"
           f" {time.perf_counter() - t_start:.0f} s wall;"
           f" all meet >= 97% goodput at <= 30% GPU time: {'yes' if ok_all else 'NO'}"
           + (f"; worst goodput ratio {worst[0]:.1%} ({worst[1]})" if worst else ""))

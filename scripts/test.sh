@@ -8,6 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
 bash scripts/bootstrap.sh
+# Lint first (rules and line length: [tool.ruff] in pyproject.toml): a finding stops the run before any test.
+if ! .venv/bin/ruff check servetune bench tests; then
+  echo "scripts/test.sh: ruff check failed (above); no tests run" >&2
+  exit 1
+fi
 bash scripts/system-deps.sh
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider -n "${SERVETUNE_TEST_WORKERS:-3}" --dist loadgroup \

@@ -10,7 +10,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-
 #: each checklist item's failure in plain words (a reader's sentence; the item and its column are the detail)
 PLAIN: dict[str, str] = {
     "length_distribution": "the lengths the server saw are not the ones the workload asked for",

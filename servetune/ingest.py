@@ -11,8 +11,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from servetune.result import TrialResult
-from servetune.warehouse.loader import LoadReport
-from servetune.warehouse.loader import load_result as store
+from servetune.warehouse.loader import LoadReport, load_result as store
 
 
 def load_result(engine_or_url: Engine | str | None, source: str | Path | TrialResult, *, validate: bool = True,

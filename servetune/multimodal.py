@@ -49,7 +49,8 @@ def cached_split(r: RequestRecord, images: int) -> tuple[int, int] | None:
     return on_images, k - on_images
 
 
-def summarize_images(ok: Sequence[RequestRecord], server_signals: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def summarize_images(ok: Sequence[RequestRecord],
+                     server_signals: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The multimodal figures of a trial's successful requests in the window (None without images)."""
     image = [r for r in ok if r.n_images]
     if not image:
@@ -66,13 +67,15 @@ def summarize_images(ok: Sequence[RequestRecord], server_signals: dict[str, Any]
     cached_img = sum(splits[id(r)][0] for r in split)
     cached_txt = sum(splits[id(r)][1] for r in split) + sum(r.cached_tokens or 0 for r in text)
     img_split_total = sum(tokens[id(r)] for r in split)
-    txt_split_total = sum((r.prompt_tokens or 0) - tokens[id(r)] for r in split) + sum(r.prompt_tokens or 0 for r in text)
+    txt_split_total = (sum((r.prompt_tokens or 0) - tokens[id(r)] for r in split)
+                       + sum(r.prompt_tokens or 0 for r in text))
     split_n = len(split)
     per_image = [t / r.n_images for r in image if (t := tokens.get(id(r))) is not None]
     # an image request "hit" its images when the cache covered at least half of their tokens
     hit = [r for r in split if splits[id(r)][0] >= 0.5 * tokens[id(r)] > 0]
     hit_ids = {id(r) for r in hit}
-    miss = [r for r in image if id(r) not in hit_ids and r.text_before_images is not None and r.cached_tokens is not None]
+    miss = [r for r in image
+            if id(r) not in hit_ids and r.text_before_images is not None and r.cached_tokens is not None]
     sig = server_signals or {}
     out: dict[str, Any] = {
         "image_requests": len(image),

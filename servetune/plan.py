@@ -19,9 +19,23 @@ from servetune.plan_load import LoadSection, check_trace
 from servetune.plan_modality import check_modality
 from servetune.plan_protocols import MeasurementProtocol, check_protocols
 from servetune.plan_sections import Objective, PredictSection, RepeatsSection, RobustnessSection, SimEstimate
-from servetune.plan_types import (MAX_GRID_VALUES, MAX_LIST, MAX_NAME, Int, Label, Number, RampLevel, Rate,
-                                  Requests, Streams, Warmup, check_numbers, check_protocol_sizes, error_text)
-from servetune.plan_types import Strict as _Strict
+from servetune.plan_types import (
+    MAX_GRID_VALUES,
+    MAX_LIST,
+    MAX_NAME,
+    Int,
+    Label,
+    Number,
+    RampLevel,
+    Rate,
+    Requests,
+    Streams,
+    Strict as _Strict,
+    Warmup,
+    check_numbers,
+    check_protocol_sizes,
+    error_text,
+)
 from servetune.runners import LocalRunnerConfig, RunnerConfig
 from servetune.sla import SLA
 from servetune.validity import ValidityRules
@@ -44,9 +58,11 @@ class BaselineStage(_Strict):
     concurrency: Streams = 8
     rate: Rate | None = Field(default=None,
                               description="rate mode: the baseline's requests/s (default: half the first ramp level)")
-    requests: Requests = Field(default=200, description="measured requests after warm-up: a floor (servetune.tuning.sizing)")
+    requests: Requests = Field(default=200,
+                               description="measured requests after warm-up: a floor (servetune.tuning.sizing)")
     warmup: Warmup = 16
-    duration_s: Number | None = Field(default=None, gt=0, description="steady window to aim for (>= validation.min_window_s)")
+    duration_s: Number | None = Field(default=None, gt=0,
+                                      description="steady window to aim for (>= validation.min_window_s)")
 
 
 class RampStage(_Strict):
@@ -57,12 +73,15 @@ class RampStage(_Strict):
                                     description="streams (load.mode concurrency) or requests/s (rate)")
     requests: Requests = Field(default=200, description="measured requests per level after warm-up: a floor")
     warmup: Warmup = 16
-    duration_s: Number | None = Field(default=None, gt=0, description="steady window to aim for (>= validation.min_window_s)")
-    min_gain: Number = Field(default=0.05, ge=0, le=1, description="a level gaining less goodput (beyond the noise) is a plateau")
+    duration_s: Number | None = Field(default=None, gt=0,
+                                      description="steady window to aim for (>= validation.min_window_s)")
+    min_gain: Number = Field(default=0.05, ge=0, le=1,
+                             description="a level gaining less goodput (beyond the noise) is a plateau")
     bisect: bool = Field(default=True, description="bisect between the last passing and first failing level")
     bisect_min_step: Int = Field(default=4, ge=1, description="stop bisecting when the gap is this small")
-    rate_step: Number = Field(default=0.025, gt=0, le=0.5, description="rate mode: stop bisecting when the gap is this"
-                                                                      " fraction of the failing rate (the capacity's resolution)")
+    rate_step: Number = Field(default=0.025, gt=0, le=0.5,
+                              description="rate mode: stop bisecting when the gap is this fraction of the failing rate"
+                                          " (the capacity's resolution)")
 
     @field_validator("levels")
     @classmethod
@@ -182,7 +201,8 @@ class TuningPlan(_Strict):
     )
     seed: Int = 0
     cost: Cost | None = Field(default=None, exclude_if=lambda v: v is None,  # older plan digests hold
-                              description="the GPU price: every trial gets $ per million tokens and per 1,000 good requests")
+                              description="the GPU price: every trial gets $ per million tokens and per 1,000 good"
+                                          " requests")
     warm_start: bool = Field(default=False, exclude_if=lambda v: not v,  # older plan digests hold
                              description="begin from the last accepted answer for the same service (a weekly or"
                                          " on-change run): confirm it on every seed, then search around it; the full"

@@ -75,7 +75,8 @@ def headline_value(summary: Any, headline: str) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def check_protocols(protocols: list[MeasurementProtocol], workload: WorkloadSpec, engine: Any, engine_flags: dict[str, Any]) -> None:
+def check_protocols(protocols: list[MeasurementProtocol], workload: WorkloadSpec, engine: Any,
+                    engine_flags: dict[str, Any]) -> None:
     """Each protocol's workload and flags, checked as the campaign's are: before any server starts."""
     names = [p.name for p in protocols]
     if len(set(names)) != len(names):

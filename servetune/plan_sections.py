@@ -12,8 +12,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from servetune.plan_types import Int, Number
-from servetune.plan_types import Strict as _Strict
+from servetune.plan_types import Int, Number, Strict as _Strict
 
 Objective = Literal["goodput", "goodput_per_watt", "cost_per_mtok"]
 
@@ -24,7 +23,8 @@ class RepeatsSection(_Strict):
 
     count: Int | None = Field(default=None, ge=1, le=20,
                               description="repeats per decisive trial; default 3 on live engines, 1 in virtual time")
-    max: Int = Field(default=5, ge=1, le=30, description="a marginal level (its SLA verdict flips) gets up to this many")
+    max: Int = Field(default=5, ge=1, le=30,
+                     description="a marginal level (its SLA verdict flips) gets up to this many")
     invalid_retries: Int = Field(default=1, ge=0, le=5,
                                  description="an INVALID trial is re-run this many times, resized from its own rate")
     crash_retries: Int = Field(default=2, ge=0, le=5,
@@ -53,7 +53,8 @@ class PredictSection(_Strict):
 
 
 class RobustnessSection(_Strict):
-    """The answer re-measured under gamma bursts at ``fractions`` of the rate it serves (servetune.tuning.robustness)."""
+    """The answer re-measured under gamma bursts at ``fractions`` of the rate it serves
+    (servetune.tuning.robustness)."""
 
     burstiness: Number = Field(default=0.5, gt=0, description="gamma shape of the arrivals: < 1 burstier")
     fractions: list[Number] = Field(default_factory=lambda: [0.8, 1.0], min_length=1,

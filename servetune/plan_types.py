@@ -19,7 +19,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from servetune.names import MAX_NAME, check_label
+from servetune.names import MAX_NAME, check_label  # noqa: F401  (MAX_NAME re-exported: servetune.plan)
 
 MAX_STREAMS = 100_000  #: concurrency, ramp levels, max_in_flight, protocols; bench --concurrency, --waves
 MAX_RATE = 100_000  #: requests/s: baseline.rate, ramp levels in rate mode; bench --rate

@@ -61,7 +61,8 @@ class TrialSummary(BaseModel):
     window_start_s: float | None = None
     window_end_s: float | None = None
     window_s: float | None = None
-    window_source: str | None = None  # steady (servetune.validity) | waves (static batches) | stated (by the caller) | no_steady_window
+    # steady (servetune.validity) | waves (static batches) | stated (by the caller) | no_steady_window
+    window_source: str | None = None
     # validity (servetune.validity): is this a measurement of the load it states?
     valid: bool | None = None  # None: computed before validity existed
     invalid_reasons: list[str] = []

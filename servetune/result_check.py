@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Required
 
 import orjson
 from pydantic import ConfigDict, TypeAdapter, ValidationError
-from typing_extensions import Required, TypedDict
+from typing_extensions import TypedDict
 
 from servetune.records import RequestRecord
 from servetune.redact import redact_text
@@ -71,7 +71,8 @@ _WHAT = {
     "int_type": "expected an integer", "int_parsing": "expected an integer", "int_from_float": "expected an integer",
     "bool_type": "expected true or false", "bool_parsing": "expected true or false",
     "string_type": "expected a string", "list_type": "expected a list",
-    "dict_type": "expected an object", "model_type": "expected an object", "model_attributes_type": "expected an object",
+    "dict_type": "expected an object", "model_type": "expected an object",
+    "model_attributes_type": "expected an object",
     "string_too_short": "must not be empty", "extra_forbidden": "unknown field",
 }
 

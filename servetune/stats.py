@@ -149,7 +149,8 @@ def paired_compare(a: dict[int, float], b: dict[int, float], *, min_change: floa
         outcome = "better" if diff > bound else "worse" if diff < -bound else "tie"
     band = noise if noise is not None else threshold
     futile = reach is not None and abs(diff) <= threshold  # it looks like a tie, and max_n seeds could not say more
-    undecided = n > 0 and band > 0 and any(diff - band < edge < diff + band and not (futile and abs(diff - edge) < reach)
+    undecided = n > 0 and band > 0 and any(diff - band < edge < diff + band
+                                           and not (futile and abs(diff - edge) < reach)
                                            for edge in (threshold, -threshold))
     return Comparison(outcome=outcome, difference=diff, relative=diff / base if base else None, threshold=threshold,
                       noise=noise, n=n, undecided=undecided)

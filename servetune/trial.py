@@ -23,24 +23,23 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from servetune.energy import Cost
 from servetune.limits import MAX_SMALL_BYTES, ResponseTooLarge, read_body
 from servetune.loadgen import LoadConfig, Target, TargetUnreachable, run_load
-from servetune.loadgen.workers import run_load_workers, worker_count
 from servetune.loadgen.client import LoadOutcome
+from servetune.loadgen.priming import primers_for, priming_load
 from servetune.loadgen.transport import check_reachable
-from servetune.energy import Cost
+from servetune.loadgen.workers import run_load_workers, worker_count
 from servetune.metrics import summarize
 from servetune.result import TrialResult
 from servetune.sla import SLA
 from servetune.telemetry.environment import fingerprint
 from servetune.telemetry.nvml import GpuSampler
 from servetune.telemetry.prometheus import MetricsScraper
-from servetune.telemetry.scheduler_log import LogTail
-from servetune.telemetry.scheduler_log import capture as scheduler_capture
+from servetune.telemetry.scheduler_log import LogTail, capture as scheduler_capture
 from servetune.telemetry.server_info import fetch_server_info
 from servetune.telemetry.simgpu import SimulatedGpuSampler
 from servetune.validity import ValidityRules
-from servetune.loadgen.priming import primers_for, priming_load
 from servetune.workload import build_requests, load_tokenizer
 from servetune.workload.spec import WorkloadSpec
 

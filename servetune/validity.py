@@ -16,8 +16,8 @@ it (servetune.metrics). ``assess`` then applies ``ValidityRules``: window length
 in-flight level (closed loop) or dispatch schedule (open loop), and the agreement of the tokens
 that arrived in the window with those of the requests completed in it (they differ by the
 requests straddling its edges; a closed loop locked into waves by fixed output lengths leaves
-about ``streams / (2 x completions)`` of excess at its end, hence the 15% default). A trial failing any rule is INVALID: kept,
-marked with its reasons, and never used for a decision.
+about ``streams / (2 x completions)`` of excess at its end, hence the 15% default). A trial failing any rule is
+INVALID: kept, marked with its reasons, and never used for a decision.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ class ValidityRules(BaseModel):
                     " second; above it the backlog is growing: not sustained")
     min_completion_fraction: float = Field(
         default=0.95, ge=0, le=1,
-        description="open loop: completions (in the window shifted by the median E2E) over arrivals to count as sustained"
+        description="open loop: completions (in the window shifted by the median E2E) over arrivals to count as"
+                    " sustained"
     )
     max_client_lag_ms: float = Field(
         default=25.0, gt=0,
@@ -115,8 +116,8 @@ def steady_window(records: Sequence[RequestRecord], load: dict[str, Any] | None)
     has_sessions = any(r.session >= 0 for r in records)
     starts, unit_ends, unit_measured = _unit_spans(records) if has_sessions else ([], [], [])
     if mode == "rate":
-        last = (max((a for a, m in zip(starts, unit_measured) if m), default=first_measured) if has_sessions
-                else max(r.t_send_s for r in measured))
+        last = (max((a for a, m in zip(starts, unit_measured, strict=True) if m), default=first_measured)
+                if has_sessions else max(r.t_send_s for r in measured))
         if last <= first_measured:
             return SteadyWindow(None, None, "open_loop", "fewer than two measured arrivals")
         return SteadyWindow(first_measured, last, "open_loop")
@@ -260,8 +261,8 @@ def assess(
     lag = (load or {}).get("client_lag_p99_ms")
     out.client_lag_p99_ms = lag
     if lag is not None and lag > rules.max_client_lag_ms:
-        reasons.append(f"the client's event loop woke p99 {lag:.1f} ms late over the window > {rules.max_client_lag_ms:g}"
-                       " ms: its TTFT and ITL stamps are late by as much")
+        reasons.append(f"the client's event loop woke p99 {lag:.1f} ms late over the window"
+                       f" > {rules.max_client_lag_ms:g} ms: its TTFT and ITL stamps are late by as much")
     if mode == "waves":
         pass  # a wave drains to its longest request by design: no in-flight rule
     elif mode != "rate":

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import orjson
 from aiohttp import web
+
 from sse_process import ServerProcess  # noqa: F401  (re-exported: this module in its own process)
 
 SHAPES = ("usage_chunk", "usage_in_last", "usage_every", "no_usage")

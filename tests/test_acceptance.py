@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
-from report_fixtures import write_campaign
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from report_fixtures import write_campaign
 from servetune.cli import app
 from servetune.ingest import load_result
 from servetune.plan import parse_plan

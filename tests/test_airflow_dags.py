@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 import re
 import subprocess
 import sys
+import time
 from email import message_from_bytes, policy
 from email.message import Message
 
@@ -44,7 +44,8 @@ def _mail_sink(setup) -> tuple[Sink, SMTPController]:
     smtp = SMTPController(mails, hostname="127.0.0.1", port=free_port())
     smtp.start()
     setup.extra_env["AIRFLOW_CONN_SMTP_DEFAULT"] = json.dumps(
-        {"conn_type": "smtp", "host": "127.0.0.1", "port": smtp.port, "extra": {"disable_tls": True, "disable_ssl": True}})
+        {"conn_type": "smtp", "host": "127.0.0.1", "port": smtp.port,
+         "extra": {"disable_tls": True, "disable_ssl": True}})
     return mails, smtp
 
 
@@ -365,7 +366,8 @@ def test_a_vlm_plan_runs_weekly_in_virtual_time_with_its_image_figures(airflow_s
     assert proc.returncode == 0, proc.stdout[-4000:]
     (exp,) = [orjson.loads(p.read_bytes()) for p in airflow_setup.results_dir.glob("*/experiment.json")]
     assert exp["status"] == "done", exp.get("status_reason")
-    rows = _rows(airflow_setup.warehouse_url, "select stage, status, (summary_multimodal->>'image_tokens_per_image_p50')::float,"
+    rows = _rows(airflow_setup.warehouse_url,
+                 "select stage, status, (summary_multimodal->>'image_tokens_per_image_p50')::float,"
                  " (summary_multimodal->>'hit_rate_image_tokens')::float, validation_success from trials"
                  " where experiment_id = :e", e=exp["experiment_id"])
     measured = [r for r in rows if r[0] != "correctness"]

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from sse_server import Scenario
-from test_trial import _serve
 from typer.testing import CliRunner
 
 from servetune.cli import app
+from sse_server import Scenario
+from test_trial import _serve
 
 TINY = "name: tiny\nseed: 3\ninput: {kind: fixed, value: 32}\noutput: {kind: fixed, value: 8}\n"
 
@@ -272,7 +272,7 @@ async def test_bench_against_the_simulated_sglang_server(sim_url, tmp_path):
     # the sim's modelled GPUs give a memory curve at the sampler's cadence, marked simulated
     assert s["gpu_state"] == "simulated" and d["gpu"]["state"] == "simulated"
     assert s["gpu_samples"] >= 3 and 0 < s["gpu_mem_peak_fraction"] < 1
-    gaps = [b["t_s"] - a["t_s"] for a, b in zip(d["gpu"]["samples"], d["gpu"]["samples"][1:])]
+    gaps = [b["t_s"] - a["t_s"] for a, b in zip(d["gpu"]["samples"], d["gpu"]["samples"][1:], strict=False)]
     assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.1, abs=0.03)
 
 

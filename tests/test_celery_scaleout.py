@@ -16,8 +16,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from airflow_fixtures import write_plan
-from airflow_procs import (AirflowProcesses, answers, free_port, live_env, rest, task_states, trigger,
-                           wait_for_run)
+from airflow_procs import AirflowProcesses, answers, free_port, live_env, rest, task_states, trigger, wait_for_run
 from fake_engines.helpers import FAKE_ENGINES
 from servetune import localdb
 from servetune.commands.airflow import AirflowSetup, prepare
@@ -109,8 +108,8 @@ def _run_on_celery(airflow_setup: AirflowSetup, tmp_path: Path) -> None:
     (bad,) = [e for e in exps if e["dag_run_id"] == bad_id]
     assert bad["status"] == "failed" and bad["status_reason"]
     # the stage tasks' logs (what the UI shows) hold one line per trial and the stage's outcome
-    task_logs = {p.parts[-3].split("=", 1)[1]: p.read_text() for p in
-                 (airflow_setup.home / "logs").glob(f"dag_id=servetune_weekly/run_id={run_id}/task_id=*/map_index=*/attempt=*.log")}
+    task_logs = {p.parts[-3].split("=", 1)[1]: p.read_text() for p in (airflow_setup.home / "logs").glob(
+        f"dag_id=servetune_weekly/run_id={run_id}/task_id=*/map_index=*/attempt=*.log")}
     # the red run: the outcome task failed with the campaign's reason in its log; teardown, load, report ran
     bad_states = task_states(airflow_setup.metadata_url, bad_id)
     assert bad_states["campaign_local.outcome"] == "failed", bad_states

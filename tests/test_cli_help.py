@@ -12,10 +12,10 @@ from typing import Any
 import orjson
 import pytest
 import typer
-from report_fixtures import write_campaign
 from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
+from report_fixtures import write_campaign
 from servetune import __version__, localdb
 from servetune.cli import app
 
@@ -125,7 +125,9 @@ def test_validate_json_after_the_command(tmp_path: Path) -> None:
     doc, err, code = _run("validate", str(H200_TRIAL), "--json", "--report-out", str(tmp_path / "r.json"))
     assert code == 1 and doc["accepted"] is False  # rejected: the hit rate is missing
     assert "prefix_hit_rate" in {o["checklist"] for o in doc["report"]["results"] if not o["success"]}
-    assert "REJECTED" in err and "checklist items: prefix_hit_rate" in err and "rejected: the prefix-cache hit rate" in err  # the human verdict, on stderr
+    # the human verdict, on stderr
+    assert "REJECTED" in err and "checklist items: prefix_hit_rate" in err
+    assert "rejected: the prefix-cache hit rate" in err
     assert orjson.loads((tmp_path / "r.json").read_bytes())["success"] is False  # the report file as before
     assert _run("--json", "validate", str(H200_TRIAL))[0]["report"]["success"] is False  # the global form agrees
 

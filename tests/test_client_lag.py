@@ -11,7 +11,6 @@ from servetune.loadgen.lag import LoopLag
 from servetune.trial import TrialRequest, run_trial
 from servetune.validity import ValidityRules
 from servetune.workload.spec import Fixed, WorkloadSpec
-
 from test_bench_cli import sim_url  # noqa: F401  (fixture: `servetune sim serve` in its own process)
 
 

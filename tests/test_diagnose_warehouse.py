@@ -110,8 +110,8 @@ def test_servetune_diagnose_on_a_bench_result_and_a_campaign(tmp_path) -> None:
 
 
 def test_the_report_has_a_diagnoses_section(tmp_path) -> None:
-    from servetune.report.sources import load_campaign
     from servetune.report.html import write_report
+    from servetune.report.sources import load_campaign
 
     trial = make_trial(trial_id="diag-report-1", seed=13)
     for r in trial.records:

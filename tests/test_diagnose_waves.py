@@ -14,7 +14,6 @@ from servetune.diagnose import diagnose_dir
 from servetune.loadgen.strategies import waves
 from servetune.records import RequestRecord
 from servetune.validity import ValidityRules, assess, steady_window
-
 from test_bench_cli import sim_url  # noqa: F401  (fixture: `servetune sim serve` in its own process)
 
 
@@ -31,7 +30,7 @@ def test_waves_send_the_next_batch_only_when_the_last_is_done() -> None:
     assert starts[:4] == [0, 1, 2, 3] and sorted(starts) == list(range(10))
     # wave k starts after every request of wave k-1 ended
     t = {(kind, i): at for kind, i, at in log}
-    for first, last in ((4, 3), (8, 7)):
+    for first, _last in ((4, 3), (8, 7)):
         assert min(t[("start", j)] for j in range(first, first + 4) if j < 10) >= max(
             t[("end", j)] for j in range(first - 4, first))
 
@@ -58,7 +57,8 @@ def test_bench_waves_against_continuous_batching_at_equal_b(sim_url, tmp_path) -
     (tmp_path / "trials").mkdir()
     runner = CliRunner()
     common = ["bench", "--url", sim_url, "--concurrency", "8", "--requests", "48", "--warmup", "8",
-              "--workload", str(workload), "--min-window-s", "0.5", "--min-completions", "16", "--gpu-interval-ms", "200"]
+              "--workload", str(workload), "--min-window-s", "0.5", "--min-completions", "16",
+             "--gpu-interval-ms", "200"]
     for name, extra in (("waves", ["--waves", "8"]), ("continuous", [])):
         out = runner.invoke(app, [*common, *extra, "--out", str(tmp_path / "trials" / f"{name}.json")])
         assert out.exit_code == 0, out.output

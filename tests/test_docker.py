@@ -15,10 +15,10 @@ import jsonschema
 import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
-from report_fixtures import write_campaign
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from report_fixtures import write_campaign
 from servetune.warehouse import db as warehouse_db
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,7 +289,8 @@ def test_a_worker_serves_every_queue_the_dags_use(resolved: dict) -> None:
                 assert cmd[cmd.index("--concurrency") + 1] == "1", f"{name}: a GPU runs one trial at a time"
     assert {"default", "gpu-a100", "gpu-h200"} <= served
     code = "\n".join(p.read_text() for p in (ROOT / "servetune_airflow").rglob("*.py"))
-    used = set(re.findall(r"""queue\s*=\s*["']([\w-]+)["']""", code)) | set(re.findall(r"""["'](gpu-[\w]+)["']""", code))
+    used = (set(re.findall(r"""queue\s*=\s*["']([\w-]+)["']""", code))
+            | set(re.findall(r"""["'](gpu-[\w]+)["']""", code)))
     assert used <= served, f"queues without a worker: {used - served}"
 
 
@@ -302,7 +303,8 @@ def test_grafana_provisioning_is_consistent(resolved: dict) -> None:
     mounts = {v["target"]: Path(v["source"]) for v in grafana["volumes"] if v["type"] == "bind"}
     assert mounts[dash_provider["providers"][0]["options"]["path"]].resolve() == (DOCKER / "grafana/dashboards")
     assert mounts["/etc/grafana/provisioning"].resolve() == DOCKER / "grafana/provisioning"
-    assert ds["secureJsonData"]["password"] == "$GRAFANA_DB_PASSWORD" and "GRAFANA_DB_PASSWORD" in grafana["environment"]
+    assert ds["secureJsonData"]["password"] == "$GRAFANA_DB_PASSWORD"
+    assert "GRAFANA_DB_PASSWORD" in grafana["environment"]
     assert ds["jsonData"]["database"] == "servetune" and ds["user"] == "grafana_reader"
     init = (DOCKER / "postgres/init-databases.sh").read_text()
     assert "CREATE ROLE grafana_reader" in init and "GRANT SELECT ON TABLES TO grafana_reader" in init
@@ -323,8 +325,8 @@ def test_dashboard_queries_run_on_the_warehouse_views(fresh_database_url: str, t
     """Every panel's SQL runs on a migrated, loaded warehouse and the curves have rows."""
     from datetime import UTC, datetime, timedelta
 
-    from servetune.warehouse import migrate
     from servetune.ingest import load_result
+    from servetune.warehouse import migrate
 
     migrate.upgrade(fresh_database_url)
     start = datetime(2026, 10, 5, 3, 0, tzinfo=UTC)

@@ -63,7 +63,8 @@ def test_a_budget_spent_in_the_ramp_leaves_out_its_levels_and_the_refinement(tmp
     gone = doc["left_out"]
     reached = {t["level"] for t in doc["trials"] if t["stage"] != "correctness"}
     assert gone["levels"] and all(g["level"] not in reached for g in gone["levels"])
-    assert {g["stage"] for g in gone["levels"]} <= {"ramp", "bisect"} and {"ramp"} <= {g["stage"] for g in gone["levels"]}
+    assert {g["stage"] for g in gone["levels"]} <= {"ramp", "bisect"}
+    assert {"ramp"} <= {g["stage"] for g in gone["levels"]}
     refine = load_plan(PLANS / "demo.yaml").stages.refine
     assert len(gone["configs"]) >= len(refine.grid)  # every refinement config the whole campaign measures
     assert any("--chunked-prefill-size" in c["flags"] for c in gone["configs"])
@@ -74,7 +75,8 @@ def test_a_budget_spent_in_the_ramp_leaves_out_its_levels_and_the_refinement(tmp
     assert f"{len(gone['levels'])} level" in doc["budget"]
     rec = gone["recommendation"]
     assert rec["budgeted"] is not None and rec["unlimited"] is not None
-    same = (rec["budgeted"]["flags"], rec["budgeted"]["level"]) == (rec["unlimited"]["flags"], rec["unlimited"]["level"])
+    same = ((rec["budgeted"]["flags"], rec["budgeted"]["level"])
+            == (rec["unlimited"]["flags"], rec["unlimited"]["level"]))
     assert rec["differs"] is (not same)
     assert ("the same recommendation" in doc["budget"]) is same
     for r in gone["resized"]:  # measured again on a seed it ran, longer: the level's size grew after the budget
@@ -130,7 +132,8 @@ def test_the_campaign_under_the_budget_is_read_off_the_unlimited_one_exactly(tmp
     assert budgeted.decision.recommendation.concurrency == real.decision.recommendation.concurrency
     assert "refine" in {s.stage for s in real.specs} and len(whole.specs) > len(real.specs)
     fit = bv.budget_fit(plan, budgeted, whole)
-    assert not fit.fits and fit.stopped_at == {"trial": len(real.specs) + 1, "stage": whole.specs[len(real.specs)].stage}
+    assert not fit.fits
+    assert fit.stopped_at == {"trial": len(real.specs) + 1, "stage": whole.specs[len(real.specs)].stage}
 
 
 def _outcome(stage: str, level: int, *, flags: dict | None = None, seed: int = 0, gpu_s: float = 30.0,

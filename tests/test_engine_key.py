@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from airflow_fixtures import TINY_PLAN
 from servetune.engines.base import parse_engine_config
 from servetune.plan import parse_plan
 from servetune.tuning.live import ENGINE_KEY_ENV, LiveTrialRunner, engine_api_key
 from servetune.tuning.state import TrialSpec
-from airflow_fixtures import TINY_PLAN
 
 KEY = "sk-engineKEY-9f3c1d"
 

@@ -113,8 +113,9 @@ def test_tune_dry_run_of_a_transformers_plan(tmp_path):
 
 
 def test_serve_dry_run_prints_the_transformers_argv():
-    r = cli.invoke(app, ["serve", "--engine", "transformers", "--model", "/models/m1b", "--set", "cb-max-batch-tokens=512",
-                         "--set", "cb_max_memory_percent=0.3", "--port", "8123", "--gpus", "0", "--dry-run"])
+    r = cli.invoke(app, ["serve", "--engine", "transformers", "--model", "/models/m1b",
+                         "--set", "cb-max-batch-tokens=512", "--set", "cb_max_memory_percent=0.3", "--port", "8123",
+                         "--gpus", "0", "--dry-run"])
     assert r.exit_code == 0, r.output
     assert shlex.split(r.stdout) == [
         "env", "CUDA_VISIBLE_DEVICES=0", "python3", "-m", "transformers.cli.transformers", "serve", "/models/m1b",
@@ -123,7 +124,8 @@ def test_serve_dry_run_prints_the_transformers_argv():
 
 
 def test_serve_names_what_does_not_apply_to_transformers():
-    r = cli.invoke(app, ["serve", "--engine", "transformers", "--model", "/m", "--sglang-version", "0.5.23", "--dry-run"])
+    r = cli.invoke(app, ["serve", "--engine", "transformers", "--model", "/m", "--sglang-version", "0.5.23",
+                         "--dry-run"])
     assert r.exit_code == 2 and "--sglang-version does not apply to --engine transformers" in r.output
     r = cli.invoke(app, ["serve", "--engine", "transformers", "--dry-run"])
     assert r.exit_code == 2 and "--engine transformers needs --model PATH" in r.output

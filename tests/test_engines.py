@@ -13,7 +13,6 @@ from servetune.engines import (
     FailureKind,
     FlagError,
     SGLangConfig,
-    SimConfig,
     VLLMConfig,
     classify,
     engine_from_cli,
@@ -43,7 +42,8 @@ def test_cuda_graph_max_bs_across_versions():
         engine_from_cli("sglang", model="/m", sets=["cuda-graph-max-bs=64"])
     assert str(err.value) == ("unknown flag --cuda-graph-max-bs for sglang 0.5.23 "
                               "(removed in 0.5.20; use --cuda-graph-max-bs-decode)")
-    with pytest.raises(FlagError, match=r"unknown flag --cuda-graph-bs for sglang 0.5.23 \(present in sglang 0.5.1[57]"):
+    with pytest.raises(FlagError,
+                       match=r"unknown flag --cuda-graph-bs for sglang 0.5.23 \(present in sglang 0.5.1[57]"):
         engine_from_cli("sglang", model="/m", sets=["cuda-graph-bs=1,2"])
 
 
@@ -83,9 +83,11 @@ def test_plan_yaml_values_keep_their_types():
     assert cfg.args == {"max-running-requests": 8, "chunked-prefill-size": 4096}
     with pytest.raises(ValueError, match="expected an integer"):
         parse_engine_config({"kind": "sglang", "model": "/m", "args": {"max-running-requests": True}})
-    newer = parse_engine_config({"kind": "sglang", "model": "/m", "version": "9.9.9", "args": {"mem-fraction-static": 0.8}})
+    newer = parse_engine_config({"kind": "sglang", "model": "/m", "version": "9.9.9",
+                                 "args": {"mem-fraction-static": 0.8}})
     assert newer.catalog.version == available_versions("sglang")[-1]  # the nearest shipped, said in every message
-    with pytest.raises(ValueError, match=r"unknown flag --no-such-flag for sglang 0\.5\.\d+, the catalogue nearest 9\.9\.9"):
+    with pytest.raises(ValueError,
+                       match=r"unknown flag --no-such-flag for sglang 0\.5\.\d+, the catalogue nearest 9\.9\.9"):
         parse_engine_config({"kind": "sglang", "model": "/m", "version": "9.9.9", "args": {"no-such-flag": 1}})
 
 

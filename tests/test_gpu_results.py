@@ -13,9 +13,9 @@ from pathlib import Path
 import orjson
 from sqlalchemy import create_engine, text
 
+from servetune.ingest import load_result
 from servetune.result import TrialResult
 from servetune.validation import validate
-from servetune.ingest import load_result
 from servetune.warehouse import migrate
 
 DATA = Path(__file__).parent / "data" / "gpu-h200"
@@ -28,7 +28,7 @@ def test_bench_on_h200_has_a_real_nvml_curve_and_exact_lengths():
     assert r.gpu["state"] == "ok" and "H200" in r.gpu["devices"][0]["name"]
     # ~100 ms cadence over the whole trial, memory well above idle while serving
     ts = [x["t_s"] for x in r.gpu["samples"]]
-    gaps = sorted(b - a for a, b in zip(ts, ts[1:]))
+    gaps = sorted(b - a for a, b in zip(ts, ts[1:], strict=False))
     assert 0.09 < gaps[len(gaps) // 2] < 0.11 and s.gpu_samples > 100
     assert s.gpu_mem_peak_bytes > 20 * 2**30 and 0 < s.gpu_mem_peak_fraction < 0.9
     assert s.lengths_exact and s.output_len.min == s.output_len.max == 128

@@ -45,9 +45,9 @@ def test_the_rate_campaign_ran_this_plan(kept) -> None:
 
 def test_what_it_measured_and_what_the_current_rules_make_of_it(kept) -> None:
     """Measured under the earlier rules (one seed per rate, re-runs on a new seed, candidates at their own
-    sizes): SGLang's defaults held 28.5 req/s under Poisson arrivals by majority (3 of 4 seeds) and failed 30 (p99 TPOT over 25 ms in
-    both valid repeats); chunked-prefill-size 16384 tied at 28.5 and held 30 on one seed; under gamma bursts
-    (shape 0.5) it held 80% of that. Under the current rules a capacity must pass on every one of the plan's
+    sizes): SGLang's defaults held 28.5 req/s under Poisson arrivals by majority (3 of 4 seeds) and failed 30 (p99 TPOT
+    over 25 ms in both valid repeats); chunked-prefill-size 16384 tied at 28.5 and held 30 on one seed; under gamma
+    bursts (shape 0.5) it held 80% of that. Under the current rules a capacity must pass on every one of the plan's
     3 seeds at every rate, and only trials of a rate's one size compare: the kept evidence (one seed at most
     rates) gives a budget answer of 27 req/s, said so, and a campaign with budget left would measure seeds 2
     and 3 of every rate, from the baseline up."""

@@ -73,7 +73,8 @@ def test_study_trials_carry_real_sglang_and_validity_figures() -> None:
 def test_the_campaign_replays_to_the_same_ceiling_with_repeats() -> None:
     plan = TuningPlan.model_validate(orjson.loads((DATA / "tune-a" / "experiment.json").read_bytes())["plan"])
     state = CampaignState.model_validate_json((DATA / "tune-a" / "state.json").read_bytes())
-    assert sum(o.concurrency == 64 for o in state.outcomes) == 3 and sum(o.concurrency == 128 for o in state.outcomes) == 3
+    assert sum(o.concurrency == 64 for o in state.outcomes) == 3
+    assert sum(o.concurrency == 128 for o in state.outcomes) == 3
     assert len({o.seed_offset for o in state.outcomes if o.concurrency == 128}) == 3  # a new seed per repeat
     assert all(o.valid for o in state.outcomes if o.stage != "correctness")
     d = next_trials(plan, state)  # 64 gains 21% over 32 on seed 0: far beyond the noise, no seed added at 32

@@ -6,14 +6,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
-from report_fixtures import write_campaign
 from rich.console import Console
 from typer.testing import CliRunner
 
+from report_fixtures import write_campaign
 from servetune.cli import app
+from servetune.ingest import load_result
 from servetune.report.history import fetch_history, history_table, trend
 from servetune.warehouse import migrate
-from servetune.ingest import load_result
 
 runner = CliRunner()
 MODEL = "llama-3.1-8b"

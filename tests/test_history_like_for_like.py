@@ -12,18 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from report_fixtures import make_trial, write_campaign
-from test_warehouse_schema import table_columns
 from rich.console import Console
 from sqlalchemy import select, text
 from typer.testing import CliRunner
 
+from report_fixtures import make_trial, write_campaign
 from servetune.cli import app
 from servetune.ingest import load_result
 from servetune.report.history import HistoryEntry, fetch_history, history_table
 from servetune.warehouse import db, migrate
 from servetune.warehouse.previous import describe
 from servetune.warehouse.tables import experiments
+from test_warehouse_schema import table_columns
 
 MODEL = "llama-3.1-8b"
 START = datetime(2026, 10, 5, 3, 0, tzinfo=UTC)

@@ -13,10 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from servetune.loadgen import LoadConfig, Target, run_load
-from servetune.loadgen import client as client_module
-from servetune.loadgen import stamps
-
+from servetune.loadgen import LoadConfig, Target, client as client_module, run_load, stamps
 from sse_server import Scenario, ServerProcess, SseServer
 from test_loadgen import _requests
 
@@ -80,7 +77,8 @@ def _close(pairs: list[tuple[socket.socket, socket.socket]], reader: stamps.Read
         s.close()
 
 
-async def _blocked_loop_reads(reader: stamps.Reader) -> tuple[int, int, list[tuple[bytes, int]], list[tuple[bytes, int]]]:
+async def _blocked_loop_reads(
+        reader: stamps.Reader) -> tuple[int, int, list[tuple[bytes, int]], list[tuple[bytes, int]]]:
     """One segment to a stamped and an unstamped socket while the loop is blocked for 50 ms: (before, after, the
     stamped socket's reads, the unstamped one's)."""
     pairs = list(_pairs(1)) + list(_pairs(1, kernel=False))
@@ -167,7 +165,7 @@ async def test_batched_passes_are_bounded_and_every_stamp_is_a_segments_arrival(
     assert reader.passes - passes <= elapsed_ms / 10 + 3, (reader.passes - passes, elapsed_ms)
     assert reader.unstamped == 0
     reads = 0
-    for conn, sent in zip(conns, sends):
+    for conn, sent in zip(conns, sends, strict=True):
         assert b"".join(d for d, _ in conn.got) == b"".join(b"%d;" % k for k in range(40))  # nothing lost
         assert [t for _, t in conn.got] == sorted(t for _, t in conn.got)
         count = 0
@@ -182,7 +180,8 @@ async def test_batched_passes_are_bounded_and_every_stamp_is_a_segments_arrival(
 
 
 @pytest.mark.parametrize("batch_ms", [0.0, 1.0])
-async def test_a_load_stamps_its_chunks_on_the_servers_send_times_though_its_loop_stalls(tmp_path, batch_ms: float) -> None:
+async def test_a_load_stamps_its_chunks_on_the_servers_send_times_though_its_loop_stalls(
+        tmp_path, batch_ms: float) -> None:
     """The server in its own process logs each write; the client's loop stalls 2 ms at every stream end (a
     slow progress callback), so a chunk that arrives meanwhile is read late. Its stamp is not: every chunk's
     arrival comes after the server's stamp taken right before its write and, but for the kernel's delivery
@@ -214,7 +213,8 @@ async def test_a_load_stamps_its_chunks_on_the_servers_send_times_though_its_loo
 
 
 @pytest.mark.parametrize("bound", [client_module.DECODE_BACKLOG_BYTES, 1])
-async def test_streams_are_decoded_after_the_load_unless_their_backlog_passes_its_bound(monkeypatch, bound: int) -> None:
+async def test_streams_are_decoded_after_the_load_unless_their_backlog_passes_its_bound(
+        monkeypatch, bound: int) -> None:
     """Decoding waits for the load's end (its CPU stays out of the measured window); past the bound on the
     undecoded bytes (1 byte here) the decoder works during the load. Either way the records are whole, and
     the last progress report has the exact token count."""

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from servetune.cli import app
 from servetune.report.campaign import is_simulated
-from servetune.report.sources import load_campaign
 from servetune.report.html import diff_rows, flag_rows, write_report
+from servetune.report.sources import load_campaign
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_CAMPAIGN = REPO / "tests" / "data" / "gpu-h200" / "campaign"

@@ -16,7 +16,6 @@ import pytest
 from servetune.loadgen import LoadConfig, Target, TargetUnreachable, run_load, run_load_sync
 from servetune.records import ErrorClass, RequestRecord, TokenCountSource
 from servetune.workload.request import WorkloadRequest
-
 from sse_server import Scenario, ServerProcess, SseServer, realtime
 
 
@@ -188,7 +187,8 @@ async def test_every_error_class_is_recorded_and_the_run_completes(client: str) 
         None: None,
     }
     reqs = [
-        WorkloadRequest(index=i, system=None, user=f"#{i} [fail:{f}]" if f else f"#{i}", input_tokens=2, output_tokens=6)
+        WorkloadRequest(index=i, system=None, user=f"#{i} [fail:{f}]" if f else f"#{i}", input_tokens=2,
+                        output_tokens=6)
         for i, f in enumerate(fails)
     ]
     seen: list[tuple[int, int, int]] = []

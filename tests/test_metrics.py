@@ -169,8 +169,8 @@ def test_goodput_counts_requests_meeting_every_bound():
     assert both.goodput_fraction == approx(1 / 3)  # b's TPOT is 400 ms
     assert both.goodput_rps == approx(1 / 1.5)
 
-    loose = summarize(recs, load=None, window=(1.0, 2.5), sla=SLA(p99_e2e_ms=10_000), gpu=None, server=None, lengths_exact=False
-    )
+    loose = summarize(recs, load=None, window=(1.0, 2.5), sla=SLA(p99_e2e_ms=10_000), gpu=None, server=None,
+                      lengths_exact=False)
     assert loose.sla == {"e2e_ms": 10_000.0}  # the p99 bound stands in for the per-request one
     assert loose.goodput_fraction == approx(2 / 3)
     assert loose.goodput_rps == approx(2 / 1.5)
@@ -285,8 +285,8 @@ def test_no_records():
 
 
 def test_summary_survives_the_result_json_round_trip(tmp_path):
-    s = summarize(_records(), load=None, window=(1.0, 2.0), sla=SLA(ttft_ms=150), gpu=_gpu_dict(), server=None, lengths_exact=True
-    )
+    s = summarize(_records(), load=None, window=(1.0, 2.0), sla=SLA(ttft_ms=150), gpu=_gpu_dict(), server=None,
+                  lengths_exact=True)
     path = TrialResult(records=_records(), summary=s, load={"concurrency": 2}).save(tmp_path / "r.json")
     back = TrialResult.read(path)
     assert back.summary == s

@@ -8,7 +8,6 @@ import asyncio
 
 import orjson
 import pytest
-from test_sim_http import _start
 from typer.testing import CliRunner
 
 from servetune.cli import app
@@ -16,6 +15,7 @@ from servetune.multimodal import summarize_images, ttft_breakdown
 from servetune.records import RequestRecord
 from servetune.result import TrialResult
 from servetune.validation.checklist import validate
+from test_sim_http import _start
 
 
 def _rec(i, *, prompt, asked, cached, images=0, before=None, payload=1000, ttft=100.0) -> RequestRecord:
@@ -126,7 +126,8 @@ def test_the_report_has_an_images_section_only_for_trials_with_images(tmp_path) 
     from pathlib import Path
 
     with tarfile.open(Path(__file__).parent / "data/gpu-h200-vlm/2026-12-04/trials.tar.xz") as tar:
-        tar.extractall(tmp_path, filter="data", members=[m for m in tar.getmembers() if m.name.startswith("trials/on/")])
+        tar.extractall(tmp_path, filter="data",
+                       members=[m for m in tar.getmembers() if m.name.startswith("trials/on/")])
     folder = tmp_path / "camp/trials"  # a folder of loose trial results: the report's campaign view
     (tmp_path / "camp").mkdir()
     (tmp_path / "trials/on").rename(folder)

@@ -10,8 +10,8 @@ from typing import get_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from servetune_airflow.tasks import STAGES  # noqa: E402
 from servetune.tuning.state import Stage  # noqa: E402
+from servetune_airflow.tasks import STAGES  # noqa: E402
 
 
 def test_each_stage_task_runs_its_stages_and_every_earlier_one() -> None:

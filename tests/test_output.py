@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 import orjson
-from sse_server import Scenario
-from test_trial import _serve
 from typer.testing import CliRunner
 
 from servetune.checklist_report import PLAIN
 from servetune.cli import app
 from servetune.logs import Policy, quiet_info, setup
+from sse_server import Scenario
+from test_trial import _serve
 
 REPO = Path(__file__).resolve().parents[1]
 H200_TRIAL = REPO / "tests" / "data" / "gpu-h200" / "bench-c32.json"

@@ -22,7 +22,7 @@ DAG_FILES = {"servetune_weekly.py", "servetune_on_change.py", "servetune_watch.p
 def _requirements() -> list[Requirement]:
     project = PYPROJECT["project"]
     reqs = [Requirement(r) for r in project["dependencies"]]
-    for extra, items in project["optional-dependencies"].items():
+    for items in project["optional-dependencies"].values():
         reqs += [Requirement(r) for r in items if not r.startswith("servetune[")]
     return reqs
 

@@ -16,7 +16,8 @@ IMAGES = {"count": 1, "width": 448, "height": 448, "ratio": 0.5}
 
 
 def _plan(engine: dict, images: dict | None = None, model: str = "m") -> dict:
-    workload = {"name": "w", "seed": 1, "input": {"kind": "fixed", "value": 128}, "output": {"kind": "fixed", "value": 8}}
+    workload = {"name": "w", "seed": 1, "input": {"kind": "fixed", "value": 128},
+                "output": {"kind": "fixed", "value": 8}}
     if images:
         workload["images"] = images
     return {"name": "p", "model": model, "engine": engine, "runner": {"kind": "local"}, "endpoint": "chat",

@@ -44,8 +44,10 @@ def test_a_distribution_of_another_kind_replaces_the_plans_and_the_rest_merges()
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda p: p["protocols"].append(dict(p["protocols"][0])), "protocols: names must differ"),
-    (lambda p: p["protocols"][0]["workload"].update(input={"kind": "fixed"}), "protocols[0].workload.input.fixed.value"),
-    (lambda p: p["protocols"][1].update(flags={"chunked-prefill-size": "big"}), "protocols[1].flags: the sim engine refuses"),
+    (lambda p: p["protocols"][0]["workload"].update(input={"kind": "fixed"}),
+     "protocols[0].workload.input.fixed.value"),
+    (lambda p: p["protocols"][1].update(flags={"chunked-prefill-size": "big"}),
+     "protocols[1].flags: the sim engine refuses"),
     (lambda p: p["protocols"][0].update(headline="fastest"), "protocols.0.headline"),
     (lambda p: p["protocols"][0].update(batching="dynamic"), "protocols.0.batching"),
 ])
@@ -82,7 +84,8 @@ def test_protocols_run_first_as_results_the_decisions_never_read(demo_campaign: 
     a, b = protocols["engineer-a"], protocols["engineer-b"]
     assert (a.load["mode"], a.load["concurrency"], a.server_config.get("disable-radix-cache")) == ("waves", 64, True)
     assert a.summary.input_len.p50 == a.summary.input_len.p99 and a.summary.prefix_hit_rate == 0.0
-    assert (b.load["mode"], b.load["concurrency"], "disable-radix-cache" in b.server_config) == ("concurrency", 32, False)
+    assert ((b.load["mode"], b.load["concurrency"], "disable-radix-cache" in b.server_config)
+            == ("concurrency", 32, False))
     assert b.summary.input_len.p99 > 1.5 * b.summary.input_len.p50 and b.summary.prefix_hit_rate > 0.1
     import orjson
 
@@ -97,8 +100,10 @@ def test_the_checklist_rejects_static_batches_and_keeps_the_distribution(demo_ca
     rows = protocol_rows(load_campaign(str(demo_campaign)))
     assert [r["who"] for r in rows] == ["engineer-a", "engineer-b", "tuned (servetune)"]
     a, b, tuned = rows
-    assert a["verdict"] == "rejected" and a["failed"] == ["steady_window: window_source = 'waves' not in steady, stated"]
-    assert a["quoted"].startswith("decode_tokens_per_s = ") and a["radix"] == "off" and a["load"] == "static batches of 64"
+    assert a["verdict"] == "rejected"
+    assert a["failed"] == ["steady_window: window_source = 'waves' not in steady, stated"]
+    assert a["quoted"].startswith("decode_tokens_per_s = ") and a["radix"] == "off"
+    assert a["load"] == "static batches of 64"
     assert (b["verdict"], b["sla"], b["failed"]) == ("accepted", "met", [])
     assert tuned["verdict"] == "accepted" and tuned["sla"] == "met" and "concurrency" in tuned["quoted"]
     assert a["plain"] == [PLAIN_COLUMN[("steady_window", "window_source")]] and b["plain"] == []

@@ -14,6 +14,7 @@ from sqlalchemy.engine import make_url
 
 from servetune import localdb
 from servetune.engines import SGLangConfig, SimConfig, VLLMConfig
+from servetune.engines.sglang import SECRETS_FILE as SGLANG_SECRETS
 from servetune.redact import (
     MASK,
     drop_secrets,
@@ -27,10 +28,9 @@ from servetune.redact import (
     split_secret_flags,
 )
 from servetune.result import TrialResult
-from servetune.engines.sglang import SECRETS_FILE as SGLANG_SECRETS
+from servetune.runners.base import LocalRunnerConfig
 from servetune.runners.lifecycle import secure_launch
 from servetune.runners.local import LocalBackend
-from servetune.runners.base import LocalRunnerConfig
 from servetune.warehouse import db
 
 SECRET_NAMES = ["token", "api_key", "api-key", "apikey", "API_KEY", "x-api-key", "apiKey", "secret", "client_secret",

@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from airflow_fixtures import TINY_PLAN
 
+from airflow_fixtures import TINY_PLAN
 from servetune.plan import parse_plan
 from servetune.result import TrialResult
 from servetune.tuning import CampaignState, TrialOutcome, next_trials

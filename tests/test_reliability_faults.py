@@ -18,14 +18,14 @@ from pathlib import Path
 
 import orjson
 import pytest
-from sse_server import Scenario, SseServer
-from test_trial import _serve
 from typer.testing import CliRunner
 
 from servetune.cli import app
 from servetune.loadgen import LoadConfig, Target, run_load
 from servetune.result import TrialResult
 from servetune.workload.request import WorkloadRequest
+from sse_server import Scenario, SseServer
+from test_trial import _serve
 
 TINY = "name: tiny\nseed: 3\ninput: {kind: fixed, value: 32}\noutput: {kind: fixed, value: 8}\n"
 IDLE_S = 0.5
@@ -415,7 +415,8 @@ async def test_a_line_that_never_ends_fails_its_request_at_the_bound_and_the_mem
             peak[0] = max(peak[0], me.memory_info().rss)
             await asyncio.sleep(0.01)
 
-    reqs = [WorkloadRequest(index=i, system=None, user=f"hello #{i}", input_tokens=4, output_tokens=8) for i in range(6)]
+    reqs = [WorkloadRequest(index=i, system=None, user=f"hello #{i}", input_tokens=4, output_tokens=8)
+            for i in range(6)]
     timeout_s = 30
     async with SseServer(Scenario(ttft_ms=5, gap_ms=5, fail_nth={1: "endless", 4: "endless"})) as srv:
         sampler = asyncio.create_task(sample())
@@ -425,7 +426,8 @@ async def test_a_line_that_never_ends_fails_its_request_at_the_bound_and_the_mem
         took = time.monotonic() - t
         sampler.cancel()
     failed = [r for r in out.records if r.error_class]
-    assert [r.error_class for r in failed] == ["response_too_large"] * 2, [(r.error_class, r.error_message) for r in failed]
+    assert [r.error_class for r in failed] == ["response_too_large"] * 2, [
+        (r.error_class, r.error_message) for r in failed]
     assert all("passed 8 MiB" in r.error_message for r in failed)
     assert sum(r.error_class is None and r.output_tokens == 8 for r in out.records) == 4
     assert all(r.e2e_ms < timeout_s * 1000 for r in failed) and took < timeout_s, took  # at the bound, not at timeout_s

@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import bad_inputs  # noqa: E402
 import bad_inputs_boundary as boundary  # noqa: E402
 from bad_inputs import CASES, SECRET, Case, Outcome, prepare, problems, run_subprocess  # noqa: E402
-
 from servetune.cli import app  # noqa: E402
 from warehouse_fixtures import migrated  # noqa: E402
 

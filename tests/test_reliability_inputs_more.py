@@ -23,11 +23,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import bad_inputs_more as more  # noqa: E402
 from bad_inputs import CASES, problems, run_subprocess  # noqa: E402
-
-from test_reliability_inputs_strict import cli  # noqa: E402  (one CLI runner for both tables)
 from servetune.engines.catalog import CATALOG_DIR  # noqa: E402
 from servetune.loadgen.config import http_base_url  # noqa: E402
 from servetune.plan import PlanError, parse_plan  # noqa: E402
+from test_reliability_inputs_strict import cli  # noqa: E402  (one CLI runner for both tables)
 
 SECRET = more.SECRET
 HINT = "give the server's base URL, e.g. http://host:port; servetune adds /v1/chat/completions itself"

@@ -24,7 +24,6 @@ from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from bad_inputs import Case, problems, run_subprocess  # noqa: E402
-
 from servetune.cli import app  # noqa: E402
 from servetune.plan import PlanError, load_plan, parse_plan  # noqa: E402
 from servetune.plan_types import MAX_REQUESTS, MAX_STREAMS, check_bench_options  # noqa: E402
@@ -171,7 +170,8 @@ NON_FINITE_PLAN = [
 ]
 
 
-@pytest.mark.parametrize(("sections", "loc"), NON_FINITE_PLAN, ids=[f"{n[1]}-{i}" for i, n in enumerate(NON_FINITE_PLAN)])
+@pytest.mark.parametrize(("sections", "loc"), NON_FINITE_PLAN,
+                         ids=[f"{n[1]}-{i}" for i, n in enumerate(NON_FINITE_PLAN)])
 def test_a_non_finite_number_in_a_plan_is_refused(sections: str, loc: str, tmp_path: Path) -> None:
     refused(tune(sections, tmp_path), [HEADER, f"  {loc}: Input should be a finite number"])
 
@@ -236,7 +236,8 @@ SIZES_PLAN = [
 ]
 
 
-@pytest.mark.parametrize(("sections", "loc", "limit"), SIZES_PLAN, ids=[f"{s[1]}-{i}" for i, s in enumerate(SIZES_PLAN)])
+@pytest.mark.parametrize(("sections", "loc", "limit"), SIZES_PLAN,
+                         ids=[f"{s[1]}-{i}" for i, s in enumerate(SIZES_PLAN)])
 def test_a_size_past_the_limit_in_a_plan_is_refused(sections: str, loc: str, limit: int, tmp_path: Path) -> None:
     refused(tune(sections, tmp_path), [HEADER, f"  {loc}: Input should be less than or equal to {limit}"])
 

@@ -27,15 +27,15 @@ import psutil
 import psycopg
 import pytest
 import yaml
-from airflow_fixtures import TINY_PLAN, write_plan
 from psycopg import sql
 from sqlalchemy.engine import make_url
-from test_runners_ssh import ssh_runner  # noqa: F401 - the module's real sshd fixture
 
+from airflow_fixtures import TINY_PLAN, write_plan
 from servetune import localdb
 from servetune.engines import SGLangConfig, SimConfig
 from servetune.redact import MASK
 from servetune.runners import LocalRunnerConfig, provision
+from test_runners_ssh import ssh_runner  # noqa: F401 - the module's real sshd fixture
 
 TAG = uuid.uuid4().hex[:12]
 HF = f"hf_plantedHF{TAG}"

@@ -13,9 +13,9 @@ from pathlib import Path
 import orjson
 import pytest
 from PIL import Image
-from report_fixtures import make_trial, write_campaign
 from typer.testing import CliRunner
 
+from report_fixtures import make_trial, write_campaign
 from servetune.cli import app
 from servetune.report.campaign import (
     CampaignView as Campaign,
@@ -164,7 +164,8 @@ def test_checklist_and_sla_columns(campaign_dir: Path, tmp_path: Path) -> None:
     row = html[html.index(f'id="check-{rejected.trial_id}"'):]
     row = row[: row.index("</tr>")]
     # plain words first, the checklist item as detail
-    assert "rejected" in row and '<small class="muted">gpu_memory_curve: expect_gpu_samples_cover_window(t_s)</small>' in row
+    assert "rejected" in row
+    assert '<small class="muted">gpu_memory_curve: expect_gpu_samples_cover_window(t_s)</small>' in row
     assert row.index("the GPU memory curve is missing or has holes") < row.index("gpu_memory_curve: expect_")
     c96 = next(t for t in campaign.trials if t.stage == "ramp" and t.load["concurrency"] == 96)
     row96 = html[html.index(f'id="check-{c96.trial_id}"'):]

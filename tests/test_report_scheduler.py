@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from report_fixtures import write_campaign
-from warehouse_fixtures import with_scheduler_log
 
+from report_fixtures import write_campaign
+from servetune.ingest import load_result
 from servetune.report.campaign import CampaignView as Campaign, level_of
-from servetune.report.sources import load_campaign
 from servetune.report.figures import all_figures, prefix_hit_figure
 from servetune.report.html import key_cards, write_report
 from servetune.report.scheduler import TITLE, scheduler_trial
+from servetune.report.sources import load_campaign
 from servetune.warehouse import migrate
-from servetune.ingest import load_result
+from warehouse_fixtures import with_scheduler_log
 
 BASE_KEYS = ["throughput", "latency", "gpu_memory", "energy", "prefix_hit_rate", "refine_heatmap"]
 

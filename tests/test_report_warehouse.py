@@ -6,14 +6,14 @@ import re
 from pathlib import Path
 
 import orjson
-from report_fixtures import write_campaign
 from typer.testing import CliRunner
 
+from report_fixtures import write_campaign
 from servetune.cli import app
-from servetune.report.sources import load_campaign
-from servetune.report.html import key_cards, write_report
-from servetune.warehouse import migrate
 from servetune.ingest import load_result
+from servetune.report.html import key_cards, write_report
+from servetune.report.sources import load_campaign
+from servetune.warehouse import migrate
 
 runner = CliRunner()
 
@@ -53,7 +53,8 @@ def test_report_from_experiment_id_matches_the_files(fresh_database_url: str, tm
             " (3.0 GPU min of start-ups).</p>") in html
     rejected = next(t for t in from_db.trials if t.status == "rejected")
     row = html[html.index(f'id="check-{rejected.trial_id}"'):]
-    assert '<small class="muted">gpu_memory_curve: expect_gpu_samples_cover_window(t_s)</small>' in row[: row.index("</tr>")]
+    row = row[: row.index("</tr>")]
+    assert '<small class="muted">gpu_memory_curve: expect_gpu_samples_cover_window(t_s)</small>' in row
 
 
 def test_unknown_experiment_id(fresh_database_url: str) -> None:

@@ -13,12 +13,11 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 
 import pytest
-from fake_engines.helpers import FAKE_ENGINES, alive, fake_sglang, tree, wait_all_gone, worker_pids
 
+from fake_engines.helpers import alive, fake_sglang, tree, wait_all_gone, worker_pids
 from servetune.engines import EngineFailure, ExternalConfig, FailureKind, SimConfig
 from servetune.runners import LocalRunnerConfig, Server, check_clean, provision
 from servetune.runners.preflight import free_port

@@ -12,9 +12,9 @@ import sys
 import psutil
 import pytest
 import yaml
-from fake_engines.helpers import wait_all_gone
 from typer.testing import CliRunner
 
+from fake_engines.helpers import wait_all_gone
 from servetune.cli import app
 from servetune.runners.base import KubernetesRunnerConfig
 from servetune.runners.kubernetes import ManifestError, build_manifests, validate_manifest

@@ -10,8 +10,8 @@ import sys
 import time
 
 import pytest
-from fake_engines.helpers import fake_sglang, wait_all_gone
 
+from fake_engines.helpers import fake_sglang, wait_all_gone
 from servetune.runners import LocalRunnerConfig, check_clean, provision
 from servetune.runners.preflight import MIB, free_port
 from servetune.telemetry.nvml import GpuUnavailable, gpu_memory_used

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fake_engines.helpers import fake_sglang, wait_all_gone, worker_pids
 
+from fake_engines.helpers import fake_sglang, wait_all_gone, worker_pids
 from servetune.engines import EngineFailure, FailureKind, SimConfig
 from servetune.runners import SSHRunnerConfig, provision
 from servetune.runners.preflight import free_port

@@ -10,7 +10,8 @@ import uuid
 
 from servetune.runners.sweep import OWNER_ENV, owned_processes, sweep
 
-CHILD = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)"
+CHILD = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']);"
+         " time.sleep(120)")
 
 
 def test_sweep_kills_tagged_engines_and_their_workers_only():

@@ -19,7 +19,6 @@ from servetune.trial import TrialRequest, run_trial
 from servetune.validity import ValidityRules
 from servetune.workload import build_requests
 from servetune.workload.spec import Fixed, MultiTurn, SharedPrefix, Uniform, WorkloadSpec
-
 from test_bench_cli import sim_url  # noqa: F401  (fixture: `servetune sim serve` in its own process)
 
 TURNS = 4

@@ -74,7 +74,8 @@ def test_uncalibrated_sglang_profile_is_far_off_on_eager_decode(rows):
 def test_model_profiles_match_measured_shapes():
     measured = {r["shape"]: r["params"] for r in json.loads(DATA.read_text())["rows"]}
     for shape, params in measured.items():
-        assert load_model_profile(cal.SHAPE_PROFILES[shape]).params_billion * 1e9 == pytest.approx(params, rel=1e-3), shape
+        profile = load_model_profile(cal.SHAPE_PROFILES[shape])
+        assert profile.params_billion * 1e9 == pytest.approx(params, rel=1e-3), shape
     small = load_model_profile("llama-1b")
     assert small.cell_bytes() == 8 * 2 * 64 * 16 * 2  # 32 KiB per token
 

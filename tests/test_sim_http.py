@@ -82,7 +82,8 @@ async def test_metrics_match_sglang_names_types_and_labels(sim_server: tuple[str
     scraper = MetricsScraper(url)
     before = await scraper.snapshot()
     reqs = _shared_prefix_requests(10)
-    out = await run_load(Target(url=url, endpoint="chat"), reqs, LoadConfig(concurrency=5), t0_ns=time.perf_counter_ns())
+    out = await run_load(Target(url=url, endpoint="chat"), reqs, LoadConfig(concurrency=5),
+                         t0_ns=time.perf_counter_ns())
     after = await scraper.snapshot()
 
     def delta(name: str, **where: str) -> float:
@@ -191,7 +192,8 @@ async def test_info_flush_cache_and_bad_requests(sim_server: tuple[str, SimServe
         async with s.post(url + "/v1/completions", json=long) as r:
             assert r.status == 400 and "context length" in (await r.json())["message"]
         for image_url, why in (("http://127.0.0.1:9/cat.png", "cannot fetch image http://127.0.0.1:9/cat.png"),
-                               ("data:image/png,raw", "must be base64"), ("data:image/png;base64,bm90IGFu", "cannot read")):
+                               ("data:image/png,raw", "must be base64"),
+                               ("data:image/png;base64,bm90IGFu", "cannot read")):
             body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it"},
                                                              {"type": "image_url", "image_url": {"url": image_url}}]}],
                     "max_tokens": 1}
@@ -228,7 +230,8 @@ def _free_port() -> int:
 
 
 def test_unknown_flags_are_rejected_like_sglang() -> None:
-    cmd = [sys.executable, "-m", "servetune", "sim", "serve", "--model-profile", "llama-3.1-8b", "--cuda-graph-max-bs", "8"]
+    cmd = [sys.executable, "-m", "servetune", "sim", "serve", "--model-profile", "llama-3.1-8b",
+           "--cuda-graph-max-bs", "8"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert p.returncode == 2
     assert "unrecognized arguments: --cuda-graph-max-bs 8" in p.stderr

@@ -60,7 +60,8 @@ def test_a_real_trials_log_gives_plausible_steps(tune_b) -> None:
         assert all(400 < r["context"] < 1600 for r in dec)  # prompts median 768 + up to 128 generated
         decode_ms[level] = statistics.median(r["ms"] for r in dec)
     assert 4 < decode_ms[8] < decode_ms[32] < decode_ms[64] < decode_ms[128] < 15, decode_ms
-    big = [r for rows in by_level.values() for r in rows if r["phase"] == "prefill" and r["batch"] * r["context"] >= 4096]
+    big = [r for rows in by_level.values() for r in rows
+           if r["phase"] == "prefill" and r["batch"] * r["context"] >= 4096]
     rate = statistics.median(r["batch"] * r["context"] / r["ms"] for r in big)
     assert 30 < rate < 50, rate  # new tokens per ms of a large prefill batch of the 7.24B model
     assert all(0 <= r["cached"] <= 300 for r in big)  # a shared prefix of 256 template tokens

@@ -20,7 +20,8 @@ from warehouse_fixtures import make_trial, migrated, passing_report
 
 MODEL = "llama-8b"
 WEEKS = 52
-DRIFT_WEEK, DROP_WEEK = 20, 40  # 60% -> 57% (noise) and 60% -> 20% (a real regression: a prompt template that broke the shared prefix)
+# 60% -> 57% (noise) and 60% -> 20% (a real regression: a prompt template that broke the shared prefix)
+DRIFT_WEEK, DROP_WEEK = 20, 40
 SLOW_WEEKS = {5, 6, 30}  # concurrency 32 misses the p99 TTFT bound: the ceiling falls back to 16
 
 

@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-import test_bench_cli
-from test_tuning_rate import rate_plan
 from typer.testing import CliRunner
 
+import test_bench_cli
 from servetune.cli import app
 from servetune.loadgen import LoadConfig
 from servetune.loadgen.strategies import arrival_offsets_s
@@ -24,6 +23,7 @@ from servetune.workload import build_requests
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.trace import TraceError, TraceReplay, read_trace
 from servetune.workload.trace_convert import convert
+from test_tuning_rate import rate_plan
 
 DATA = Path(__file__).parent / "data" / "traces"
 REPLAY = DATA / "replay_40.jsonl"
@@ -91,7 +91,8 @@ def test_the_trace_field_leaves_specs_without_one_as_they_were() -> None:
     assert "trace" not in WorkloadSpec().model_dump()  # every older fingerprint and plan digest holds
     spec = WorkloadSpec(trace={"path": str(REPLAY), "speed": 2})
     assert spec.model_dump()["trace"] == {"path": str(REPLAY), "speed": 2.0, "prefix_tokens": 0, "loop": False}
-    assert spec.fingerprint() != spec.model_copy(update={"trace": spec.trace.model_copy(update={"speed": 3})}).fingerprint()
+    faster = spec.model_copy(update={"trace": spec.trace.model_copy(update={"speed": 3})})
+    assert spec.fingerprint() != faster.fingerprint()
     for bad in ({"path": "x", "speed": 0}, {"path": "x", "prefix_tokens": -1}, {"path": "x", "lop": True}):
         with pytest.raises(ValueError, match="trace"):
             WorkloadSpec(trace=bad)
@@ -137,12 +138,14 @@ def test_trace_offsets_follow_the_arrivals_speed_and_rate() -> None:
     fast = build_requests(WorkloadSpec(trace={"path": str(REPLAY), "speed": 2.0}), 40).requests
     assert arrival_offsets_s(load, 40, fast) == pytest.approx([row["arrival_s"] / 2 for row in rows])
     later = arrival_offsets_s(load, 30, fast[10:])  # offsets start at the first request's arrival
-    assert later[0] == 0 and later == pytest.approx([(row["arrival_s"] - rows[10]["arrival_s"]) / 2 for row in rows[10:]])
+    assert later[0] == 0
+    assert later == pytest.approx([(row["arrival_s"] - rows[10]["arrival_s"]) / 2 for row in rows[10:]])
     scaled = np.asarray(arrival_offsets_s(load.model_copy(update={"rate": 20.0}), 40, fast))
     assert 39 / scaled[-1] == pytest.approx(20.0)  # the mean rate is the rate asked for
     gaps, trace_gaps = np.diff(scaled), np.diff([row["arrival_s"] for row in rows])
     assert gaps == pytest.approx(trace_gaps * (gaps.sum() / trace_gaps.sum()))  # the trace's shape kept
-    exact = arrival_offsets_s(load.model_copy(update={"rate": 20.0, "exact_rate": True, "warmup_requests": 5}), 40, fast)
+    exact = arrival_offsets_s(load.model_copy(update={"rate": 20.0, "exact_rate": True, "warmup_requests": 5}), 40,
+                              fast)
     assert exact == pytest.approx(scaled.tolist())  # exact_rate adds nothing to a trace
     synthetic = build_requests(WorkloadSpec(), 3).requests
     for reqs in (synthetic, None):
@@ -233,7 +236,8 @@ def test_convert_azure(tmp_path: Path) -> None:
     rows = read_trace(out)
     inside = [t for t in offsets if 5 <= t < 15]
     assert window.rows == len(rows) == min(6, len(inside)) and window.read == 40
-    assert [r.arrival_s for r in rows] == pytest.approx([t - 5 for t in inside[:6]], abs=1e-9)  # from the window's start
+    # from the window's start
+    assert [r.arrival_s for r in rows] == pytest.approx([t - 5 for t in inside[:6]], abs=1e-9)
 
 
 def test_convert_mooncake_and_replay_its_prefixes(tmp_path: Path) -> None:
@@ -296,7 +300,8 @@ def test_bench_trace_input_errors_are_one_line(tmp_path: Path) -> None:
     for args, why in ((["--trace", str(tmp_path / "none.jsonl")], "none.jsonl: trace file not found"),
                       (["--trace", str(bad)], "line 2: field 'output_tokens' must be an integer"),
                       (["--trace", str(REPLAY), "--trace-speed", "0"], "--trace-speed: Input should be greater than 0"),
-                      (["--trace", str(REPLAY), "--requests", "45"], "--requests: 1 warm-up + 45 requests ask more than"),
+                      (["--trace", str(REPLAY), "--requests", "45"],
+                       "--requests: 1 warm-up + 45 requests ask more than"),
                       (["--trace", str(REPLAY), "--warmup", "40"], "--warmup: 40 warm-up requests leave none"),
                       (["--trace-speed", "2", "--requests", "3"], "--trace-speed: needs --trace FILE"),
                       (["--arrival", "trace", "--requests", "3"], "--arrival trace: needs --trace FILE"),

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 from pydantic import ValidationError
-from sse_server import Scenario, SseServer
 
 from servetune.loadgen import LoadConfig, Target, TargetUnreachable
 from servetune.result import TrialResult
 from servetune.sla import SLA
 from servetune.trial import TrialRequest, run_trial
 from servetune.workload.spec import Fixed, WorkloadSpec
+from sse_server import Scenario, SseServer
 
 SECRET = "sk-trial-test-0123456789"
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/generate")

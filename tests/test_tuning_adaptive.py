@@ -5,8 +5,8 @@ margin, so the answer is the one every seed would give. The decisions are pure: 
 from __future__ import annotations
 
 from servetune.result import TrialSummary
-from servetune.tuning.evidence import clear
 from servetune.tuning import TrialOutcome
+from servetune.tuning.evidence import clear
 from test_tuning_decisions import make_plan, summary
 from test_tuning_noise import drive
 from test_tuning_paired import _drive_rate, _open_loop, _rate_plan

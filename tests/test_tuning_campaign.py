@@ -20,7 +20,8 @@ EXPERIMENT_KEYS = {"experiment_id", "model", "engine", "model_fingerprint", "pro
 RECOMMENDATION_KEYS = {"config", "concurrency", "evidence_trial_ids", "goodput_rps", "p99_ttft_ms", "p99_tpot_ms",
                        "p99_e2e_ms", "output_tokens_per_s", "prefix_hit_rate", "explanation", "diff_from_previous",
                        "repeats", "goodput_ci95", "goodput_cv", "ties", "rate", "robustness", "objective",
-                       "energy_per_output_token_j", "gpu_power_window_mean_w", "cost_per_mtok_usd", "cost_per_1k_good_usd"}
+                       "energy_per_output_token_j", "gpu_power_window_mean_w", "cost_per_mtok_usd",
+                       "cost_per_1k_good_usd"}
 
 
 def small_plan(**over) -> TuningPlan:
@@ -123,7 +124,8 @@ def test_a_stop_request_ends_the_campaign_between_trials_even_after_the_last(tmp
     c = Campaign(plan, SimTrialRunner(plan), tmp_path / "mid")
     with pytest.raises(KeyboardInterrupt):
         c.run(stop=lambda: len(c.state.outcomes) >= 2)
-    assert len(c.state.outcomes) == 2 and json.loads((tmp_path / "mid" / "experiment.json").read_text())["status"] == "interrupted"
+    assert len(c.state.outcomes) == 2
+    assert json.loads((tmp_path / "mid" / "experiment.json").read_text())["status"] == "interrupted"
     straight = Campaign(plan, SimTrialRunner(plan), tmp_path / "straight")
     straight.run()
     n = len(straight.state.outcomes)

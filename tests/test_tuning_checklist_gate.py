@@ -38,7 +38,8 @@ class SamplerGapRunner(SimTrialRunner):
 
 
 def test_a_rejected_trial_is_re_run_and_never_evidence_and_every_step_agrees(tmp_path: Path, database_url) -> None:
-    plan = small_plan(stages={"correctness": {"requests": 1}, "baseline": {"concurrency": 4, "requests": 24, "warmup": 2},
+    plan = small_plan(stages={"correctness": {"requests": 1},
+                              "baseline": {"concurrency": 4, "requests": 24, "warmup": 2},
                               "ramp": {"levels": [8, 16, 32], "requests": 32, "warmup": 4, "bisect": False},
                               "refine": {"enabled": False}})
     runner = SamplerGapRunner(plan, level=16)

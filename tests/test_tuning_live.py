@@ -1,8 +1,8 @@
 """A real-time campaign over HTTP: LiveTrialRunner against `servetune sim serve` processes.
 
 Servers are started by servetune.runners.provision (the sim engine on the local runner), and every
-server-side change restarts one; every trial is a real servetune.trial.run_trial over loopback HTTP. The demo plan is sized to finish in well under
-three minutes on a 2-core machine.
+server-side change restarts one; every trial is a real servetune.trial.run_trial over loopback HTTP. The demo plan
+is sized to finish in well under three minutes on a 2-core machine.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import numpy as np
 from servetune.plan import parse_plan
 from servetune.result import Percentiles, TrialSummary
 from servetune.stats import compare, paired_compare, quantile_interval, spread
-from servetune.tuning.evidence import GROWTH_SETTLED, P99_SETTLED, unsettled
 from servetune.tuning import CampaignState, TrialOutcome, next_trials
+from servetune.tuning.evidence import GROWTH_SETTLED, P99_SETTLED, unsettled
 from test_tuning_decisions import make_plan, summary
 from test_tuning_noise import drive
 

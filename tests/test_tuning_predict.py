@@ -43,7 +43,8 @@ def test_a_candidate_the_simulator_rules_out_is_not_measured_and_the_answer_stan
     assert rec is not None and ref is not None
     assert (rec.config, rec.concurrency) == (ref.config, ref.concurrency)
     lines = rec.explanation
-    assert lines[1].startswith("prediction: the simulator scaled x") and "held-out error" in lines[1]  # after the ceiling
+    # after the ceiling
+    assert lines[1].startswith("prediction: the simulator scaled x") and "held-out error" in lines[1]
     assert any(ln.startswith("chunked-prefill-size 64: not measured: predicted") and "beyond twice" in ln
                for ln in lines), lines
     assert any("not measured" in ln and "a tie at best, which keeps the incumbent" in ln for ln in lines), lines

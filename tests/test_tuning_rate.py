@@ -17,8 +17,8 @@ from servetune.metrics import summarize
 from servetune.plan import PlanError, TuningPlan, parse_plan
 from servetune.records import RequestRecord
 from servetune.tuning.campaign import Campaign
-from servetune.tuning.plan_identity import plan_digest
 from servetune.tuning.ceiling import RATE_STEP
+from servetune.tuning.plan_identity import plan_digest
 from servetune.tuning.runner import SimTrialRunner
 from servetune.tuning.state import TrialOutcome
 from servetune.tuning.verdict import judge
@@ -142,7 +142,8 @@ def test_a_growing_backlog_is_an_overload_verdict_even_when_the_window_is_not_st
     assert s.sustained is False and s.latency_growth > 1.5
     o = TrialOutcome(trial_id="t", stage="ramp", concurrency=1000, rate=10.0, summary=s)
     v = judge(o, rate_plan().sla)
-    assert v.kind == "overload" and "fell behind the offered rate" in v.reasons[0] and "latency per output token grew x" in v.reasons[0]
+    assert v.kind == "overload" and "fell behind the offered rate" in v.reasons[0]
+    assert "latency per output token grew x" in v.reasons[0]
     late = [_req(i, i / 10.0 * 1.3, 0.5 + 0.02 * i) for i in range(400)]  # dispatched 30% slower than due
     for r, due in zip(late, range(400), strict=True):
         r.queue_ms = (r.t_send_s - due / 10.0) * 1000
@@ -191,8 +192,8 @@ def test_the_capacity_search_matches_an_exhaustive_rate_grid(tmp_path: Path) -> 
     campaign_gpu = sum(o["gpu_seconds"] for o in state["outcomes"])
     assert campaign_gpu <= 0.3 * grid_gpu, (campaign_gpu, grid_gpu)
 
-    from servetune.report.sources import load_campaign
     from servetune.report.html import write_report
+    from servetune.report.sources import load_campaign
 
     report = write_report(load_campaign(tmp_path), tmp_path / "report")
     page = report.html_path.read_text()
@@ -255,8 +256,8 @@ def test_the_dags_load_mode_param_turns_a_plan_into_rate_mode(tmp_path: Path) ->
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from servetune_airflow import tasks
     from servetune.plan import load_plan
+    from servetune_airflow import tasks
 
     plan_file = str(next((Path(__file__).resolve().parent.parent / "plans" / "weekly").glob("*.yaml")))
     exp = tasks.prepare(plan_file, trigger="manual", run_id="r1", results_root=str(tmp_path), load_mode="rate",

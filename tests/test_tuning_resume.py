@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from airflow_fixtures import write_plan
 from typer.testing import CliRunner
 
+from airflow_fixtures import write_plan
 from servetune.cli import app
 from test_tuning_live import gone
 

@@ -13,12 +13,12 @@ import json
 from pathlib import Path
 
 import pytest
-from vllm_cpu import VllmCpuEnv, vllm_cpu_env  # noqa: F401 - the session fixture (tests/vllm_cpu.py)
 
 from servetune.plan import parse_plan
 from servetune.result import TrialResult
 from servetune.tuning.campaign import Campaign
 from servetune.tuning.live import LiveTrialRunner
+from vllm_cpu import VllmCpuEnv, vllm_cpu_env  # noqa: F401 - the session fixture (tests/vllm_cpu.py)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -63,14 +63,16 @@ def test_vllm_cpu_campaign_tunes_max_num_seqs_and_batched_tokens(vllm_cpu_env: V
 
     trials = sorted((TrialResult.read(p) for p in (tmp_path / "out" / "trials").glob("*.json")),
                     key=lambda t: t.created_at)
-    # nothing failed; a trial the checklist rejected (a 1 s window on a loaded 2-core box) is re-run, like an INVALID one
+    # nothing failed; a trial the checklist rejected (a 1 s window on a loaded 2-core box) is re-run, like an INVALID
+    # one
     assert all(t.status in ("ok", "rejected") for t in trials), [t.failure_reason for t in trials]
     assert all("[steady_window: " in t.failure_reason
                for t in trials if t.status == "rejected"), [t.failure_reason for t in trials]
     stages = [t.stage for t in trials]
     runs = [st for i, st in enumerate(stages) if i == 0 or st != stages[i - 1]]  # an INVALID trial is re-run
     assert runs[:3] == ["correctness", "baseline", "ramp"]
-    for t in trials:  # an INVALID or rejected trial (a 2-core box shared with the engine can starve the client) is re-run
+    # an INVALID or rejected trial (a 2-core box shared with the engine can starve the client) is re-run
+    for t in trials:
         if t.stage != "correctness" and (t.summary.valid is False or t.status == "rejected"):
             same = [u for u in trials if u.load["concurrency"] == t.load["concurrency"]
                     and u.server_config == t.server_config]

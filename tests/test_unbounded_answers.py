@@ -8,11 +8,11 @@ import time
 from dataclasses import replace
 
 import pytest
-from sse_server import Scenario, SseServer
 
 from servetune.loadgen import LoadConfig, Target, run_load
 from servetune.workload import build_requests
 from servetune.workload.spec import Fixed, WorkloadSpec
+from sse_server import Scenario, SseServer
 
 #: the way a stream never ends -> (the class of its request, words of its message), per client
 EXPECTED = {

@@ -211,8 +211,8 @@ def test_cli_validate_and_data_docs(tmp_path):
 
 def test_stored_trial_through_gx_postgres_datasource(database_url):
     """The suites also run on loaded tables, and agree with the in-memory run."""
-    from servetune.validation.stored import validate_stored
     from servetune.ingest import load_result
+    from servetune.validation.stored import validate_stored
     from warehouse_fixtures import migrated
 
     migrated(database_url)

@@ -91,7 +91,8 @@ def test_load_failing_half_way_leaves_nothing(wh):
     rows = _rows(wh, "halfway-1")
     assert all(v == [] for v in rows.values()), {k: len(v) for k, v in rows.items()}
     with wh.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM experiments WHERE experiment_id='bench-halfway-1'")).scalar() == 0
+        assert conn.execute(
+            text("SELECT count(*) FROM experiments WHERE experiment_id='bench-halfway-1'")).scalar() == 0
     # a malformed chunk array fails before anything is written, with the request named
     bad = make_trial(trial_id="halfway-2")
     bad.records[3].chunk_tokens = [1, "x"]

@@ -10,9 +10,9 @@ import threading
 import pytest
 from sqlalchemy import text
 
+from servetune.ingest import load_result
 from servetune.records import RequestRecord
 from servetune.result import TrialResult
-from servetune.ingest import load_result
 from servetune.warehouse import db
 from servetune.warehouse.loader import LoadError
 from servetune.warehouse.request_copy import copy_stream
@@ -38,8 +38,9 @@ def _awkward_records() -> list[RequestRecord]:
         RequestRecord(request_id=1, ttft_ms=None, e2e_ms=None, chunk_offsets_ms=[], chunk_tokens=[],
                       error_class="timeout", error_message="read timed out \u2014 \u00fcn\u00efc\u00f8de \u2713",
                       http_status=None, prompt_tokens=None, token_count_source=None),
-        RequestRecord(request_id=2, ttft_ms=30.0, e2e_ms=90.0, completion_tokens=None, chunk_offsets_ms=[30.0, 60.0, 90.0],
-                      chunk_tokens=[3, 4, 5], prefix_group=-1, turn=3, n_images=2),  # tpot from the chunk sum
+        RequestRecord(request_id=2, ttft_ms=30.0, e2e_ms=90.0, completion_tokens=None,
+                      chunk_offsets_ms=[30.0, 60.0, 90.0], chunk_tokens=[3, 4, 5], prefix_group=-1, turn=3,
+                      n_images=2),  # tpot from the chunk sum
         RequestRecord(request_id=3, ttft_ms=10.0, e2e_ms=20.0, completion_tokens=1,  # tpot NULL: 1 token
                       chunk_offsets_ms=None, chunk_tokens=None),  # type: ignore[arg-type]  # NULL arrays
         RequestRecord(request_id=2**31 - 1, prompt_tokens=2**31 - 1, prefix_group=-(2**31), t_send_s=1e300,
@@ -55,7 +56,8 @@ def _awkward_records() -> list[RequestRecord]:
             e2e_ms=rng.uniform(60, 900), chunk_offsets_ms=[rng.uniform(0, 900) for _ in range(k)],
             chunk_tokens=[rng.randint(0, 9) for _ in range(k)], completion_tokens=rng.choice([None, k, 2 * k]),
             cached_tokens=rng.choice([None, 0, 17]), token_count_source=rng.choice(["meta_info", "chunks", None]),
-            error_class=rng.choice([None, None, "http_5xx"]), error_message=rng.choice([None, "x" * rng.randint(0, 90)]),
+            error_class=rng.choice([None, None, "http_5xx"]),
+            error_message=rng.choice([None, "x" * rng.randint(0, 90)]),
             http_status=rng.choice([200, 503, None]), warmup=i % 11 == 0))
     return recs
 
@@ -103,7 +105,8 @@ def test_batching_does_not_change_the_bytes_or_the_hash():
 ])
 def test_bad_values_are_refused_by_name_and_leave_nothing(wh, field, value, message):
     trial = TrialResult(trial_id=f"copy-bad-{field}", target={"model": "m"},
-                        records=[RequestRecord(request_id=i, chunk_offsets_ms=[1.0], chunk_tokens=[1]) for i in range(9)])
+                        records=[RequestRecord(request_id=i, chunk_offsets_ms=[1.0], chunk_tokens=[1])
+                                 for i in range(9)])
     setattr(trial.records[4], field, value)
     before = {t.name for t in threading.enumerate()}
     with pytest.raises(LoadError, match=message.replace("(", r"\(").replace(")", r"\)")):

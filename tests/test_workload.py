@@ -10,7 +10,6 @@ import numpy as np
 import orjson
 import pytest
 from pydantic import ValidationError
-from tokenizer_fixtures import tokenizer_path  # noqa: F401  (session fixture)
 
 from servetune.workload import PRESETS, WorkloadSpec, build_requests, get_preset, load_tokenizer
 from servetune.workload.images import decode_data_url
@@ -25,6 +24,7 @@ from servetune.workload.spec import (
     SharedPrefix,
     Uniform,
 )
+from tokenizer_fixtures import tokenizer_path  # noqa: F401  (session fixture)
 
 
 @pytest.fixture(scope="module")

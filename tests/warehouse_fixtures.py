@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 from servetune.energy import apply_energy
 from servetune.records import RequestRecord
-from servetune.validity import ValidityRules
 from servetune.result import Percentiles, TrialResult, TrialSummary
+from servetune.validity import ValidityRules
 
 
 def _pct(values: list[float]) -> Percentiles:

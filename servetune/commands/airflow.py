@@ -13,10 +13,10 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -83,7 +83,8 @@ class AirflowSetup:
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": meta.render_as_string(hide_password=False),
             "AIRFLOW__API__HOST": "127.0.0.1",
-            # INFO: a task's log holds a line per trial and per stage (servetune_airflow/task_logs.py keeps library chatter out)
+            # INFO: a task's log holds a line per trial and per stage (servetune_airflow/task_logs.py keeps library
+            # chatter out)
             "AIRFLOW__LOGGING__LOGGING_LEVEL": os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO"),
             "AIRFLOW_CONN_SERVETUNE_WAREHOUSE": wh.render_as_string(hide_password=False),
             "SERVETUNE_PLANS_DIR": str(self.plans_dir),

@@ -100,7 +100,8 @@ def _syntax_line(exc: Exception) -> str:
         return f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}"
     if isinstance(exc, orjson.JSONDecodeError):
         return f"not valid JSON: {exc}"
-    return (exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}").splitlines()[0]
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+    return text.splitlines()[0]
 
 
 def _log_file(path: Path | None) -> str | None:
@@ -166,7 +167,8 @@ def summary_tables(result: TrialResult) -> list[Table]:
     if s.sched_prefill_batches is not None:
         rows.append(("scheduler log", f"{s.sched_prefill_batches} prefill / {s.sched_decode_lines} decode lines,"
                                       f" decode batch {_num(s.sched_decode_running_mean)},"
-                                      f" queue max {s.sched_queue_max}, hit rate {_num(s.sched_cache_hit_rate, '{:.1%}')}"))
+                                      f" queue max {s.sched_queue_max},"
+                                      f" hit rate {_num(s.sched_cache_hit_rate, '{:.1%}')}"))
     if s.errors_by_class:
         rows.append(("errors", ", ".join(f"{k}={v}" for k, v in sorted(s.errors_by_class.items()))))
     for name, value in rows:
@@ -190,7 +192,8 @@ def in_flight_text(s: TrialSummary) -> str:
     if s.dispatch_fraction is not None:
         text += f"; dispatched at {s.dispatch_fraction:.0%} of the schedule"
     if s.sustained is not None:
-        text += "; server kept up" if s.sustained else f"; server fell behind ({s.completion_fraction or 0:.0%} completed)"
+        text += ("; server kept up" if s.sustained
+                 else f"; server fell behind ({s.completion_fraction or 0:.0%} completed)")
     return text
 
 
@@ -242,8 +245,8 @@ def bench(
     server_log: Annotated[Path | None, typer.Option(
         help="the engine's log file (SGLang): its scheduler batch lines during the trial are kept")] = None,
     min_window_s: Annotated[float, typer.Option(help="validity: shortest steady window, seconds")] = 20.0,
-    min_completions: Annotated[int, typer.Option(help="validity: fewest completions in the window (and >= 4 per stream)")]
-    = 200,
+    min_completions: Annotated[int, typer.Option(
+        help="validity: fewest completions in the window (and >= 4 per stream)")] = 200,
     workers: Annotated[int | None, typer.Option(
         min=1, help="client processes the streams are split over (default: one per 256 streams, up to the cores"
                     " but one)")] = None,

@@ -69,9 +69,9 @@ def table_lines(s: CampaignSummary, width: int) -> list[str]:
               "-" if r.worst is None else f"{r.worst.severity} {r.worst.kind}"] for r in s.rows]
     wanted = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head))]
     widths = _widths(wanted, (3, 6), width - 2 * (len(head) - 1))
-    out = ["[bold]" + "  ".join(_fit(h, w) for h, w in zip(head, widths)).rstrip() + "[/]"]
-    for r, c in zip(s.rows, cells):
-        parts = [escape(_fit(x, w)) if i != 5 else x.rjust(w) for i, (x, w) in enumerate(zip(c, widths))]
+    out = ["[bold]" + "  ".join(_fit(h, w) for h, w in zip(head, widths, strict=True)).rstrip() + "[/]"]
+    for r, c in zip(s.rows, cells, strict=True):
+        parts = [escape(_fit(x, w)) if i != 5 else x.rjust(w) for i, (x, w) in enumerate(zip(c, widths, strict=True))]
         first = r.status.split(" ")[-1] if s.grouped else r.status
         parts[4] = f"[{STATUS_STYLE.get(first, 'default')}]{parts[4]}[/]"
         if r.worst is not None:
@@ -203,7 +203,8 @@ def register(app: typer.Typer) -> None:
         show_all: Annotated[bool, typer.Option("--all", help="after the summary, every trial's findings and"
                                                " buckets (default: only trials with a critical or warning)")] = False,
         trial: Annotated[str | None, typer.Option("--trial", metavar="ID",
-                                                  help="only this trial's findings (an id or its first characters)")] = None,
+                                                  help="only this trial's findings (an id or its first characters)")]
+        = None,
         json_out: JsonFlag = False,
     ) -> None:
         """Diagnose a trial or a campaign: the GPU memory curve's shape, long-prompt interference, the
@@ -212,8 +213,7 @@ def register(app: typer.Typer) -> None:
         from servetune.diagnose import diagnose_trials, read_trials
         from servetune.diagnose.summary import config_labels, ordered, status, summarize
         from servetune.experiment import ResultFolder
-        from servetune.logs import console as make_console
-        from servetune.logs import emit_json
+        from servetune.logs import console as make_console, emit_json
         from servetune.result_check import ResultError
 
         try:

@@ -42,14 +42,15 @@ def register(app: typer.Typer) -> None:
         min_measured: Annotated[int, typer.Option("--min-measured", min=1,
                                                   help="fewest measured requests a trial needs")] = 200,
         waive: Annotated[list[str] | None, typer.Option(
-            "--waive", help="checklist item to waive (gpu_memory_curve, clean_gpu, energy), e.g. for a CPU engine")] = None,
+            "--waive", help="checklist item to waive (gpu_memory_curve, clean_gpu, energy),"
+                            " e.g. for a CPU engine")] = None,
         json_out: JsonFlag = False,
     ) -> None:
         """Store every trial of RESULT: one transaction each; reloading the same trial changes nothing."""
         as_json = use_json(json_out)
-        from servetune.validation.checklist import check_waivable
         from servetune.ingest import load_result
         from servetune.logs import emit_json
+        from servetune.validation.checklist import check_waivable
 
         try:
             check_waivable(waive or ())  # before the warehouse is touched

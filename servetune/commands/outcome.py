@@ -88,7 +88,8 @@ def recommendation_rows(rec: dict[str, Any] | None) -> list[tuple[str, str]]:
     ci = rec.get("goodput_ci95")
     rows.append(("goodput (req/s at the SLA)", f"{rec.get('goodput_rps') or 0:.2f}"
                  + (f" ± {ci:.2f} (95% CI)" if isinstance(ci, float) else "") + f", mean of {n} seed(s)"))
-    for what, key, fmt in (("output tokens/s", "output_tokens_per_s", "{:,.0f}"), ("p99 TTFT ms", "p99_ttft_ms", "{:,.0f}"),
+    for what, key, fmt in (("output tokens/s", "output_tokens_per_s", "{:,.0f}"),
+                           ("p99 TTFT ms", "p99_ttft_ms", "{:,.0f}"),
                            ("p99 TPOT ms", "p99_tpot_ms", "{:.1f}"), ("prefix hit rate", "prefix_hit_rate", "{:.1%}")):
         if isinstance(rec.get(key), int | float):
             rows.append((what, fmt.format(rec[key])))

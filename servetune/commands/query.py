@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
                 err.print(f"query {name}: no rows for model {escape(repr(given['model']))}; the warehouse knows: "
                           + (", ".join(escape(m) for m in known) or "no model yet"))
         if fmt == "json":
-            sys.stdout.write(orjson.dumps([dict(zip(columns, map(_plain, r))) for r in rows],
+            sys.stdout.write(orjson.dumps([dict(zip(columns, map(_plain, r), strict=True)) for r in rows],
                                           option=orjson.OPT_INDENT_2).decode() + "\n")
         elif fmt == "csv":
             w = csv.writer(sys.stdout)

@@ -38,8 +38,8 @@ def register(app: typer.Typer) -> None:
         as_json = use_json(json_out)
         from servetune.logs import emit_json
         from servetune.report.campaign import ReportInputError
-        from servetune.report.sources import load_campaign
         from servetune.report.html import default_out_dir, write_report
+        from servetune.report.sources import load_campaign
 
         try:
             if out is not None:

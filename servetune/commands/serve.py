@@ -78,7 +78,8 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="address the engine binds (local runner)"),
     gpus: str = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1 (CUDA_VISIBLE_DEVICES)"),
     python: str = typer.Option(None, "--python", help="interpreter with the engine installed (on the runner)"),
-    version: str = typer.Option(None, "--sglang-version", help="SGLang version the flags are written for (default: the one --python imports on the local runner, else the newest catalogued)"),
+    version: str = typer.Option(None, "--sglang-version", help="SGLang version the flags are written for (default:"
+                                " the one --python imports on the local runner, else the newest catalogued)"),
     gpu_profile: str = typer.Option(None, "--gpu-profile", help="sim: GPU profile"),
     url: str = typer.Option(None, "--url", help="external: the endpoint's base URL"),
     ssh_host: str = typer.Option(None, "--ssh-host", help="ssh: the GPU host to start the engine on"),
@@ -99,10 +100,10 @@ def serve(
     With --json: the command (--dry-run), or once the engine serves its URL, pid, log and command, as one
     JSON document on stdout."""
     as_json = use_json(json_out)
-    from servetune.logs import emit_json
     from pydantic import ValidationError
 
     from servetune.engines import ENGINE_KINDS, ENGINES, EngineFailure, FlagError, engine_from_cli
+    from servetune.logs import emit_json
     from servetune.redact import redact_text
     from servetune.runners import KubernetesRunnerConfig, LocalRunnerConfig, Server, SSHRunnerConfig
     from servetune.runners.kubernetes import build_manifests, manifests_yaml

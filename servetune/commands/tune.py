@@ -21,9 +21,9 @@ from rich.table import Table
 from servetune.commands.jsonout import JsonFlag, use_json
 from servetune.commands.outpath import OutPathError, check_out_dir
 from servetune.experiment import EXPERIMENT_FILE, RECOMMENDATION_FILE, ResultFolder
+from servetune.logs import console as _console
 from servetune.names import safe_component
 from servetune.oserrors import os_error_text
-from servetune.logs import console as _console
 from servetune.plan import PlanError, TuningPlan, load_plan
 from servetune.redact import redact
 from servetune.tuning.progress import fmt_s
@@ -99,10 +99,12 @@ def _print_recommendation(decision: Any, out: Path) -> None:
 def tune(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.yaml", help="the tuning plan")],
     out: Annotated[Path | None, typer.Option("--out", help="result folder (default: runs/<plan name>-<id>)")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the trials and the GPU time; start nothing")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the trials and the GPU time; start nothing")]
+    = False,
     virtual: Annotated[bool, typer.Option("--virtual", help="answer every trial with the simulator in virtual time")]
     = False,
-    previous: Annotated[Path | None, typer.Option(help="a previous recommendation.json to diff against (with the plan's warm_start: to start from)")] = None,
+    previous: Annotated[Path | None, typer.Option(
+        help="a previous recommendation.json to diff against (with the plan's warm_start: to start from)")] = None,
     trigger: Annotated[str, typer.Option(help="manual | weekly | on_change | bench")] = "manual",
     dag_run_id: Annotated[str | None, typer.Option(help="the Airflow DAG run, when run from one")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="go on with the campaign in --out (same plan)")] = False,

@@ -81,7 +81,8 @@ def register(app: typer.Typer) -> None:
             "--interval-ms", help="expected GPU sampling interval (default: the one the trial recorded)")] = None,
         waive: Annotated[list[str] | None, typer.Option(
             "--waive", help="checklist item to waive (gpu_memory_curve, clean_gpu, energy)")] = None,
-        data_docs: Annotated[Path | None, typer.Option("--data-docs", help="build GX Data Docs into this folder")] = None,
+        data_docs: Annotated[Path | None, typer.Option(
+            "--data-docs", help="build GX Data Docs into this folder")] = None,
         report_json: Annotated[Path | None, typer.Option(
             "--report-out", help="also write the ValidationReport (a folder: every trial's) to this JSON file")] = None,
         show_all: Annotated[bool, typer.Option("--all", help="list passing expectations too")] = False,
@@ -94,10 +95,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check RESULT against the report checklist (Great Expectations suites in expectations/)."""
         use_json(json_out)
+        from servetune.logs import console, emit_json, json_mode, quiet_info
         from servetune.result import TrialResult
         from servetune.result_check import ResultError
         from servetune.validation import validate as run_checklist
-        from servetune.logs import console, emit_json, json_mode, quiet_info
         from servetune.validation.checklist import check_waivable, trial_rules
 
         quiet_info("servetune.validation")  # its one INFO line says what the verdict table says
@@ -139,7 +140,8 @@ def register(app: typer.Typer) -> None:
             if o.success and not show_all:
                 continue
             table.add_row("[green]ok[/green]" if o.success else "[red]FAIL[/red]", o.checklist or o.suite,
-                          o.expectation.removeprefix("expect_"), o.column or "", escape(_observed(o.observed_value))[:80])
+                          o.expectation.removeprefix("expect_"), o.column or "",
+                          escape(_observed(o.observed_value))[:80])
         out.print(table)
         if not report.success:
             failed: dict[str, list[str]] = {}

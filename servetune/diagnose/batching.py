@@ -45,7 +45,8 @@ def compare(trials: Iterable[TrialResult]) -> list[Finding]:
             trial_id=w.trial_id, kind="batching.waves_vs_continuous",
             severity="warning" if gain is not None and gain < 1.0 else "info", evidence=ev,
             summary=f"at B={ev['batch']}: continuous batching {_f(sc.request_throughput)} req/s against waves"
-                    f" {_f(sw.request_throughput)} ({text}); E2E p50 {_f(sc.e2e_ms.p50, 0)} against {_f(sw.e2e_ms.p50, 0)} ms",
+                    f" {_f(sw.request_throughput)} ({text}); E2E p50 {_f(sc.e2e_ms.p50, 0)}"
+                    f" against {_f(sw.e2e_ms.p50, 0)} ms",
             advice=None if gain is None or gain >= 1.0 else
             "waves beat continuous batching here: check the continuous trial's queue and retractions"))
     return out

@@ -38,7 +38,8 @@ def multimodal(result: TrialResult) -> dict[str, Any] | None:
     s = result.summary
     ok = [r for r in result.records if r.ok and not r.warmup]
     if s.window_start_s is not None and s.window_end_s is not None:
-        ok = [r for r in ok if r.e2e_ms is not None and s.window_start_s < r.t_send_s + r.e2e_ms / 1e3 <= s.window_end_s]
+        ok = [r for r in ok
+              if r.e2e_ms is not None and s.window_start_s < r.t_send_s + r.e2e_ms / 1e3 <= s.window_end_s]
     return summarize_images(ok, derive_signals(result.server) if result.server else None)
 
 
@@ -56,8 +57,8 @@ def diagnose(result: TrialResult) -> list[Finding]:
         top = parts["dominant"]
         shares = {k: r3(parts[k]) for k in ("queue", "in_server_after_queue", "outside_server")}
         out.append(Finding(
-            trial_id=tid, kind=f"images.ttft_{top}", severity="info", evidence={**ev, **shares,
-                                                                               "client_ttft_mean_ms": r3(parts["client_ttft_mean"])},
+            trial_id=tid, kind=f"images.ttft_{top}", severity="info",
+            evidence={**ev, **shares, "client_ttft_mean_ms": r3(parts["client_ttft_mean"])},
             summary=f"the first token waits mostly {WHERE[top]}: {parts[top]:.0f} of"
                     f" {parts['client_ttft_mean']:.0f} ms mean TTFT (queue {_ms(parts.get('queue'))},"
                     f" in the server after the queue {_ms(parts.get('in_server_after_queue'))},"

@@ -126,7 +126,8 @@ def diagnose(result: TrialResult) -> list[Finding]:
                           "median_prompt": r3(median), "long_prompt_min": r3(long_min),
                           "long_requests": len(longs), "chunked_prefill_size": chunk}
     head = ", ".join(f"{b['bucket']}: {b['requests']} req, TTFT p50 {b['ttft_p50_ms']} ms, "
-                     + (f"ITL p50 {b['itl_p50_ms']} ms" if b["itl_p50_ms"] is not None else f"TPOT p50 {b['tpot_p50_ms']} ms")
+                     + (f"ITL p50 {b['itl_p50_ms']} ms" if b["itl_p50_ms"] is not None
+                        else f"TPOT p50 {b['tpot_p50_ms']} ms")
                      for b in table)
     out = [Finding(trial_id=tid, kind="interference.by_input_length", severity="info", evidence=dict(sets),
                    summary=f"by input length, over {named}: {head}")]
@@ -152,14 +153,15 @@ def diagnose(result: TrialResult) -> list[Finding]:
     _align_with_scheduler_log(result, shorts, m_out, long_min, ev)
     if slowdown < SLOWDOWN_WARN:
         out.append(Finding(trial_id=tid, kind="interference.none", severity="info", evidence=ev,
-                           summary=f"short requests decode at {m_in:.1f} ms/token during long prefills against {m_out:.1f}"
-                                   f" outside (x{slowdown:.2f}, under x{SLOWDOWN_WARN:g}): no interference worth a flag"))
+                           summary=f"short requests decode at {m_in:.1f} ms/token during long prefills against"
+                                   f" {m_out:.1f} outside (x{slowdown:.2f}, under x{SLOWDOWN_WARN:g}): no"
+                                   " interference worth a flag"))
         return out
     out.append(Finding(
-        trial_id=tid, kind="interference.long_prefill", severity="critical" if slowdown >= SLOWDOWN_CRITICAL else "warning",
-        evidence=ev,
-        summary=f"short requests' {basis.upper()} p50 is {m_in:.1f} ms while {len(longs)} long prompts ({long_min:.0f}+ tokens)"
-                f" prefill, {m_out:.1f} ms otherwise (x{slowdown:.1f})",
+        trial_id=tid, kind="interference.long_prefill",
+        severity="critical" if slowdown >= SLOWDOWN_CRITICAL else "warning", evidence=ev,
+        summary=f"short requests' {basis.upper()} p50 is {m_in:.1f} ms while {len(longs)} long prompts"
+                f" ({long_min:.0f}+ tokens) prefill, {m_out:.1f} ms otherwise (x{slowdown:.1f})",
         advice=_advice(chunk, flag(result, "enable_mixed_chunk"))))
     return out
 
@@ -180,7 +182,8 @@ def _align_with_scheduler_log(result: TrialResult, shorts: list[RequestRecord], 
         return
     b = np.asarray(big)
     idx = np.searchsorted(b, stalls)
-    near = [min(abs(s - b[max(i - 1, 0)]), abs(b[min(i, b.size - 1)] - s)) <= 1.0 for s, i in zip(stalls, idx)]
+    near = [min(abs(s - b[max(i - 1, 0)]), abs(b[min(i, b.size - 1)] - s)) <= 1.0
+            for s, i in zip(stalls, idx, strict=True)]
     ev["short_stalls"] = len(stalls)
     ev["stalls_aligned_with_big_prefills"] = r3(sum(near) / len(stalls))
 
@@ -191,6 +194,7 @@ def _advice(chunk: object, mixed: object) -> str:
     if mixed in (True, "true", "True", 1):
         return (f"lower --chunked-prefill-size ({now}): each step then carries a smaller piece of the long prompt"
                 " beside the decodes (the long prompts' own TTFT rises a little)")
-    return (f"add --enable-mixed-chunk and lower --chunked-prefill-size ({now}): without mixed chunks (SGLang's default)"
-            " every prefill step takes the decodes' place, so they wait out the whole long prefill; with them each"
-            " step carries a chunk of it beside the decodes, and a smaller chunk is a shorter step")
+    return (f"add --enable-mixed-chunk and lower --chunked-prefill-size ({now}): without mixed chunks"
+            " (SGLang's default) every prefill step takes the decodes' place, so they wait out the whole long"
+            " prefill; with them each step carries a chunk of it beside the decodes, and a smaller chunk is a"
+            " shorter step")

@@ -153,7 +153,8 @@ def diagnose(result: TrialResult) -> list[Finding]:
         level = float(np.median(settled)) / total
         ev["level_fraction"] = r3(level)
         if mfs is not None and abs(level - float(mfs)) <= POOL_TOLERANCE:
-            text = f"plateau at {level:.1%} of the GPU, the pool's level (mem_fraction_static {float(mfs):g}): normal pooling"
+            text = (f"plateau at {level:.1%} of the GPU, the pool's level (mem_fraction_static {float(mfs):g}):"
+                    " normal pooling")
         elif mfs is not None:
             text = (f"plateau at {level:.1%} of the GPU, off the pool's level (mem_fraction_static {float(mfs):g}):"
                     " another allocation beside the pool")

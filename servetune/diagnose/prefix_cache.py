@@ -48,7 +48,7 @@ def shareable(records: list[RequestRecord], spec: dict[str, Any]) -> list[int]:
 
 def _thirds(records: list[RequestRecord], designed: list[int]) -> tuple[float | None, float | None]:
     """Cached / shareable over the first and the last third of the window's requests (by send time)."""
-    pairs = sorted(((r.t_send_s, r.cached_tokens or 0, d) for r, d in zip(records, designed) if d > 0
+    pairs = sorted(((r.t_send_s, r.cached_tokens or 0, d) for r, d in zip(records, designed, strict=True) if d > 0
                     and r.cached_tokens is not None))
     if len(pairs) < 3 * MIN_REQUESTS // 2:
         return None, None
@@ -71,10 +71,12 @@ def _cause(result: TrialResult, spec: dict[str, Any], records: list[RequestRecor
         return ("images sit ahead of the system prompt (images.position: before_system): every prompt with its own"
                 " image starts differently, so nothing after it is shared",
                 "put images after the system prompt (images.position: before_text) or reuse them (images.distinct)")
-    per = [min(r.cached_tokens or 0, d) / d for r, d in zip(records, designed) if d > 0 and r.cached_tokens is not None]
+    per = [min(r.cached_tokens or 0, d) / d for r, d in zip(records, designed, strict=True)
+           if d > 0 and r.cached_tokens is not None]
     if per:
         ev["cached_share_median"] = r3(float(np.median(per)))
-        ev["cached_tokens_median"] = r3(float(np.median([r.cached_tokens or 0 for r, d in zip(records, designed) if d > 0])))
+        ev["cached_tokens_median"] = r3(float(np.median(
+            [r.cached_tokens or 0 for r, d in zip(records, designed, strict=True) if d > 0])))
     if per and float(np.median(per)) < NONCE_MAX:
         return ("a per-request nonce (or other unique text) ahead of the shared part: only the first"
                 f" {ev['cached_tokens_median']:.0f} tokens of each prompt (the template's) match",
@@ -98,7 +100,8 @@ def diagnose(result: TrialResult) -> list[Finding]:
     reporting = [r for r in records if r.cached_tokens is not None]
     usage_max = s.server_token_usage_max if s.server_token_usage_max is not None else s.sched_token_usage_max
     ev: dict[str, Any] = {
-        "requests": len(records), "shareable_tokens_per_request": r3(designed_total / len(records)) if records else None,
+        "requests": len(records),
+        "shareable_tokens_per_request": r3(designed_total / len(records)) if records else None,
         "expected_hit_rate": r3(designed_total / prompt_total) if prompt_total else None,
         "prefix_hit_rate": r3(s.prefix_hit_rate), "prefix_hit_rate_server": r3(s.prefix_hit_rate_server),
         "token_usage_max": r3(usage_max),
@@ -115,8 +118,9 @@ def diagnose(result: TrialResult) -> list[Finding]:
                                    f" measured hit rate {_pct(s.prefix_hit_rate)}"))
         return out
     if reporting:
-        cached = sum(min(r.cached_tokens or 0, d) for r, d in zip(records, designed) if r.cached_tokens is not None)
-        designed_rep = sum(d for r, d in zip(records, designed) if r.cached_tokens is not None)
+        cached = sum(min(r.cached_tokens or 0, d) for r, d in zip(records, designed, strict=True)
+                     if r.cached_tokens is not None)
+        designed_rep = sum(d for r, d in zip(records, designed, strict=True) if r.cached_tokens is not None)
         source = "usage"
     elif s.prefix_hit_rate_server is not None:
         cached, designed_rep, source = s.prefix_hit_rate_server * prompt_total, designed_total, "counters"
@@ -140,8 +144,8 @@ def diagnose(result: TrialResult) -> list[Finding]:
     if effectiveness >= EFFECTIVE_MIN:
         out.append(Finding(
             trial_id=tid, kind="prefix_cache.effective", severity="info", evidence=ev,
-            summary=f"cache effective: {effectiveness:.0%} of the {designed_total / len(records):.0f} shareable tokens per"
-                    f" request served from cache (hit rate {_pct(s.prefix_hit_rate)}, expected"
+            summary=f"cache effective: {effectiveness:.0%} of the {designed_total / len(records):.0f} shareable"
+                    f" tokens per request served from cache (hit rate {_pct(s.prefix_hit_rate)}, expected"
                     f" {_pct(ev['expected_hit_rate'])})"))
         return out
     cause, advice = _cause(result, spec, records, designed, usage_max, ev)
@@ -149,8 +153,8 @@ def diagnose(result: TrialResult) -> list[Finding]:
     out.append(Finding(
         trial_id=tid, kind="prefix_cache.not_effective", severity="warning", evidence=ev, advice=advice,
         summary=f"cache not effective: {effectiveness:.0%} of the shareable tokens were cached (hit rate"
-                f" {_pct(s.prefix_hit_rate)}, the workload's design allows {_pct(ev['expected_hit_rate'])}); likely cause:"
-                f" {cause}"))
+                f" {_pct(s.prefix_hit_rate)}, the workload's design allows {_pct(ev['expected_hit_rate'])});"
+                f" likely cause: {cause}"))
     return out
 
 

@@ -57,18 +57,21 @@ def diagnose(result: TrialResult) -> list[Finding]:
         out.append(Finding(
             trial_id=tid, kind="queue.rejections", severity="critical" if share >= REJECT_CRITICAL else "warning",
             evidence={**ev, "rejected_share": r3(share)},
-            summary=f"{rejected} requests ({share:.1%}) refused with HTTP 503: the server's queue was full or it shed load",
-            advice="offer less load, or let the server queue more (--max-queued-requests); a refusal is never a latency"))
+            summary=f"{rejected} requests ({share:.1%}) refused with HTTP 503: the server's queue was full or it"
+                    " shed load",
+            advice="offer less load, or let the server queue more (--max-queued-requests); a refusal is never a"
+                   " latency"))
     if s.server_queue_reqs_mean is None:
         if not out:
             out.append(Finding(trial_id=tid, kind="queue.no_data", severity="info", evidence=ev,
-                               summary="no server queue gauge (SGLang without --enable-metrics?): the queue is not read"))
+                               summary="no server queue gauge (SGLang without --enable-metrics?): the queue is not"
+                                       " read"))
         return out
     if s.server_queue_reqs_mean < QUEUE_MEAN_MIN:
         if not out:
             out.append(Finding(trial_id=tid, kind="queue.none", severity="info", evidence=ev,
-                               summary=f"requests hardly queued at the server ({s.server_queue_reqs_mean:.1f} waiting on"
-                                       f" average, {_pct(usage)} of the KV pool at most)"))
+                               summary=f"requests hardly queued at the server ({s.server_queue_reqs_mean:.1f}"
+                                       f" waiting on average, {_pct(usage)} of the KV pool at most)"))
         return out
     if (usage is not None and usage >= POOL_FULL) or s.server_retractions:
         out.append(Finding(
@@ -85,8 +88,8 @@ def diagnose(result: TrialResult) -> list[Finding]:
                   " is past the server's prefill capacity")
         out.append(Finding(
             trial_id=tid, kind="queue.cap_bound" if at_cap else "queue.admission_bound", severity="info", evidence=ev,
-            summary=f"{s.server_queue_reqs_mean:.1f} requests waited on average (max {s.server_queue_reqs_max:.0f}) with"
-                    f" the KV pool at most {_pct(usage)} full: not memory",
+            summary=f"{s.server_queue_reqs_mean:.1f} requests waited on average"
+                    f" (max {s.server_queue_reqs_max:.0f}) with the KV pool at most {_pct(usage)} full: not memory",
             advice=advice))
     return out
 

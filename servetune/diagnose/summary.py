@@ -67,7 +67,8 @@ class CampaignSummary:
                 "recommendation": self.recommendation, "notes": self.notes,
                 "rows": [{"trial_ids": r.trial_ids, "stage": r.stage, "load": r.load, "config": r.config,
                           "status": r.status, "goodput_rps": r.goodput_rps, "recommended": r.recommended,
-                          "worst": None if r.worst is None else f"{r.worst.severity} {r.worst.kind}"} for r in self.rows],
+                          "worst": None if r.worst is None else f"{r.worst.severity} {r.worst.kind}"}
+                         for r in self.rows],
                 "top": [{"kind": t.kind, "severity": t.severity, "trials": t.trials, "where": t.where,
                          "summary": t.example.summary, "advice": t.example.advice} for t in self.top],
                 "more": self.more}
@@ -227,7 +228,8 @@ def _notes(trials: list[TrialResult]) -> list[str]:
     for t in trials:
         s = status(t)
         if s == "rejected" and (items := failed_items(t)):
-            out.append(f"{_where(t)} rejected: {'; '.join(plain_words(failed_pairs(t)))} (checklist: {', '.join(items)})")
+            out.append(f"{_where(t)} rejected: {'; '.join(plain_words(failed_pairs(t)))}"
+                       f" (checklist: {', '.join(items)})")
         elif s in ("rejected", "failed"):
             out.append(f"{_where(t)} {s}: {t.failure_reason or 'no reason recorded'}")
         elif s == "INVALID":

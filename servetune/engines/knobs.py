@@ -1,4 +1,5 @@
-"""The tuning walk's view of an engine (engine knowledge, so it lives with the engines): one flat ``{flag: value}`` dict, whatever the engine kind.
+"""The tuning walk's view of an engine (engine knowledge, so it lives with the engines): one flat
+``{flag: value}`` dict, whatever the engine kind.
 
 Each engine's config class says what its flags are (``EngineBase.flags``: SGLang and the simulator
 keep their launch flags in ``args``; vLLM and transformers have typed fields for the knobs they tune,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -198,7 +198,8 @@ def interpret_parser_check(returncode: int, stdout: str, stderr: str, planned_ve
         data = {}
     if not data:
         missing = "No module named 'sglang" in stderr or "No such file" in stderr or returncode == 127
-        note = "sglang is not installed there" if missing else f"probe failed (exit {returncode}): {stderr.strip()[-300:]}"
+        note = ("sglang is not installed there" if missing
+                else f"probe failed (exit {returncode}): {stderr.strip()[-300:]}")
         return ParserVerdict(checked=False, ok=False, version=None, error=None, note=note)
     version = data.get("version")
     catalog = data.get("catalog") if isinstance(data.get("catalog"), dict) else None

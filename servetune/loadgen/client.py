@@ -25,9 +25,9 @@ from typing import Any
 from servetune.records import ErrorClass, RequestRecord
 from servetune.workload.request import WorkloadRequest
 
+from .bounded import BoundedReads
 from .config import LoadConfig, Target
 from .endpoints import decode_stream, request_body, token_counter
-from .bounded import BoundedReads
 from .idle import IDLE_TIMEOUT, IdleWatch
 from .lag import LoopLag
 from .sessions import is_session, load_units

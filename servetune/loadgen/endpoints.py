@@ -18,6 +18,7 @@ from servetune.workload.request import WorkloadRequest
 from .config import Target
 from .sse import json_array, split_events
 
+
 class TokenCounter(Protocol):
     def count(self, text: str) -> int: ...
 

@@ -7,9 +7,9 @@ measured requests and 162 ms at 1,000, the same config (392 and 132 ms primed). 
 for a while has seen its shared parts (the cache evicts what it cannot keep), so before the warm-up the
 load sends one short request (one output token) per shared head that a measured request uses: its system
 prompt and the run of pooled images it starts with, where they sit in the prompt, as far as at least two
-of the trial's requests share them. They go as a phase of their own before the trial's clock starts (their completions, all at once, would otherwise open a closed loop's
-window early), and the result counts them (``load.primers``). A timed trace replays its own requests as
-recorded: it is not primed.
+of the trial's requests share them. They go as a phase of their own before the trial's clock starts (their
+completions, all at once, would otherwise open a closed loop's window early), and the result counts them
+(``load.primers``). A timed trace replays its own requests as recorded: it is not primed.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def shared_segments(r: WorkloadRequest) -> tuple[Segment, ...]:
     return system + pooled
 
 
-def primers(measured: Sequence[WorkloadRequest], among: Sequence[WorkloadRequest] | None = None) -> list[WorkloadRequest]:
+def primers(measured: Sequence[WorkloadRequest],
+            among: Sequence[WorkloadRequest] | None = None) -> list[WorkloadRequest]:
     """One short request per shared head of ``measured``, in order of first use: a request's longest head
     that at least two requests of ``among`` (default: ``measured``) begin with. A head only one request has
     is not shared (a system prompt with a nonce in it): priming it would warm that request alone."""

@@ -15,8 +15,7 @@ import orjson
 
 from servetune.experiment import EXPERIMENT_FILE, ResultFolder
 from servetune.redact import redact, redact_text
-from servetune.result import SCHEMA as TRIAL_SCHEMA
-from servetune.result import TrialResult
+from servetune.result import SCHEMA as TRIAL_SCHEMA, TrialResult
 from servetune.result_check import ResultError, read_json
 from servetune.sla import SLA
 from servetune.tuning.state import ALL_STAGES, Stage
@@ -113,7 +112,8 @@ class CampaignView:
 
 
 def flag_value(config: dict[str, Any], name: str) -> Any:
-    """A server flag whatever its spelling: ``chunked_prefill_size``, ``chunked-prefill-size`` or ``--chunked-prefill-size``."""
+    """A server flag whatever its spelling: ``chunked_prefill_size``, ``chunked-prefill-size`` or
+    ``--chunked-prefill-size``."""
     want = name.lstrip("-").replace("-", "_")
     for key, value in config.items():
         if key.lstrip("-").replace("-", "_") == want:

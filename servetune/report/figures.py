@@ -8,7 +8,6 @@ showing an empty plot.
 
 from __future__ import annotations
 
-
 import matplotlib
 from matplotlib.figure import Figure
 

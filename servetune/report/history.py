@@ -24,8 +24,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import Double, Integer, and_, column, func, select, table
-from sqlalchemy import Text as SqlText
+from sqlalchemy import Double, Integer, Text as SqlText, and_, column, func, select, table
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 
 from servetune.redact import redact

@@ -189,7 +189,8 @@ def _energy_cards(rec: dict[str, Any]) -> list[dict[str, str]]:
     """Energy and cost at the answer (servetune.energy), and the objective when it is not goodput."""
     cards = []
     if rec.get("energy_per_output_token_j") is not None:
-        cards.append({"key": "j-per-token", "label": "J per output token", "value": fmt(rec["energy_per_output_token_j"], 3)})
+        cards.append({"key": "j-per-token", "label": "J per output token",
+                      "value": fmt(rec["energy_per_output_token_j"], 3)})
     if rec.get("cost_per_mtok_usd") is not None:
         cards.append({"key": "cost-per-mtok", "label": "$ per million output tokens",
                       "value": fmt(rec["cost_per_mtok_usd"], 3)})

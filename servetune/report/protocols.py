@@ -84,7 +84,8 @@ def protocol_rows(campaign: CampaignView) -> list[dict[str, Any]]:
     evidence = [by_id[i] for i in rec.get("evidence_trial_ids") or [] if i in by_id]
     at_answer = [t for t in evidence if level_of(t) == rec.get("concurrency") and t.status != "failed"]
     if at_answer:
-        quoted = f"goodput_rps = {_num(rec.get('goodput_rps'), 2)} req/s at the SLA, concurrency {rec.get('concurrency')}"
+        quoted = (f"goodput_rps = {_num(rec.get('goodput_rps'), 2)} req/s at the SLA,"
+                  f" concurrency {rec.get('concurrency')}")
         short = f"goodput {_num(rec.get('goodput_rps'), 2)} req/s at the SLA"
         n = rec.get("repeats") or 1
         row = _row(at_answer[0], sla, who="tuned (servetune)", quoted=quoted, short=short,
@@ -100,6 +101,7 @@ def protocol_rows(campaign: CampaignView) -> list[dict[str, Any]]:
 
 
 def rejection_sentences(rows: list[dict[str, Any]]) -> list[str]:
-    """'engineer-a: rejected by the checklist: <plain words> (steady_window: ...)' for each protocol that did not pass."""
+    """'engineer-a: rejected by the checklist: <plain words> (steady_window: ...)' for each protocol that did not
+    pass."""
     return [f"{r['who']}: rejected by the checklist: {'; '.join(r['plain']) or 'see its trial'}"
             f" (checklist detail: {'; '.join(r['failed']) or '-'})" for r in rows if r["verdict"] == "rejected"]

@@ -37,7 +37,8 @@ def workload_text(spec: dict[str, Any]) -> str:
     """'1024-4096-token prompts, 160-352-token answers, a shared 512-token system prompt' from a spec."""
     if spec.get("trace"):
         return "a timed trace replay"
-    parts = [f"{_dist_text(spec.get('input') or {})}-token prompts", f"{_dist_text(spec.get('output') or {})}-token answers"]
+    parts = [f"{_dist_text(spec.get('input') or {})}-token prompts",
+             f"{_dist_text(spec.get('output') or {})}-token answers"]
     prefix = spec.get("shared_prefix")
     if prefix:
         share = prefix.get("share_ratio", 1.0)

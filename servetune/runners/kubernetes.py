@@ -16,7 +16,6 @@ import yaml
 from servetune.engines.common import EngineBase
 from servetune.runners.base import KubernetesRunnerConfig, gpu_env
 
-
 SECRETS_MOUNT = "/etc/servetune-secrets"
 
 
@@ -46,8 +45,10 @@ def build_manifests(engine: EngineBase, runner: KubernetesRunnerConfig) -> list[
                                                                                     size_limit=runner.shm_size))]
     if runner.model_pvc:
         mounts.append(client.V1VolumeMount(name="models", mount_path=runner.model_mount, read_only=True))
-        volumes.append(client.V1Volume(name="models", persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(
-            claim_name=runner.model_pvc, read_only=True)))
+        volumes.append(client.V1Volume(
+            name="models",
+            persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(
+                claim_name=runner.model_pvc, read_only=True)))
     secret = None
     if files:
         secret = client.V1Secret(api_version="v1", kind="Secret", type="Opaque", string_data=files,

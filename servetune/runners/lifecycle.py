@@ -24,6 +24,8 @@ from typing import Any
 
 from servetune.engines.common import EngineBase
 from servetune.engines.failures import EngineFailure, FailureKind, failure_from_log
+from servetune.redact import install_log_redaction, known_secrets, redact_argv, redact_text, remember, scrub
+from servetune.runners.backend import RunnerBackend
 from servetune.runners.base import (
     KubernetesRunnerConfig,
     LocalRunnerConfig,
@@ -33,8 +35,6 @@ from servetune.runners.base import (
     TeardownReport,
     tail_file,
 )
-from servetune.redact import install_log_redaction, known_secrets, redact_argv, redact_text, remember, scrub
-from servetune.runners.backend import RunnerBackend
 from servetune.runners.preflight import PreflightReport
 
 log = logging.getLogger(__name__)

@@ -54,7 +54,8 @@ class LocalBackend:
         env = self.engine_env(extra_env)
         return (["env", *(f"{k}={v}" for k, v in env.items())] if env else []) + argv
 
-    def run_check(self, argv: list[str], extra_env: Mapping[str, str], timeout_s: float = 180.0) -> tuple[int, str, str]:
+    def run_check(self, argv: list[str], extra_env: Mapping[str, str],
+                  timeout_s: float = 180.0) -> tuple[int, str, str]:
         """A short command on the runner (SGLang's own parser check): ``(exit code, stdout, stderr)``."""
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,

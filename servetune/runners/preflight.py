@@ -78,7 +78,8 @@ def _port_holder(port: int) -> str:
     return ""
 
 
-def check_gpus(gpus: Sequence[int] | None, *, idle_mib: int, own_pids: Iterable[int] = ()) -> tuple[str, list[str], dict]:
+def check_gpus(gpus: Sequence[int] | None, *, idle_mib: int,
+               own_pids: Iterable[int] = ()) -> tuple[str, list[str], dict]:
     """``(summary, problems, details)`` for the target GPUs via NVML; "no GPU" where NVML is absent."""
     from servetune.telemetry.nvml import GpuUnavailable, gpu_memory_used, gpu_processes
 

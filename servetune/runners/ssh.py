@@ -176,7 +176,8 @@ class SSHBackend:
             self.cfg.destination, "--", shlex.join(self.remote_argv(argv)),
         ]
 
-    def run_check(self, argv: list[str], extra_env: Mapping[str, str], timeout_s: float = 180.0) -> tuple[int, str, str]:
+    def run_check(self, argv: list[str], extra_env: Mapping[str, str],
+                  timeout_s: float = 180.0) -> tuple[int, str, str]:
         proc = self.run_remote(argv, timeout_s=timeout_s, env=self.engine_env(extra_env))
         return proc.returncode, proc.stdout, proc.stderr
 

@@ -40,8 +40,10 @@ def build_parser(prog: str = "servetune sim serve") -> argparse.ArgumentParser:
     sim.add_argument("--gpu-profile", default=DEFAULT_GPU_PROFILE, help="GPU profile name or YAML path")
     sim.add_argument("--load-seconds", type=float, default=0.5, help="simulated weight-loading time (503s)")
     sg = p.add_argument_group("SGLang server arguments")
-    sg.add_argument("--model-path", "--model", default=None, dest="model_path", help="model name reported by the API (default: profile's)")
-    sg.add_argument("--served-model-name", default=None, help="the name clients send as 'model' (default: --model-path)")
+    sg.add_argument("--model-path", "--model", default=None, dest="model_path",
+                    help="model name reported by the API (default: profile's)")
+    sg.add_argument("--served-model-name", default=None,
+                    help="the name clients send as 'model' (default: --model-path)")
     sg.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=None, dest="tp_size",
                     help="tensor-parallel GPUs (default: the model profile's)")
     sg.add_argument("--context-length", type=int, default=None, help="longest prompt + output (default: the model's)")

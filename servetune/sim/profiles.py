@@ -43,7 +43,8 @@ class GpuProfile(BaseModel):
     idle_w: float = Field(default=60, ge=0)
     # Engine terms an eager (no CUDA graphs) engine needs; the defaults keep the SGLang model.
     kv_traffic_factor: float = Field(
-        default=1.0, ge=1, description="HBM bytes attention moves per nominal KV-cache byte (cache copies, GQA expansion)"
+        default=1.0, ge=1,
+        description="HBM bytes attention moves per nominal KV-cache byte (cache copies, GQA expansion)"
     )
     launch_ms_per_layer: float = Field(
         default=0.0, ge=0, description="host time to issue one layer's kernels: a pass takes at least layers x this"
@@ -75,8 +76,10 @@ class VisionProfile(BaseModel):
     ms_per_image: float = Field(default=0.0, ge=0, description="fixed encoder cost per image beyond its FLOPs")
     host_ms_per_image: float = Field(
         default=0.0, ge=0, description="scheduler's host time per image of a newly admitted request, cached or not")
-    marker_tokens: int = Field(default=0, ge=0, description="tokens around each image's run (Qwen2-VL: vision start/end, 2)")
-    patches_per_token: int = Field(default=1, gt=0, description="encoder patches merged into one image token (Qwen2-VL: 4)")
+    marker_tokens: int = Field(
+        default=0, ge=0, description="tokens around each image's run (Qwen2-VL: vision start/end, 2)")
+    patches_per_token: int = Field(
+        default=1, gt=0, description="encoder patches merged into one image token (Qwen2-VL: 4)")
 
     @model_validator(mode="after")
     def _bounds(self) -> VisionProfile:

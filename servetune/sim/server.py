@@ -30,8 +30,8 @@ from .batch_log import BatchLog
 from .frontend import FrontEnd
 from .generation import GenerationEndpoints, Stream
 from .metrics import SimMetrics
-from .scheduler import Scheduler
 from .power import activity
+from .scheduler import Scheduler
 
 log = logging.getLogger("servetune.sim.server")
 
@@ -248,12 +248,13 @@ class SimServer(GenerationEndpoints):
     async def sim_gpu(self, request: web.Request) -> web.Response:
         """The modelled GPUs right now, for servetune's simulated sampler (telemetry.simgpu): SGLang
         preallocates weights, KV pool and CUDA graphs, so memory is flat apart from prefill activations."""
-        from .telemetry import gpu_static_bytes, activation_bytes
+        from .telemetry import activation_bytes, gpu_static_bytes
 
         a, g = self.args, self.args.gpu
         used = gpu_static_bytes(a) + activation_bytes(a, self.extend_tokens if self.sched.running else 0)
         return web.json_response({
-            "t_model_s": self.now(), "busy_s": self.busy_s, "active_s": self.active_s, "idle_w": g.idle_w, "tdp_w": g.tdp_w,
+            "t_model_s": self.now(), "busy_s": self.busy_s, "active_s": self.active_s,
+            "idle_w": g.idle_w, "tdp_w": g.tdp_w,
             "devices": [{"index": r, "name": f"{g.name} (simulated)", "uuid": f"SIM-{g.name}-{r}",
                          "mem_total": a.gpu_memory_bytes, "mem_used": used} for r in range(a.tp_size)],
         })

@@ -49,7 +49,8 @@ def _trial_docs(path: Path) -> Iterator[dict[str, Any]]:
     elif path.suffix == ".json":
         yield orjson.loads(path.read_bytes())
     else:
-        raise ValueError(f"{path}: expected a campaign directory, a folder of trial files, a .tar.xz of one, or a trial .json")
+        raise ValueError(f"{path}: expected a campaign directory, a folder of trial files, a .tar.xz of one,"
+                         " or a trial .json")
 
 
 def load_trials(paths: Iterable[str | Path]) -> list[dict[str, Any]]:

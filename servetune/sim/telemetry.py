@@ -25,7 +25,8 @@ ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN = 2 * 12  # bf16 x (qkv, attention out, ML
 
 def gpu_static_bytes(a: SimArgs) -> int:
     """What SGLang allocates per GPU at start: weights, the KV pool, CUDA context and graphs."""
-    return int(a.weight_bytes_per_rank + a.kv_pool_bytes_per_rank + CUDA_CONTEXT_BYTES + a.cuda_graph_max_bs * (2 << 20))
+    return int(a.weight_bytes_per_rank + a.kv_pool_bytes_per_rank + CUDA_CONTEXT_BYTES
+               + a.cuda_graph_max_bs * (2 << 20))
 
 
 def activation_bytes(a: SimArgs, new_tokens: int) -> int:
@@ -111,7 +112,8 @@ class SimTelemetry:
             },
         }
 
-    def gpu_curve(self, iterations: list[Iteration], end: float, interval_ms: float, start: float = 0.0) -> dict[str, Any]:
+    def gpu_curve(self, iterations: list[Iteration], end: float, interval_ms: float,
+                  start: float = 0.0) -> dict[str, Any]:
         """Samples every ``interval_ms`` per TP rank from ``start``: memory (preallocated + activations), util,
         power."""
         a, g = self.args, self.args.gpu

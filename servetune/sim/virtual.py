@@ -3,10 +3,10 @@
 ``simulate`` follows the load generator's semantics (servetune.loadgen): one load over all
 requests, the warm-up ones first, either a closed loop (each stream sends its next request the
 moment its previous one ends) or an open loop (arrival offsets from
-``loadgen.strategies.arrival_offsets_s``, capped in flight; lateness becomes ``queue_ms``). It returns a TrialResult of the same shape as a measured trial,
-with ``target.engine = "sim"``: records, a synthesized GPU memory curve, server metrics in the
-scraper's shape, and the summary from ``servetune.metrics.summarize``. Deterministic: the same
-inputs give the same result (``seed`` only feeds the open-loop arrivals via ``load.seed`` when
+``loadgen.strategies.arrival_offsets_s``, capped in flight; lateness becomes ``queue_ms``). It returns a
+TrialResult of the same shape as a measured trial, with ``target.engine = "sim"``: records, a synthesized GPU
+memory curve, server metrics in the scraper's shape, and the summary from ``servetune.metrics.summarize``.
+Deterministic: the same inputs give the same result (``seed`` only feeds the open-loop arrivals via ``load.seed`` when
 ``load.seed`` is left at 0). A sent request reaches the scheduler when the model's front end is done
 with it (servetune.sim.frontend; at once for a profile without one).
 """

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from servetune.limits import MAX_METRICS_BYTES, ResponseTooLarge, read_body
-from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-_LINE = re.compile(r"^\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})[^\]]*\]\s*(?P<kind>Prefill|Decode) batch[.,]\s*(?P<rest>.*)$")
+_LINE = re.compile(r"^\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})[^\]]*\]"
+                   r"\s*(?P<kind>Prefill|Decode) batch[.,]\s*(?P<rest>.*)$")
 _FIELD = re.compile(r"(?P<key>[#\w][\w \-()/]*?):\s*(?P<value>[^,]+)")
 #: log key -> (row field, type)
 FIELDS: dict[str, tuple[str, type]] = {

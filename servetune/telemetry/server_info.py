@@ -14,7 +14,6 @@ import aiohttp
 import orjson
 
 from servetune.limits import MAX_JSON_BYTES, ResponseTooLarge, read_body
-
 from servetune.telemetry.redact import redact
 
 log = logging.getLogger(__name__)

@@ -47,8 +47,8 @@ class SimulatedGpuSampler:
         except Exception as exc:  # noqa: BLE001 - reported in the result, like NVML's absence
             self._state, self._reason = "error", f"{self.url}: {type(exc).__name__}: {exc}"
             return self
-        self._devices = [{**{k: d[k] for k in ("index", "name", "uuid", "mem_total")}, "power_limit_w": float(first["tdp_w"])}
-                         for d in first["devices"]]
+        self._devices = [{**{k: d[k] for k in ("index", "name", "uuid", "mem_total")},
+                          "power_limit_w": float(first["tdp_w"])} for d in first["devices"]]
         self._state = "simulated"
         self._record(first)
         self._thread = SamplingThread(self.interval_s, self._sample, "servetune-sim-gpu").start()

@@ -316,12 +316,13 @@ def left_out_lines(plan: TuningPlan, gone: LeftOut) -> list[str]:
             f"{cfg(p['flags'])} at {lv(p['level'])}" for p in gone.points))
     if gone.robustness:
         lines.append("robustness checks not run: " + "; ".join(
-            f"{cfg(r['flags'])} at {lv(r['level'])}" + ("" if r["burstiness"] is None else f", gamma {r['burstiness']:g}")
+            f"{cfg(r['flags'])} at {lv(r['level'])}"
+            + ("" if r["burstiness"] is None else f", gamma {r['burstiness']:g}")
             for r in gone.robustness))
     if gone.seeds:
-        lines.append("seeds not run (workload seed + k) where both campaigns measure the config and level: " + "; ".join(
-            f"{cfg(s['flags'])} at {lv(s['level'])}: +{', +'.join(str(x) for x in sorted(s['seeds']))}"
-            for s in gone.seeds))
+        lines.append("seeds not run (workload seed + k) where both campaigns measure the config and level: "
+                     + "; ".join(f"{cfg(s['flags'])} at {lv(s['level'])}:"
+                                 f" +{', +'.join(str(x) for x in sorted(s['seeds']))}" for s in gone.seeds))
     if gone.resized:
         lines.append("measured again, longer, where the level's trial size grows: " + "; ".join(
             f"{cfg(r['flags'])} at {lv(r['level'])}, seed +{', +'.join(str(x) for x in sorted(r['seeds']))}"

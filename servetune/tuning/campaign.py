@@ -29,8 +29,8 @@ from servetune.experiment import ExperimentRecord, ResultFolder
 from servetune.oserrors import os_error_text
 from servetune.plan import TuningPlan
 from servetune.plan_protocols import MeasurementProtocol
-from servetune.result import TrialResult
 from servetune.redact import MASK, redact
+from servetune.result import TrialResult
 from servetune.tuning.ceiling import walk_seeds
 from servetune.tuning.decisions import next_trials
 from servetune.tuning.plan_identity import check_same_plan, plan_digest, plan_fingerprints
@@ -394,7 +394,8 @@ def dry_run(plan: TuningPlan, runner: TrialRunner, *, max_trials: int = 500, che
                     check_trial(plan, report.result)
                 specs.append(spec)
                 state = state.add(TrialOutcome.from_result(spec, report.result, gpu_seconds=report.gpu_seconds,
-                                                           restarted=report.restarted, startup_seconds=report.startup_s))
+                                                           restarted=report.restarted,
+                                                           startup_seconds=report.startup_s))
     finally:
         runner.close()
     raise RuntimeError(f"the campaign did not finish within {max_trials} trials")

@@ -7,7 +7,8 @@ two levels that decide the ceiling, the last passing and the first failing (or p
 walk is replayed with the pooled verdicts, so a repeat that overturns a verdict moves the ceiling.
 The ramp stops on goodput, the figure the plan asks for: a gain within the noise is a plateau.
 In rate mode the levels are offered requests/s; the ceiling is the capacity at the SLA, bisected
-to within ``ramp.rate_step`` (``RATE_STEP``, 2.5%, by default) of the failing rate (an overloaded open loop fails as ``overload``).
+to within ``ramp.rate_step`` (``RATE_STEP``, 2.5%, by default) of the failing rate (an overloaded open loop fails
+as ``overload``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from servetune.tuning.evidence import Evidence, clear, current, gather, settle
 from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialOutcome, TrialSpec
 from servetune.tuning.verdict import judge  # re-exported: the one trial verdict (servetune.tuning.verdict)
 
-__all__ = ["adaptive_gather", "bisect_between", "climb", "conclude", "find_ceiling", "first_seeds", "make_ceiling", "judge", "ramp_levels", "throughput", "gains", "walk_seeds"]
+__all__ = ["adaptive_gather", "bisect_between", "climb", "conclude", "find_ceiling", "first_seeds", "make_ceiling",
+           "judge", "ramp_levels", "throughput", "gains", "walk_seeds"]
 
 RATE_STEP = 0.025  # rate mode: bisect until the gap is this fraction of the failing rate
 RATE_HALVINGS = 4  # rate mode, nothing passing: halve the lowest rate this many times before giving up
@@ -58,7 +60,8 @@ def first_seeds(plan: TuningPlan) -> int:
 
 def _gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, stage: str, reason: str,
             repeats: int = 1) -> TrialSpec | Evidence:
-    return adaptive_gather(plan, state, flags, level, stage=stage, reason=reason, repeats=max(repeats, walk_seeds(plan)))
+    return adaptive_gather(plan, state, flags, level, stage=stage, reason=reason,
+                           repeats=max(repeats, walk_seeds(plan)))
 
 
 def adaptive_gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *, stage: str, reason: str,

@@ -19,8 +19,7 @@ from typing import Any
 from servetune.plan import TuningPlan
 from servetune.redact import redact
 from servetune.tuning.runner import RunReport, failed_result, trial_load
-from servetune.tuning.state import ENGINE_CRASH
-from servetune.tuning.state import Flags, TrialSpec
+from servetune.tuning.state import ENGINE_CRASH, Flags, TrialSpec
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +35,8 @@ Provisioner = Callable[[Flags], contextlib.AbstractContextManager[Any]]
 def engine_provisioner(plan: TuningPlan, *, log_dir: Path | None = None, owner: str | None = None) -> Provisioner:
     """Start servers with servetune.runners.provision: the plan's engine with the trial's flags, on its runner
     (which refuses a dirty environment before launch when the runner's ``check_clean`` is on)."""
-    from servetune.runners import provision
     from servetune.engines.knobs import with_flags
+    from servetune.runners import provision
 
     def start(flags: Flags) -> contextlib.AbstractContextManager[Any]:
         engine = with_flags(plan.engine, flags)
@@ -137,9 +136,9 @@ class LiveTrialRunner:
             stack.close()
 
     def run(self, spec: TrialSpec, *, experiment_id: str) -> RunReport:
+        from servetune.engines.knobs import with_flags
         from servetune.loadgen import Target
         from servetune.trial import TrialRequest, run_trial
-        from servetune.engines.knobs import with_flags
         from servetune.tuning.runner import trial_workload
 
         t0 = time.monotonic()

@@ -2,10 +2,10 @@
 
 Capacity is measured the same way whatever the objective: the ramp climbs on goodput and the refinement
 compares configs on goodput, so the ceiling is the SLA's. Then the answer is the passing (config, level)
-pair, among every one the campaign measured, with the best objective figure: good requests per joule (``goodput_per_watt``: goodput over the
-window's mean GPU power) or output tokens per dollar (``cost_per_mtok``: the fewest dollars per million
-output tokens). A pair whose figure is not better than the goodput answer's beyond the noise (paired over
-the seeds both were measured on) and ``refine.min_improvement`` is a tie, and the goodput answer stays.
+pair, among every one the campaign measured, with the best objective figure: good requests per joule
+(``goodput_per_watt``: goodput over the window's mean GPU power) or output tokens per dollar (``cost_per_mtok``: the
+fewest dollars per million output tokens). A pair whose figure is not better than the goodput answer's beyond the noise
+(paired over the seeds both were measured on) and ``refine.min_improvement`` is a tie, and the goodput answer stays.
 """
 
 from __future__ import annotations

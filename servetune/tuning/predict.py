@@ -111,7 +111,8 @@ class Predictor:
             return False
         ratio, e = (cand_g or 0.0) / inc_g, 2 * c.error
         r = self.plan.stages.refine
-        where = f"{self._scaled(cand_g)} against the incumbent's {self._scaled(inc_g)} req/s at {self.plan.level_text(level)}"
+        where = (f"{self._scaled(cand_g)} against the incumbent's {self._scaled(inc_g)} req/s"
+                 f" at {self.plan.level_text(level)}")
         if ratio < 1 - e - r.min_improvement:
             self.skipped.append(f"{what}: not measured: predicted {where} ({ratio - 1:+.1%}, beyond twice the"
                                 f" held-out error {c.error:.1%})")

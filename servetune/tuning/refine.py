@@ -15,11 +15,11 @@ measurements on every call, so it is a pure function of the plan and the results
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from servetune.plan import FlagValue, Level, TuningPlan
-from typing import TypeVar
-
 from servetune.stats import Comparison
 from servetune.tuning import signals
 from servetune.tuning.ceiling import adaptive_gather, bisect_between, climb, first_seeds, ramp_levels, walk_seeds
@@ -216,7 +216,8 @@ class _Walk:
                                 repeats=plan.repeat_count, exact=True)
             if not best.passed:
                 return None
-        gain = self.need(settle(plan, self.state, (best.flags, best.level, "refine", f"refine {what} at {at(best.level)}"),
+        gain = self.need(settle(plan, self.state,
+                                (best.flags, best.level, "refine", f"refine {what} at {at(best.level)}"),
                                 (inc.flags, inc.level, _stage(inc), f"incumbent at {at(inc.level)}"),
                                 min_change=plan.stages.ramp.min_gain, seeds=max(1, min(best.n, inc.n))))
         best, inc, cmp = gain

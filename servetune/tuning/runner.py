@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from servetune.engines.knobs import sim_flags
 from servetune.plan import TuningPlan
 from servetune.plan_protocols import MeasurementProtocol, protocol_workload
 from servetune.result import TrialResult
-from servetune.engines.knobs import sim_flags
 from servetune.tuning.state import TrialSpec
 
 
@@ -76,7 +76,8 @@ def trial_load(plan: TuningPlan, spec: TrialSpec) -> Any:
                       **common)
 
 
-def failed_result(spec: TrialSpec, reason: str, *, experiment_id: str, target: dict[str, Any] | None = None) -> TrialResult:
+def failed_result(spec: TrialSpec, reason: str, *, experiment_id: str,
+                  target: dict[str, Any] | None = None) -> TrialResult:
     """A trial that could not run (server refused to start, unreachable): recorded, never dropped."""
     return TrialResult(
         status="failed", failure_reason=reason, stage=spec.stage, experiment_id=experiment_id,

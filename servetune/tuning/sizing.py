@@ -128,7 +128,8 @@ def size_open_loop(plan: TuningPlan, state: CampaignState, flags: Flags, rate: f
     needed = math.ceil(rules.completions_needed(in_flight) * SAFETY + in_flight) * turns
     requests = max(floor, needed, by_time)
     parts = [f"floor {floor}", f"{window:g} s at {rate:g} {'sessions' if turns > 1 else 'req'}/s",
-             f"{how}: {in_flight:.0f} in flight, warm-up {warmup}" + (f"; {turns} requests per session" if turns > 1 else "")]
+             f"{how}: {in_flight:.0f} in flight, warm-up {warmup}"
+             + (f"; {turns} requests per session" if turns > 1 else "")]
     if resize_from is not None:
         requests = max(requests, math.ceil(resize_from.requests * RESIZE))
         parts.append(f"re-sized from the INVALID trial {resize_from.trial_id[:8]}")

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from servetune.engines.knobs import FlagValue, Flags
+from servetune.engines.knobs import Flags, FlagValue
 from servetune.plan import Level
 from servetune.result import ALL_STAGES, Stage, TrialResult, TrialSummary
 
@@ -214,7 +214,8 @@ class Recommendation(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     config: Flags
-    concurrency: int = Field(description="streams; in rate mode the in-flight level the capacity implies (Little's law)")
+    concurrency: int = Field(
+        description="streams; in rate mode the in-flight level the capacity implies (Little's law)")
     rate: float | None = Field(default=None, description="rate mode: the capacity, requests/s at the SLA")
     evidence_trial_ids: list[str]
     goodput_rps: float | None

@@ -9,9 +9,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-from importlib.metadata import version
 import os
 import threading
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,8 @@ import orjson
 
 from servetune.checklist_report import ExpectationOutcome, ValidationReport
 from servetune.result import TrialResult
-from servetune.validity import ValidityRules
 from servetune.validation.frames import TrialFrames, build_frames
+from servetune.validity import ValidityRules
 
 log = logging.getLogger(__name__)
 

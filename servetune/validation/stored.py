@@ -17,8 +17,8 @@ from sqlalchemy import func, select
 from servetune.localdb import libpq_dsn
 from servetune.result import TrialResult, TrialSummary
 from servetune.validation.checklist import (
-    check_waivable,
     ValidationReport,
+    check_waivable,
     gx_context,
     parameters,
     run_batches,

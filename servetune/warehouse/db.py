@@ -24,7 +24,6 @@ from urllib.parse import quote, unquote, urlsplit
 import orjson
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-
 from sqlalchemy.exc import ArgumentError, OperationalError
 
 from servetune.localdb import redact

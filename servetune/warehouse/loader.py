@@ -13,8 +13,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
-from dataclasses import replace as dc_replace
+from dataclasses import dataclass, field, replace as dc_replace
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +36,6 @@ from servetune.warehouse.tables import (
     REQUEST_COLUMNS,
     experiments,
     flatten_summary,
-    gpu_samples,
-    server_samples,
     trials,
     validations,
 )

@@ -70,7 +70,8 @@ def _is_number(v: Any) -> bool:
     return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
-def _scalar_column(records: Sequence[RequestRecord], field: str, values: list, kind: str) -> tuple[np.ndarray, np.ndarray | None]:
+def _scalar_column(records: Sequence[RequestRecord], field: str, values: list,
+                   kind: str) -> tuple[np.ndarray, np.ndarray | None]:
     """``values`` as a float64/int64/bool array plus its NULL mask (None when there are no NULLs).
 
     numpy infers the element type in one C pass; anything but the expected kinds (a string, a float
@@ -123,7 +124,8 @@ def _fixed_slots(values: np.ndarray, null: np.ndarray | None, dtype: np.dtype) -
     return slots.view(np.uint8).reshape(n, 4 + dtype.itemsize), sizes
 
 
-def _text_parts(records: Sequence[RequestRecord], field: str, values: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _text_parts(records: Sequence[RequestRecord], field: str,
+                values: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """UTF-8 bytes of a text column, concatenated, with each row's byte length (-1: NULL)."""
     try:
         encoded = [b"" if v is None else v.encode() for v in values]
@@ -135,7 +137,8 @@ def _text_parts(records: Sequence[RequestRecord], field: str, values: list) -> t
     return np.frombuffer(b"".join(encoded), np.uint8), lens, np.maximum(lens, 0)
 
 
-def _array_units(records: Sequence[RequestRecord], field: str, arrays: list, oid: int) -> tuple[np.ndarray, Callable[[np.ndarray, np.ndarray], None]]:
+def _array_units(records: Sequence[RequestRecord], field: str, arrays: list,
+                 oid: int) -> tuple[np.ndarray, Callable[[np.ndarray, np.ndarray], None]]:
     """A chunk-array column in Postgres' array wire format (array_recv), counted in 4-byte units.
 
     Every part of a one-dimensional float8[]/int4[] value is a multiple of 4 bytes (header words,
@@ -198,7 +201,8 @@ def _array_error(records: Sequence[RequestRecord], arrays: list, field: str, ok:
     return EncodeError(f"{where}{field} must hold {want} only")
 
 
-def _tpot(ttft: np.ndarray, e2e: np.ndarray, out: np.ndarray, nulls: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+def _tpot(ttft: np.ndarray, e2e: np.ndarray, out: np.ndarray,
+          nulls: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
     """``RequestRecord.tpot_ms`` for a whole column: (E2E - TTFT) / (output tokens - 1)."""
     null = out < 2
     for m in nulls:
@@ -270,10 +274,11 @@ def encode_batch(trial_id: str, records: Sequence[RequestRecord]) -> bytes:
     hb, tb = head_off.tolist(), (tail_off * 4).tolist()
     heads = map(head_bytes.__getitem__, map(slice, hb, hb[1:]))
     tails = map(tail_bytes.__getitem__, map(slice, tb, tb[1:]))
-    return b"".join(chain.from_iterable(zip(heads, tails)))
+    return b"".join(chain.from_iterable(zip(heads, tails, strict=True)))
 
 
-def _word_slots(values: np.ndarray, null: np.ndarray | None, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+def _word_slots(values: np.ndarray, null: np.ndarray | None,
+                dtype: np.dtype) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """An int4/float8 column as big-endian value words (n x 1 or n x 2), its NULLs, each row's words."""
     k = dtype.itemsize // 4
     value_words = values.astype(dtype).view(_I4).reshape(len(values), k)

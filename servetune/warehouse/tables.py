@@ -1,8 +1,8 @@
 """The warehouse schema as SQLAlchemy Core tables (the Alembic migrations are generated from it).
 
 experiments (one campaign) -> trials (one measurement, summary as real columns) -> request_records,
-gpu_samples, server_samples, scheduler_batches, validations, diagnoses. The summary columns are derived from ``TrialSummary`` so
-the history queries can filter and sort on them; ``tests/test_warehouse_schema.py`` fails when this
+gpu_samples, server_samples, scheduler_batches, validations, diagnoses. The summary columns are derived from
+``TrialSummary`` so the history queries can filter and sort on them; ``tests/test_warehouse_schema.py`` fails when this
 module and the migrations disagree (a new summary field then needs a new migration).
 """
 

@@ -19,8 +19,8 @@ from servetune.workload.lengths import LengthSampler
 from servetune.workload.request import WorkloadRequest
 from servetune.workload.spec import WorkloadSpec
 from servetune.workload.text import Draft, LengthMiss, TextBuilder
-from servetune.workload.trace import TraceSchedule
 from servetune.workload.tokenizer import Tokenizer, load_tokenizer
+from servetune.workload.trace import TraceSchedule
 
 GENERATOR_VERSION = 1  # bump when the same spec would yield different text
 LENGTH_TOLERANCE = 0.02  # with a tokenizer, prompts measure within 2% of the requested length

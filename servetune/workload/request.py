@@ -41,7 +41,8 @@ class WorkloadRequest:
         """The record of sending this request, with what was asked for (filled in by whoever sends it)."""
         return RequestRecord(request_id=self.index, requested_input_tokens=self.input_tokens,
                              requested_output_tokens=self.output_tokens, prefix_group=self.prefix_group,
-                             n_images=len(self.all_images), turn=self.turn, session=self.conversation if self.live_history else -1,
+                             n_images=len(self.all_images), turn=self.turn,
+                             session=self.conversation if self.live_history else -1,
                              text_before_images=self.text_before_images(), warmup=warmup)
 
     @property

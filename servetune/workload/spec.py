@@ -132,7 +132,8 @@ class Images(BaseModel):
     width: int = Field(default=512, ge=8, le=MAX_IMAGE_SIDE)
     height: int = Field(default=512, ge=8, le=MAX_IMAGE_SIDE)
     ratio: float = Field(default=1.0, ge=0, le=1, description="fraction of requests with images")
-    distinct: int = Field(default=0, ge=0, le=100_000, description="size of the pool repeated images come from (0: no pool)")
+    distinct: int = Field(default=0, ge=0, le=100_000,
+                          description="size of the pool repeated images come from (0: no pool)")
     reuse_ratio: float = Field(default=1.0, ge=0, le=1,
                                description="with a pool: fraction of images drawn from it (the rest unique)")
     position: Literal["before_text", "after_text", "before_system"] = Field(
@@ -215,10 +216,9 @@ class WorkloadSpec(BaseModel):
     def from_file(cls, path: str | Path) -> WorkloadSpec:
         """Load a workload from YAML or JSON; errors name the bad field (a YAML key given twice, a boolean or a
         non-finite number where a number belongs: servetune.strict_yaml, servetune.plan_types)."""
+        from servetune.input_files import read_bytes
         from servetune.plan_types import check_numbers
         from servetune.strict_yaml import load_yaml
-
-        from servetune.input_files import read_bytes
 
         text = read_bytes(path).decode("utf-8")  # a FIFO named as the workload: refused, never read
         data = load_yaml(text) if str(path).endswith((".yaml", ".yml")) else orjson.loads(text)

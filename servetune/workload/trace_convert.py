@@ -77,7 +77,8 @@ def _count(where: str, name: str, raw: object) -> int:
             raw = int(raw) if raw.lstrip("-").isdigit() else float(raw)
         except ValueError:
             raise TraceError(f"{where}: {name} must be a token count, got {raw!r}") from None
-    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or raw < 0 or raw != int(raw):
+    if (isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or raw < 0
+            or raw != int(raw)):
         raise TraceError(f"{where}: {name} must be a token count (an integer >= 0), got {raw!r}")
     return int(raw)
 

@@ -6,11 +6,11 @@ of that version cannot know, and are carried over whenever a catalogue is regene
 read from a runner (``cache_runner_catalog``):
 
 ``removed:`` which flags went away and what replaced them
-(``cuda-graph-max-bs: {since: 0.5.20, replacement: cuda-graph-max-bs-decode, note: ...}``). ``limits:`` bounds and choices argparse does not check (its ``type=int`` takes 0 and -5 alike), so a
-value SGLang would refuse, or misread, fails at plan validation. Keyed by the catalogue's flag name
-(an alias maps to it); each limit holds any of ``ge``/``gt``/``le``/``lt`` (numbers), ``also`` (values
-allowed outside the bounds, e.g. ``-1`` for "off"), ``choices``, and a ``note`` saying where the rule
-comes from (SGLang's ``ServerArgs`` checks, or what the value means there), e.g.
+(``cuda-graph-max-bs: {since: 0.5.20, replacement: cuda-graph-max-bs-decode, note: ...}``). ``limits:`` bounds
+and choices argparse does not check (its ``type=int`` takes 0 and -5 alike), so a value SGLang would refuse, or
+misread, fails at plan validation. Keyed by the catalogue's flag name (an alias maps to it); each limit holds any of
+``ge``/``gt``/``le``/``lt`` (numbers), ``also`` (values allowed outside the bounds, e.g. ``-1`` for "off"), ``choices``,
+and a ``note`` saying where the rule comes from (SGLang's ``ServerArgs`` checks, or what the value means there), e.g.
 ``chunked-prefill-size: {ge: 1, also: [-1], note: "-1 disables chunked prefill; ..."}``.
 
 A value breaking one raises ``FlagError``: ``bad value 0 for --chunked-prefill-size (sglang 0.5.17): must

@@ -126,4 +126,4 @@ if __name__ == "__main__":
     elif mode == "check":
         sys.exit(check(sys.argv[2:]))
     else:
-        sys.exit(f"usage: sglang_probe.py dump | check ARGS...")
+        sys.exit("usage: sglang_probe.py dump | check ARGS...")

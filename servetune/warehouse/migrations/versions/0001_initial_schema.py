@@ -1,21 +1,21 @@
 """initial schema
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-30 14:20:00
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import postgresql
 
 # revision identifiers, used by Alembic.
 revision: str = '0001'
-down_revision: Union[str, Sequence[str], None] = None
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = None
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
@@ -173,7 +173,8 @@ def upgrade() -> None:
     sa.Column('cached_len_max', sa.Double(), nullable=True),
     sa.Column('cached_len_min', sa.Double(), nullable=True),
     sa.CheckConstraint("status IN ('ok', 'failed', 'rejected')", name=op.f('ck_trials_status')),
-    sa.ForeignKeyConstraint(['experiment_id'], ['experiments.experiment_id'], name=op.f('fk_trials_experiment_id_experiments'), ondelete='CASCADE'),
+    sa.ForeignKeyConstraint(['experiment_id'], ['experiments.experiment_id'],
+                            name=op.f('fk_trials_experiment_id_experiments'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('trial_id', name=op.f('pk_trials'))
     )
     op.create_index(op.f('ix_trials_experiment_id'), 'trials', ['experiment_id'], unique=False)
@@ -189,7 +190,8 @@ def upgrade() -> None:
     sa.Column('mem_total', sa.BigInteger(), nullable=True),
     sa.Column('util', sa.Double(), nullable=True),
     sa.Column('power_w', sa.Double(), nullable=True),
-    sa.ForeignKeyConstraint(['trial_id'], ['trials.trial_id'], name=op.f('fk_gpu_samples_trial_id_trials'), ondelete='CASCADE'),
+    sa.ForeignKeyConstraint(['trial_id'], ['trials.trial_id'], name=op.f('fk_gpu_samples_trial_id_trials'),
+                            ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('trial_id', 'sample_no', name=op.f('pk_gpu_samples'))
     )
     op.create_table('request_records',
@@ -216,7 +218,8 @@ def upgrade() -> None:
     sa.Column('error_message', sa.Text(), nullable=True),
     sa.Column('chunk_offsets_ms', postgresql.ARRAY(sa.Double()), nullable=True),
     sa.Column('chunk_tokens', postgresql.ARRAY(sa.Integer()), nullable=True),
-    sa.ForeignKeyConstraint(['trial_id'], ['trials.trial_id'], name=op.f('fk_request_records_trial_id_trials'), ondelete='CASCADE'),
+    sa.ForeignKeyConstraint(['trial_id'], ['trials.trial_id'], name=op.f('fk_request_records_trial_id_trials'),
+                            ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('trial_id', 'request_id', name=op.f('pk_request_records'))
     )
     op.create_table('server_samples',
@@ -226,7 +229,8 @@ def upgrade() -> None:
     sa.Column('name', sa.Text(), nullable=False),
     sa.Column('labels', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
     sa.Column('value', sa.Double(), nullable=True),
-    sa.ForeignKeyConstraint(['trial_id'], ['trials.trial_id'], name=op.f('fk_server_samples_trial_id_trials'), ondelete='CASCADE'),
+    sa.ForeignKeyConstraint(['trial_id'], ['trials.trial_id'], name=op.f('fk_server_samples_trial_id_trials'),
+                            ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('trial_id', 'sample_no', name=op.f('pk_server_samples'))
     )
     op.create_index(op.f('ix_server_samples_name'), 'server_samples', ['name'], unique=False)
@@ -241,7 +245,8 @@ def upgrade() -> None:
     sa.Column('observed_value', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
     sa.Column('details', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
     sa.Column('gx_version', sa.Text(), nullable=True),
-    sa.ForeignKeyConstraint(['trial_id'], ['trials.trial_id'], name=op.f('fk_validations_trial_id_trials'), ondelete='CASCADE'),
+    sa.ForeignKeyConstraint(['trial_id'], ['trials.trial_id'], name=op.f('fk_validations_trial_id_trials'),
+                            ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('trial_id', 'seq', name=op.f('pk_validations'))
     )
     op.create_index(op.f('ix_validations_expectation_success'), 'validations', ['expectation', 'success'], unique=False)

@@ -5,7 +5,7 @@ Revises: 0001
 Create Date: 2026-11-30 14:40:00
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 from alembic import op
 
@@ -13,9 +13,9 @@ from servetune.warehouse.views import drop_views, recreate_views
 
 # revision identifiers, used by Alembic.
 revision: str = '0002'
-down_revision: Union[str, Sequence[str], None] = '0001'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0001'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -5,7 +5,7 @@ Revises: 0004
 Create Date: 2026-12-01 12:00:00
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -13,9 +13,9 @@ from alembic import op
 from servetune.warehouse.views import create_views, drop_views
 
 revision: str = '0005'
-down_revision: Union[str, Sequence[str], None] = '0004'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0004'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 COLUMNS = (
     ('sched_prefill_batches', sa.Integer()),

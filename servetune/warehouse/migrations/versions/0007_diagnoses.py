@@ -8,7 +8,7 @@ Revises: 0006
 Create Date: 2026-12-02 10:00:00
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -17,9 +17,9 @@ from sqlalchemy.dialects import postgresql
 from servetune.warehouse.views import create_views, drop_views
 
 revision: str = '0007'
-down_revision: Union[str, Sequence[str], None] = '0006'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0006'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

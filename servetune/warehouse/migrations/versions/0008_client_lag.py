@@ -5,7 +5,7 @@ Revises: 0007
 Create Date: 2026-12-01 20:00:00
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -13,9 +13,9 @@ from alembic import op
 from servetune.warehouse.views import create_views, drop_views
 
 revision: str = '0008'
-down_revision: Union[str, Sequence[str], None] = '0007'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0007'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -5,7 +5,7 @@ Revises: 0008
 Create Date: 2026-12-04 14:00:00
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -14,15 +14,16 @@ from sqlalchemy.dialects import postgresql
 from servetune.warehouse.views import create_views, drop_views
 
 revision: str = '0009'
-down_revision: Union[str, Sequence[str], None] = '0008'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0008'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
     """The views select ``t.*`` (expanded at creation): drop them around the change, create them again."""
     drop_views(op.get_bind())
-    op.add_column('trials', sa.Column('summary_p99_interval_ms', postgresql.JSONB(astext_type=sa.Text()), nullable=True))
+    op.add_column('trials',
+                  sa.Column('summary_p99_interval_ms', postgresql.JSONB(astext_type=sa.Text()), nullable=True))
     create_views(op.get_bind())
 
 

@@ -5,16 +5,16 @@ Revises: 0010
 Create Date: 2026-12-04 17:30:00
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 from alembic import op
 
 from servetune.warehouse.views import create_views
 
 revision: str = '0011'
-down_revision: Union[str, Sequence[str], None] = '0010'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0010'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -6,7 +6,7 @@ Revises: 0011
 Create Date: 2026-12-05 01:00:00
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -15,9 +15,9 @@ from sqlalchemy.dialects import postgresql
 from servetune.warehouse.views import create_views, drop_views
 
 revision: str = '0012'
-down_revision: Union[str, Sequence[str], None] = '0011'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0011'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -7,7 +7,7 @@ Revises: 0012
 Create Date: 2026-12-05 17:00:00
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -16,9 +16,9 @@ from sqlalchemy.dialects import postgresql
 from servetune.warehouse.views import create_views, drop_views
 
 revision: str = '0013'
-down_revision: Union[str, Sequence[str], None] = '0012'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0012'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 _DOUBLES = ('energy_j', 'energy_per_request_j', 'energy_per_output_token_j', 'energy_curve_over_counter',
             'gpu_power_window_mean_w', 'gpu_power_peak_w', 'cost_gpu_hour_usd', 'cost_per_mtok_usd',
