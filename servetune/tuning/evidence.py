@@ -227,7 +227,14 @@ def level_size(plan: TuningPlan, state: CampaignState, level: Level) -> TrialOut
     others' trials stale."""
     band = size_band(plan, level)
     trials = [o for o in state.outcomes if o.stage not in UNPAIRED and size_band(plan, o.level) == band]
-    return max(trials, key=lambda o: o.requests, default=None)
+    # of the biggest, the latest: a re-run capped at the same request count may take another warm-up, and
+    # the trial it replaced must not stay the size (its re-runs would never count: asked for without end)
+    return max(reversed(trials), key=lambda o: o.requests, default=None)
+
+
+#: runs of one seed at one (config, level), beyond its retries, that no decision may pass: re-runs that grow an
+#: unsettled verdict up to budget.max_requests_per_trial take a few; more means the rules went round in a circle
+MAX_RUNS_PER_SEED = 8
 
 
 def _sized(o: TrialOutcome, ref: TrialOutcome | None) -> bool:
@@ -269,17 +276,22 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *
         tried = [o for o in now if o.seed_offset == k]
         if any(o.valid for o in tried):
             continue
+        if sum(o.seed_offset == k for o in everything) > MAX_RUNS_PER_SEED + plan.repeats.invalid_retries \
+                + plan.repeats.crash_retries:
+            return ev  # a backstop: however the rules above disagree, a seed is never asked for without end
         faults = [o for o in tried if o.fault]
         rest = [o for o in tried if not o.fault]
         if faults and not rest:
             if len(faults) > plan.repeats.crash_retries:
                 return pool(plan, flags, level, now) if not ev.n else ev  # the engine keeps dying here: a fault
             return _spec(plan, stage, flags, level, k, faults[-1].requests, faults[-1].warmup,
-                         f"{reason}: re-run after an engine crash ({len(faults)} so far)", "as the trial the engine died under")
+                         f"{reason}: re-run after an engine crash ({len(faults)} so far)",
+                         "as the trial the engine died under")
         if rest and rest[-1].status == "failed":
             return ev  # a server that refused the config or a failed load is a verdict, not noise
         # every undecided attempt on this seed counts, at any size (each re-run grows the level)
-        attempts = [o for o in everything if o.seed_offset == k and not o.valid and not o.fault and o.status != "failed"]
+        attempts = [o for o in everything
+                    if o.seed_offset == k and not o.valid and not o.fault and o.status != "failed"]
         if rest and len(attempts) > plan.repeats.invalid_retries:
             return ev  # this seed cannot be measured validly: the evidence stands on the others (or fails)
         if rest:
@@ -357,5 +369,5 @@ def settle(plan: TuningPlan, state: CampaignState, a: tuple[Flags, Level, str, s
         n = min(max(ev_a.n, ev_b.n, n + 1), plan.repeats.max)
 
 
-__all__ = ["Evidence", "GROWTH_SETTLED", "P99_SETTLED", "RESIZE", "campaign_noise", "config_key", "current", "gather", "level_size", "pool",
-           "settle", "size_band", "unsettled"]
+__all__ = ["Evidence", "GROWTH_SETTLED", "P99_SETTLED", "RESIZE", "campaign_noise", "config_key", "current", "gather",
+           "level_size", "pool", "settle", "size_band", "unsettled"]
