@@ -199,9 +199,10 @@ def test_a_postgres_frozen_in_the_middle_of_a_load_ends_at_the_response_timeout(
             time.sleep(0.02)
         assert frozen is not None, proc.communicate()[0]
         os.kill(frozen[0], signal.SIGSTOP)
+        frozen_at = time.monotonic()  # what comes before (start-up, the lock wait) is not this test's bound
         holder.rollback()  # the lock is free: a live backend would go on now
         output, _ = proc.communicate(timeout=60)
-        took = time.monotonic() - t
+        took = time.monotonic() - frozen_at
     finally:
         if frozen is not None:
             os.kill(frozen[0], signal.SIGCONT)
@@ -212,7 +213,7 @@ def test_a_postgres_frozen_in_the_middle_of_a_load_ends_at_the_response_timeout(
     assert proc.returncode != 0 and len(lines) == 1 and "Traceback" not in output, output
     assert cluster.where in lines[0] and "no answer within response_timeout=4 s" in lines[0], lines[0]
     assert "SERVETUNE_DB_RESPONSE_TIMEOUT" in lines[0] and PASSWORD not in lines[0]
-    assert took < 4 + 2 * ref + SLACK_S, (took, ref)
+    assert took < 4 + ref + SLACK_S, (took, ref)  # the response timeout, then the command's own exit
     assert stored(cluster.url, "midload-1") == (0, 0, 0)
     load_twice(cluster.url, directory, "midload-1")
 
