@@ -29,38 +29,40 @@ def alembic_config(url: str | None = None) -> Config:
     return cfg
 
 
-def _run(fn, url: str | None, revision: str) -> None:
+def _run(fn, url: str | None, revision: str, check=None) -> None:
+    """Alembic's ``fn`` in one transaction on one engine; ``check(conn)`` first, in the same connection."""
     cfg = alembic_config()
     eng = db.engine(url)
     try:
         with eng.begin() as conn:
+            if check is not None:
+                check(conn)
             cfg.attributes["connection"] = conn
             fn(cfg, revision)
     finally:
         eng.dispose()
 
 
-def upgrade(url: str | None = None, revision: str = "head") -> None:
-    """Migrate up to ``revision``; a database that is someone else's (tables, no revision) is refused."""
+def _read(url: str | None, fn):
+    """``fn(conn)`` on a connection of its own engine, disposed after."""
     eng = db.engine(url)
     try:
         with eng.connect() as conn:
-            check_foreign(conn)
+            return fn(conn)
     finally:
         eng.dispose()
-    _run(command.upgrade, url, revision)
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> None:
+    """Migrate up to ``revision``; a database that is someone else's (tables, no revision) is refused."""
+    _run(command.upgrade, url, revision, check=check_foreign)
 
 
 def schema_problem(url: str | None) -> str | None:
     """Why a query against this warehouse failed, when its schema is the reason (behind, ahead, foreign or
     never migrated); None when the schema is this servetune's or the database cannot be asked."""
     try:
-        eng = db.engine(url)
-        try:
-            with eng.connect() as conn:
-                check_schema(conn)
-        finally:
-            eng.dispose()
+        _read(url, check_schema)
     except SchemaMismatch as exc:
         return str(exc)
     except Exception:  # noqa: BLE001 - a diagnosis only: the original error is reported instead
@@ -74,12 +76,7 @@ def downgrade(url: str | None = None, revision: str = "-1") -> None:
 
 def current(url: str | None = None) -> str | None:
     """The database's revision (None: never migrated)."""
-    eng = db.engine(url)
-    try:
-        with eng.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
-    finally:
-        eng.dispose()
+    return _read(url, lambda conn: MigrationContext.configure(conn).get_current_revision())
 
 
 @functools.cache
