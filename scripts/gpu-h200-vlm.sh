@@ -8,6 +8,10 @@
 #   bash scripts/gpu-h200-vlm.sh wait SECONDS       wait for a detached run to end, at most SECONDS, then archive
 #        what is done into $OUT (the next call, made within the machine's 30 s warm window, waits on)
 #   touch $ST/STOP (or STOP=1 ... wait S): the detached run starts no new trial or server
+#   With the split kit: call 2 `SETUP_ONLY=1 NEED_STATE=1 ... x && ... detach STEP...` (the kit staged, then the
+#   run detached from a copy of the call's tree), later calls `... wait SECONDS` (the campaigns keep their servers
+#   across calls: no restart at a call's boundary)
+#   tune:NAME=PLAN@RECOMMENDATION  a warm start from that recommendation.json (`servetune tune --previous`)
 #   CAUTION: on 2026-12-04 a `wait` sent at once after a `detach` call found a fresh machine: the machine was given
 #   back between the calls and the campaign was lost with it. Prefer self-contained calls (CONFIG... under 600 s).
 # A CONFIG is one server (started once with `servetune serve --engine sglang`) and the trials run against it:
@@ -352,16 +356,17 @@ bench() {  # $1 out file, $2 workload, $3 seed, $4 concurrency, $5 requests, $6 
 stopped() { [ -f "$ST/STOP" ]; }
 
 run_tune() {  # tune:NAME=PLAN: `servetune tune PLAN --out $ST/tune-NAME`, paused before DEADLINE, resumed next call
-  local spec=${1#tune:} name plan d rc resume=()
+  local spec=${1#tune:} name plan d rc resume=() prev=()
   name=${spec%%=*}; plan=${spec#*=}; d=$ST/tune-$name
   [ "$name" != "$spec" ] || { echo "tune needs NAME=PLAN"; return 2; }
+  case "$plan" in *@*) prev=(--previous "${plan#*@}"); plan=${plan%%@*} ;; esac   # PLAN@RECOMMENDATION: a warm start
   [ -f "$d/done" ] && { ev "tune $name: already done"; return 0; }
   stopped && { ev "tune $name: STOP file, not started"; return 75; }
   [ "$(left)" -lt "${MINSTART:-240}" ] && { ev "tune $name: $(left)s left, not enough for a server start"; return 75; }
   if [ "$DRY" = 1 ]; then   # the same campaign against the simulator (the plan's engine swapped for `sim`)
     "$PY" -c 'import sys, yaml
 p = yaml.safe_load(open(sys.argv[1])); p["engine"] = {"kind": "sim", "model_profile": "llava-8b", "gpu_profile": "H200"}
-p["runner"] = {"kind": "local"}; p["stages"]["refine"]["grid"].pop("mm-processor-worker-num", None); p["workload"]["tokenizer"] = sys.argv[3]; p["model"] = "llava-8b"
+p["runner"] = {"kind": "local"}; p["stages"]["refine"].get("grid", {}).pop("mm-processor-worker-num", None); p["workload"]["tokenizer"] = sys.argv[3]; p["model"] = "llava-8b"
 yaml.safe_dump(p, open(sys.argv[2], "w"))' "$plan" "$ST/tune-$name.plan.yaml" "$MODEL" || return 2
     plan=$ST/tune-$name.plan.yaml
   fi
@@ -369,7 +374,7 @@ yaml.safe_dump(p, open(sys.argv[2], "w"))' "$plan" "$ST/tune-$name.plan.yaml" "$
     || { ev "tune $name: the checklist needs great_expectations and sqlalchemy: carry .whl (docs/gpu.md)"; return 2; }
   [ -f "$d/experiment.json" ] && resume=(--resume)
   ev "tune $name: $plan ${resume[*]} (stop after $(( $(left) - 15 ))s)"
-  timeout -s INT "$(( $(left) + 30 ))" "$PY" -m servetune tune "$plan" --out "$d" "${resume[@]}" \
+  timeout -s INT "$(( $(left) + 30 ))" "$PY" -m servetune tune "$plan" --out "$d" "${resume[@]}" "${prev[@]}" \
     --stop-after "$(( $(left) - 15 ))" >> "$ST/tune-$name.log" 2>&1
   rc=$?
   tail -n 40 "$ST/tune-$name.log"
@@ -468,11 +473,13 @@ fi
 if [ "${1:-}" = detach ]; then
   shift
   driver_alive && { echo "a driver is already running (pid $(cat "$ST/driver.pid"))"; exit 1; }
-  [ -f .sgl/servetune.tar.gz ] || { echo "detach needs .sgl/servetune.tar.gz (git archive of servetune)"; exit 2; }
-  rm -rf "$RUN"; mkdir -p "$RUN/scripts" "$RUN/plans" "$RUN/.sgl"
-  tar -C "$RUN" -xzf .sgl/servetune.tar.gz || exit 2
-  cp -r plans/workloads "$RUN/plans/"; cp "$0" "$RUN/scripts/gpu-h200-vlm.sh"
-  for x in .sgl/*; do case "$x" in *.tar.xz) ln -s "$PWD/$x" "$RUN/$x" ;; *) cp "$x" "$RUN/.sgl/" ;; esac; done
+  rm -rf "$RUN"; mkdir -p "$RUN/scripts" "$RUN/.sgl"
+  if [ -f .sgl/servetune.tar.gz ]; then tar -C "$RUN" -xzf .sgl/servetune.tar.gz || exit 2
+  else   # the split kit (.sgl1, .sgl2: staged in $K by the call before): the call's own tree is the run's
+    cp -r servetune "$RUN/" || exit 2; git rev-parse HEAD > "$RUN/.sgl/servetune.commit" 2>/dev/null
+  fi
+  cp -r plans "$RUN/"; cp "$0" "$RUN/scripts/gpu-h200-vlm.sh"; cp scripts/make_random_llama.py "$RUN/scripts/"
+  for x in .sgl/*; do [ -e "$x" ] || continue; case "$x" in *.tar.xz) ln -s "$PWD/$x" "$RUN/$x" ;; *) cp "$x" "$RUN/.sgl/" ;; esac; done
   [ "$DRY" = 1 ] && ln -s "$PWD/.venv" "$RUN/.venv"
   WAIT_S=$(( ${WAIT:-560} ))
   rm -f "$ST/driver.pid" "$ST/STOP"

@@ -84,28 +84,47 @@ def test_a_budget_spent_in_the_ramp_leaves_out_its_levels_and_the_refinement(tmp
     assert "levels never reached: concurrency" in text and "refinement configs not measured" in text
 
 
-def test_a_small_budget_on_the_vlm_rate_plan_leaves_out_a_config_the_robustness_checks_and_seeds(
+def test_a_small_budget_on_the_vlm_rate_plan_keeps_the_robustness_checks_and_leaves_out_the_refinement(
         tmp_path: Path) -> None:
-    """plans/gpu-h200-vlm-rate.yaml at 6 of its 30 GPU min: the refinement starts, the rest is cut, and the
-    answer under the budget is another config than the whole campaign's."""
+    """plans/gpu-h200-vlm-rate.yaml at 6 of its 30 GPU min: the budget reaches the capacity on every seed, then
+    keeps its robustness reserve, so the refinement (each candidate a server restart) is what it leaves out, and
+    the answer under the budget is checked under bursts like the whole campaign's."""
     doc, text = _dry_run_json(_with_budget(tmp_path, "gpu-h200-vlm-rate", 6))
     assert doc["fits"] is False
     gone = doc["left_out"]
-    assert gone["levels"] == []  # every rate of the ramp was reached
-    assert [r["burstiness"] for r in gone["robustness"]] == [0.5, 0.5]  # both of the answer's burst checks
-    assert {r["flags"] for r in gone["robustness"]} == {"-"}  # the whole campaign's answer: the plan's config
+    assert gone["levels"] == [] and gone["seeds"] == []  # every rate of the ramp, on every seed it needs
+    assert gone["robustness"] == []  # the reserve: both of the answer's burst checks ran
+    assert sorted(t["stage"] for t in doc["trials"] if t["stage"] == "robustness") == ["robustness"] * 2
     refined = [c["flags"] for c in gone["configs"]]
-    assert refined and all(f != "-" for f in refined)
-    measured = {json.dumps(t["flags"], sort_keys=True) for t in doc["trials"]}
-    assert len(measured) == 2  # the plan's config, and the one refinement config the budget reached
-    # the refinement config it reached ran on one seed; the whole campaign gives it the plan's repeats
-    repeats = load_plan(PLANS / "gpu-h200-vlm-rate.yaml").repeats.count
-    assert [sorted(s["seeds"]) for s in gone["seeds"]] == [list(range(1, repeats))]
-    assert gone["recommendation"]["differs"] is True
-    assert gone["recommendation"]["unlimited"]["flags"] == "-"
-    assert gone["recommendation"]["budgeted"]["flags"] == gone["seeds"][0]["flags"]
-    assert doc["budget"].endswith("the recommendation differs") and "2 robustness checks" in doc["budget"]
-    assert "robustness checks not run: the plan's config at 12.8 req/s, gamma 0.5" in text.replace("\n", " ")
+    assert len(refined) == 3 and all(f != "-" for f in refined)
+    assert not [t for t in doc["trials"] if t["stage"] == "refine"]
+    assert gone["recommendation"]["differs"] is False
+    assert "left out: 3 refinement configs; the same recommendation" in doc["budget"]
+    assert "refinement configs not measured: --chunked-prefill-size 16384" in text.replace("\n", " ")
+
+
+def test_the_refinement_stops_where_its_next_trial_would_leave_the_robustness_check_too_little(
+        tmp_path: Path) -> None:
+    """plans/gpu-h100-vlm-rate.yaml at 9 GPU min without the predictor: one candidate fits beside the reserve;
+    the walk ends at the incumbent there, says why and what it did not measure, and the check runs on it."""
+    from servetune.tuning.campaign import dry_run
+    from servetune.tuning.runner import SimTrialRunner
+
+    data = yaml.safe_load((PLANS / "gpu-h100-vlm-rate.yaml").read_text())
+    data["budget"]["max_gpu_minutes"] = 9
+    data["stages"]["refine"].pop("predict")
+    path = tmp_path / "vlm-9min.yaml"
+    path.write_text(yaml.safe_dump(data))
+    plan = load_plan(path)
+    decision, outcomes, _ = dry_run(plan, SimTrialRunner.for_plan(plan), checklist=False)
+    stages = [o.stage for o in outcomes]
+    assert stages.count("refine") == 1 and stages[-1] == "robustness"
+    assert sum(o.gpu_seconds for o in outcomes) <= 9 * 60
+    rec = decision.recommendation
+    assert rec is not None and rec.robustness and rec.robustness[0]["passed"] is not None
+    text = " ".join(rec.explanation)
+    assert "the refinement stopped: its next trial" in text and "robustness check needs" in text
+    assert "not measured: --mm-processor-worker-num" in text and "kept the incumbent" in text
 
 
 def test_the_campaign_under_the_budget_is_read_off_the_unlimited_one_exactly(tmp_path: Path) -> None:

@@ -25,7 +25,8 @@ from servetune.validation.campaign import apply_checklist
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "gpu-h100-campaigns" / "2026-12-06"
-PLANS = {"vlm": REPO / "plans" / "gpu-h100-vlm-rate.yaml", "energy": REPO / "plans" / "gpu-h100-energy.yaml"}
+# the VLM plan as it ran that day (the repository's has since gained the predictor and a per-trial cap)
+PLANS = {"vlm": DATA / "gpu-h100-vlm-rate.yaml", "energy": REPO / "plans" / "gpu-h100-energy.yaml"}
 
 
 @pytest.fixture(scope="module")

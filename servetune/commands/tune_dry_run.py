@@ -140,7 +140,7 @@ def _print_fit(plan: TuningPlan, fit: Any, console: Any) -> None:
 def _print_static_schedule(plan: TuningPlan) -> None:
     """Without a simulator profile: the worst-case trial list; GPU time cannot be estimated."""
     console = _results()
-    from servetune.tuning.campaign import remaining_trials_upper_bound
+    from servetune.tuning.costs import remaining_trials_upper_bound
     from servetune.tuning.state import CampaignState
 
     st = plan.stages

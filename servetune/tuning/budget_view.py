@@ -53,7 +53,8 @@ def lifted(plan: TuningPlan) -> TuningPlan:
 
 def within_budget(plan: TuningPlan, whole: DryRun, previous: dict[str, Any] | None = None) -> DryRun | None:
     """The budgeted campaign, read off the unlimited one without simulating a trial again: the decisions
-    are a pure function of the plan and the outcomes and the budget only decides when to stop, so under the
+    are a pure function of the plan and the outcomes and the budget decides when to stop (and, with a
+    robustness check, where the refinement ends: the check keeps its reserve), so under the
     budget the campaign runs the unlimited one's first trials until ``next_trials`` says done. ``plan``: as
     the dry run resolved it (``with_repeats``). None if a decision asks for another trial than the unlimited
     campaign ran (then run the budgeted dry run itself)."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -31,7 +30,7 @@ from servetune.plan import TuningPlan
 from servetune.plan_protocols import MeasurementProtocol
 from servetune.redact import MASK, redact
 from servetune.result import TrialResult
-from servetune.tuning.ceiling import walk_seeds
+from servetune.tuning.costs import mean_trial_s, remaining_trials_upper_bound, restart_cost, restarts_left_upper_bound
 from servetune.tuning.decisions import next_trials
 from servetune.tuning.plan_identity import check_same_plan, plan_digest, plan_fingerprints
 from servetune.tuning.runner import RunReport, TrialRunner, failed_result
@@ -52,54 +51,6 @@ class Progress:
     spent_s: float  # GPU seconds so far
     eta_s: float | None  # estimated GPU seconds left (upper bound)
     outcome: TrialOutcome | None = None
-
-
-def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: Stage) -> int:
-    """At most this many trials are left: the ETA's basis (the walk usually stops sooner)."""
-    st = plan.stages
-    refine = 0
-    if st.refine.enabled:
-        refine = 1 + len(st.refine.shared_prefix_policies) + sum(len(v) for v in st.refine.grid.values())
-        refine += st.refine.extend_levels + int(st.refine.set_max_running)
-    halvings = math.ceil(math.log2(1 / st.ramp.rate_step)) if plan.rate_mode else 4
-    bisect = halvings * walk_seeds(plan) if st.ramp.bisect else 0
-    measured = {o.level for o in state.outcomes if o.stage in ("baseline", "ramp")}
-    ramp_left = sum(1 for c in [plan.baseline_level, *st.ramp.levels] if c not in measured)
-    extra = plan.repeat_count - 1  # each decisive measurement and the one it is compared with
-    repeats = 2 * extra * (1 + refine)
-    robust = 2 * len(plan.robustness.fractions) if plan.robustness else 0  # the chosen config's and the ramp's
-    if stage in ("correctness", "baseline", "ramp"):
-        return int(stage == "correctness") + ramp_left + bisect + refine + repeats + robust
-    if stage == "bisect":
-        return bisect + refine + repeats + robust
-    if stage == "robustness":
-        return max(1, robust - len(state.by_stage("robustness")))
-    return max(1, refine + 2 * extra * refine - len(state.by_stage("refine")) + robust)
-
-
-def restart_cost(plan: TuningPlan, state: CampaignState) -> float:
-    """Seconds a server start costs: the mean of the campaign's own measured start-ups (warm-up included),
-    the plan's ``budget.restart_cost_s`` until one is measured."""
-    starts = sum(1 for o in state.outcomes if o.restarted and o.startup_seconds > 0)  # kept apart
-    return state.startup_seconds / starts if starts else float(plan.budget.restart_cost_s)
-
-
-def mean_trial_s(state: CampaignState) -> float:
-    """The mean measured trial so far, its start-up apart (0 before any)."""
-    done = [o.gpu_seconds - o.startup_seconds for o in state.outcomes  # a start-up not kept apart: left out
-            if o.stage != "correctness" and (not o.restarted or o.startup_seconds > 0)]
-    if not done:
-        return 0.0
-    return sum(done) / len(done)
-
-
-def restarts_left_upper_bound(plan: TuningPlan, state: CampaignState) -> int:
-    """Server starts left at most: one per refinement config not measured yet."""
-    st = plan.stages.refine
-    if not st.enabled:
-        return 0
-    configs = len(st.shared_prefix_policies) + sum(len(v) for v in st.grid.values()) + int(st.set_max_running)
-    return max(0, configs - len({o.key[0] for o in state.by_stage("refine")}))
 
 
 class Campaign:

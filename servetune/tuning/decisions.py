@@ -13,6 +13,7 @@ from typing import Any
 
 from servetune.plan import TuningPlan
 from servetune.tuning.ceiling import find_ceiling
+from servetune.tuning.costs import no_room_to_refine
 from servetune.tuning.evidence import passing
 from servetune.tuning.recommend import recommend
 from servetune.tuning.refine import RefineResult, refine
@@ -78,7 +79,10 @@ def next_trials(plan: TuningPlan, state: CampaignState, *, previous: dict[str, A
         if isinstance(step, TrialSpec):
             if over_budget:
                 return _stop(plan, state, previous, _budget_reason(plan, state), ceiling=ceiling)
-            return Decision(stage="refine", trials=[step], ceiling=ceiling)
+            if (cut := no_room_to_refine(plan, state, step)) is None:
+                return Decision(stage="refine", trials=[step], ceiling=ceiling)
+            step = refine(plan, state, ceiling, flags, cut=cut)  # the walk so far; the robustness check next
+            assert not isinstance(step, TrialSpec)
         refined = step
     ramp = next((o for o in state.outcomes if o.trial_id == ceiling.pass_trial_id), None)
     chosen = refined.best if refined else ramp

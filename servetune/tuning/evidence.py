@@ -32,6 +32,8 @@ TAIL_REQUESTS = 10
 P99_SETTLED = round(TAIL_REQUESTS / 0.01)
 #: an open loop's latency growth whose interval holds its limit is re-measured at this many requests
 GROWTH_SETTLED = 2 * P99_SETTLED
+#: a settling re-run must grow the trial at least this much (budget.max_requests_per_trial may allow less)
+MIN_GROWTH = 1.25
 
 
 def unsettled(plan: TuningPlan, o: TrialOutcome) -> tuple[int, str] | None:
@@ -63,6 +65,8 @@ def unsettled(plan: TuningPlan, o: TrialOutcome) -> tuple[int, str] | None:
         return None
     target, why = max(needs)
     grown = min(cap, math.ceil(o.requests * target / max(s.completions_in_window, 1) * 1.1))
+    if grown < o.requests * MIN_GROWTH:
+        return None  # the cap leaves too little room: a re-run would settle nothing and make the level's others stale
     return grown, f"{why} at {s.completions_in_window} requests: re-measured at {grown}"
 
 

@@ -48,6 +48,7 @@ class Predictor:
     calibration: Calibration = field(init=False)
     shown: list[str] = field(default_factory=list)  # predicted vs measured, one line per candidate measured
     skipped: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # simulations that raised (each rules nothing out)
 
     def __post_init__(self) -> None:
         from servetune.tuning.plan_identity import plan_digest
@@ -65,7 +66,11 @@ class Predictor:
             assert self._runner is not None  # a plan without a simulator profile abstains before simulating
             spec = TrialSpec(stage="refine", **self.plan.load_at(level), flags=flags, requests=like.requests,  # type: ignore[arg-type]
                              warmup=like.warmup, seed_offset=like.seed_offset)
-            result = self._runner.run(spec, experiment_id="prediction").result
+            try:
+                result = self._runner.run(spec, experiment_id="prediction").result
+            except Exception as exc:  # noqa: BLE001 - a prediction that fails rules nothing out; the campaign goes on
+                self.failures.append(f"{type(exc).__name__}: {exc}")
+                return None
             _SIMULATED[key] = result.summary.goodput_rps if result.status == "ok" else None
         return _SIMULATED[key]
 
@@ -80,8 +85,9 @@ class Predictor:
         pairs = [(o.summary.goodput_rps or 0.0, self.simulate(o.flags, o.level, o)) for o in base]
         ratios = [m / s for m, s in pairs if s]
         if len(ratios) < section.min_trials:
+            failed = f" (the simulator failed: {self.failures[0]})" if self.failures else ""
             return Calibration(trials=len(ratios), abstain=f"{len(ratios)} trial(s) calibrate the simulator;"
-                                                           f" it needs {section.min_trials}")
+                                                           f" it needs {section.min_trials}{failed}")
         misses = [abs(r / statistics.median(ratios[:i] + ratios[i + 1:]) - 1) for i, r in enumerate(ratios)]
         cal = Calibration(scale=statistics.median(ratios), error=max(misses), trials=len(ratios))
         if cal.error is not None and cal.error > section.max_error:

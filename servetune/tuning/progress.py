@@ -37,7 +37,7 @@ def fmt_s(seconds: float | None) -> str:
 
 def trial_line(plan: TuningPlan, p: Progress, state: CampaignState | None = None) -> TrialLine:
     """The line for one progress event; ``state`` (the campaign's so far) adds "of <= N" to a start."""
-    from servetune.tuning.campaign import remaining_trials_upper_bound
+    from servetune.tuning.costs import remaining_trials_upper_bound
     from servetune.tuning.decisions import correctness_ok
     from servetune.tuning.verdict import judge
 

@@ -72,6 +72,7 @@ class _Walk:
         self.notes: list[str] = []
         self.ties: list[str] = []
         self.predictor = Predictor(plan, state, base_flags) if plan.stages.refine.predict is not None else None
+        self.incumbent: Evidence | None = None  # the walk's best so far: where a cut walk ends
 
     def levels_above(self, level: Level) -> list[Level]:
         """The ramp's levels above ``level``: where a config that ties may show it holds more load."""
@@ -114,6 +115,7 @@ class _Walk:
     def try_switch(self, inc: Evidence, flags: Flags, what: str) -> Evidence:
         """The candidate ``flags`` if it wins beyond the noise (at the incumbent's level, or by holding a higher
         level where the incumbent fails), or ties and is simpler; else the incumbent."""
+        self.incumbent = inc
         at = self.plan.level_text
         level = inc.level
         tie_takes_it = complexity(flags) < complexity(inc.flags) or inc.marginal  # simpler, or steadier
@@ -278,14 +280,21 @@ def _simpler(a: Evidence, b: Evidence) -> bool:
     return complexity(a.flags) < complexity(b.flags)
 
 
-def refine(plan: TuningPlan, state: CampaignState, ceiling: Ceiling, base_flags: Flags) -> TrialSpec | RefineResult:
-    """The next refinement trial, or the walk's result once every step has its measurement."""
+def refine(plan: TuningPlan, state: CampaignState, ceiling: Ceiling, base_flags: Flags,
+           cut: str | None = None) -> TrialSpec | RefineResult:
+    """The next refinement trial, or the walk's result once every step has its measurement. With ``cut`` (why
+    the walk may run no more trials) the walk ends at its incumbent where it would ask for one, and says so."""
     assert ceiling.level is not None
     walk = _Walk(plan, state, ceiling, base_flags)
     try:
         best = _run(plan, walk, ceiling, base_flags)
     except _NeedTrial as need:
-        return need.spec
+        if cut is None or walk.incumbent is None:
+            return need.spec
+        best = walk.incumbent
+        changed = {k: v for k, v in need.spec.flags.items() if not _same(v, best.flags.get(k))}
+        walk.notes.append(f"{cut}; not measured: {' '.join(f'--{k} {v}' for k, v in changed.items()) or 'its flags'}"
+                          f" at {plan.level_text(need.spec.level)} and the rest of the walk; kept the incumbent")
     if walk.predictor is not None:  # how it was calibrated first, predicted vs measured last
         walk.notes = [walk.predictor.header(), *walk.notes, *walk.predictor.shown]
     rep = best.representative
@@ -296,6 +305,7 @@ def refine(plan: TuningPlan, state: CampaignState, ceiling: Ceiling, base_flags:
 def _run(plan: TuningPlan, walk: _Walk, ceiling: Ceiling, base_flags: Flags) -> Evidence:
     r, knobs = plan.stages.refine, type(plan.engine).tuning  # the engine names its flags, never this walk
     inc = walk.measure(base_flags, ceiling.level, "incumbent at the ceiling")  # type: ignore[arg-type]
+    walk.incumbent = inc
 
     # 1. the prefix cache on, and a prefix-aware policy when prefixes are shared
     off, policy_flag = knobs.prefix_cache_off, knobs.schedule_policy
