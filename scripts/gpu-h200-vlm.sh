@@ -461,6 +461,7 @@ wait_driver() {  # $1: seconds at most; then archive into $OUT
   if driver_alive; then echo "driver still running (pid $(cat "$ST/driver.pid")); archiving what is done"
   else echo "driver finished"; fi
   tail -n 60 "$ST/events.log"
+  for f in "$ST"/tune-*.log; do [ -f "$f" ] && { echo "== $f"; grep -E "^#[0-9]+ |GPU budget|recommend|error|Error" "$f" | tail -n 30; }; done
   [ "$DRY" = 1 ] || PY=${PY:-/opt/torch/.venv/bin/python3}
   archive
   ls "$ST/trials"/* 2>/dev/null
