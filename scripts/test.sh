@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 started=$(date +%s)
 bash scripts/bootstrap.sh
 # Lint first (rules and line length: [tool.ruff] in pyproject.toml): a finding stops the run before any test.
-if ! .venv/bin/ruff check servetune bench tests; then
+if ! .venv/bin/ruff check servetune servetune_airflow bench tests; then
   echo "scripts/test.sh: ruff check failed (above); no tests run" >&2
   exit 1
 fi

@@ -1,5 +1,6 @@
 """The campaign as an Airflow task group: prepare -> provision -> protocols -> stages -> recommend -> validate ->
-load -> report -> outcome (red unless the campaign concluded), with teardown always last. One group per GPU runner, mapped over that runner's plans.
+load -> report -> outcome (red unless the campaign concluded), with teardown always last. One group per GPU runner,
+mapped over that runner's plans.
 
 Every task of a runner's group sits in the runner's pool (one slot: no two trials share a GPU) and on
 its Celery queue (one queue per GPU type, a worker on each GPU host).
@@ -14,10 +15,10 @@ from typing import Any
 from airflow.sdk import Param, get_current_context, task, task_group
 from airflow.sdk.exceptions import AirflowFailException
 
+from servetune.plan import PlanError, load_plan
 from servetune_airflow import tasks
 from servetune_airflow.alerts import notify_failure
 from servetune_airflow.config import WAREHOUSE_CONN_ID, GpuRunner, plan_files, plans_dir, runner_of, runners
-from servetune.plan import PlanError, load_plan
 
 # Retries that outlive an Airflow restart: a killed scheduler or worker orphans the running task, whose retry
 # must find the API server back (about 2 minutes on a small host), so 1, 2 then 4 minutes apart; a stage task

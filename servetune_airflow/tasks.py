@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from servetune_airflow.config import results_dir, runner_of
-from servetune_airflow.task_logs import quiet_libraries
 from servetune.experiment import ResultFolder
 from servetune.plan import PlanError, TuningPlan, load_plan, parse_plan
 from servetune.plan_protocols import deep_merge
 from servetune.tuning.runner import SimTrialRunner
+from servetune_airflow.config import results_dir, runner_of
+from servetune_airflow.task_logs import quiet_libraries
 
 if TYPE_CHECKING:
     from servetune.tuning.state import Stage
@@ -161,7 +161,6 @@ def _sole_runner(exp: dict[str, Any]) -> Iterator[None]:
 def _campaign(exp: dict[str, Any]):
     from servetune.tuning.campaign import Campaign
     from servetune.tuning.live import LiveTrialRunner
-
     from servetune.tuning.progress import line_printer
 
     plan = _plan(exp)
@@ -235,8 +234,8 @@ def load(exp: dict[str, Any], warehouse_url: str) -> dict[str, Any]:
 
 def report(exp: dict[str, Any]) -> str:
     """The HTML report of the campaign, beside its results."""
-    from servetune.report.sources import load_campaign
     from servetune.report.html import write_report
+    from servetune.report.sources import load_campaign
 
     folder = ResultFolder(_exp_dir(exp))
     return str(write_report(load_campaign(str(folder.path)), folder.report_dir).html_path)

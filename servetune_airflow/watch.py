@@ -10,9 +10,9 @@ from pathlib import Path
 
 from airflow.sdk import Asset
 
-from servetune_airflow.config import plan_files, plans_dir, runner_of
 from servetune.fingerprint import Fingerprint, slug
 from servetune.plan import TuningPlan, load_plan
+from servetune_airflow.config import plan_files, plans_dir, runner_of
 
 
 def template_source(plan: TuningPlan) -> str | None:

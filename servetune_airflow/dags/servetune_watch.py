@@ -26,7 +26,7 @@ with DAG(
     tags=["servetune"],
     doc_md=__doc__,
 ):
-    for plan_name, pair in plan_assets().items():
+    for pair in plan_assets().values():
         for asset in pair:
             @task(task_id=f"watch__{asset.name}", outlets=[asset])
             def watch(uri: str = asset.uri, source: str = asset.extra["source"]) -> dict:
