@@ -18,6 +18,7 @@ import pytest
 from servetune.plan import load_plan
 from servetune.result import TrialResult
 from servetune.tuning import CampaignState, next_trials
+from servetune.tuning.costs import restart_cost
 from servetune.tuning.evidence import clear
 from servetune.tuning.plan_identity import check_same_plan
 from servetune.tuning.verdict import judge
@@ -54,6 +55,8 @@ def test_each_campaign_ran_its_plan_and_kept_its_start_ups_apart(kept, name) -> 
     first = next(o for o in state.outcomes if o.stage != "correctness")
     assert 0 < first.startup_seconds < first.gpu_seconds
     assert experiment["gpu_seconds"] == pytest.approx(state.gpu_seconds, abs=0.01)
+    if name == "vlm":  # two starts: the machine's first (155 s to ready, correctness, warm-up) and a restart (69 s to ready, its warm-up)
+        assert [round(o.startup_seconds) for o in starts] == [176, 99] and round(restart_cost(plan, state)) == 99
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
