@@ -55,7 +55,7 @@ def test_each_campaign_ran_its_plan_and_kept_its_start_ups_apart(kept, name) -> 
     first = next(o for o in state.outcomes if o.stage != "correctness")
     assert 0 < first.startup_seconds < first.gpu_seconds
     assert experiment["gpu_seconds"] == pytest.approx(state.gpu_seconds, abs=0.01)
-    if name == "vlm":  # two starts: the machine's first (155 s to ready, correctness, warm-up) and a restart (69 s to ready, its warm-up)
+    if name == "vlm":  # the machine's first start (155 s to ready, correctness, warm-up), a restart (69 s, warm-up)
         assert [round(o.startup_seconds) for o in starts] == [176, 99] and round(restart_cost(plan, state)) == 99
 
 
