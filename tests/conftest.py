@@ -64,34 +64,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             groups = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args})
             if groups and "@" not in item.nodeid:
                 item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")  # noqa: SLF001
-        _longest_first(items)
-
-
-#: seconds of the longest work units on an idle fresh clone (docs/testing.md), by xdist group or test function:
-#: scripts/test.sh runs with --no-loadscope-reorder, so the workers take the units in this order and the long ones
-#: start first (longest processing time first) instead of one of them starting near the end of the run
-LONG_UNITS = {
-    "vllm": 600, "test_a_killed_scheduler_and_task_mid_ramp_recover_on_their_own": 390,
-    "test_campaign_runs_on_the_worker_of_its_gpu_queue": 215, "test_demo_campaign_over_http_in_real_time": 181,
-    "test_reliability_secrets": 160, "test_watcher_emits_only_on_change_and_on_change_dag_runs": 123,
-    "test_a_rate_mode_campaign_runs_open_loops_over_http": 118,
-    "test_the_load_mode_param_runs_the_campaign_as_an_open_loop": 72,
-    "test_a_plan_with_a_typo_fails_alone_at_once_and_the_other_plan_finishes": 57,
-    "test_weekly_campaign_runs_validates_and_loads": 55,
-}
-
-
-def _longest_first(items: list[pytest.Item]) -> None:
-    """Order the work units by their known cost, longest first (a group of unknown cost by its size, as xdist's
-    own reorder does); stable, so a group's tests stay together and in their order."""
-    def unit(item: pytest.Item) -> str:
-        return item.nodeid.rpartition("@")[2] if "@" in item.nodeid else getattr(item, "originalname", item.name)
-
-    sizes: dict[str, int] = {}
-    for item in items:
-        if "@" in item.nodeid:
-            sizes[unit(item)] = sizes.get(unit(item), 0) + 1
-    items.sort(key=lambda item: -LONG_UNITS.get(unit(item), sizes.get(unit(item), 0)))
 
 
 def _module_fixture(item: pytest.Item) -> bool:
