@@ -30,7 +30,13 @@ from servetune.plan import TuningPlan
 from servetune.plan_protocols import MeasurementProtocol
 from servetune.redact import MASK, redact
 from servetune.result import TrialResult
-from servetune.tuning.costs import mean_trial_s, remaining_trials_upper_bound, restart_cost, restarts_left_upper_bound
+from servetune.tuning.costs import (
+    mean_trial_s,
+    remaining_trials_upper_bound,
+    restart_cost,
+    restarts_left_upper_bound,
+    trial_cost_s,
+)
 from servetune.tuning.decisions import next_trials
 from servetune.tuning.plan_identity import check_same_plan, plan_digest, plan_fingerprints
 from servetune.tuning.runner import RunReport, TrialRunner, failed_result
@@ -243,10 +249,7 @@ class Campaign:
     def expected_cost_s(self, spec: TrialSpec) -> float:
         """Seconds the next trial should take: the mean measured trial so far (start-ups apart), plus a
         start-up when its flags differ from the last trial's (``restart_cost``: measured once there is one)."""
-        mean = mean_trial_s(self.state)
-        last = self.state.outcomes[-1] if self.state.outcomes else None
-        fresh = not self._ran_here or last is None or last.flags != spec.flags  # a new runner starts its engine
-        return mean + (restart_cost(self.plan, self.state) if fresh else 0.0)
+        return trial_cost_s(self.plan, self.state, spec, fresh=not self._ran_here)
 
     def _run_one(self, spec: TrialSpec, stage: str) -> TrialOutcome:
         index = len(self.state.outcomes) + 1

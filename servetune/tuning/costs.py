@@ -57,6 +57,14 @@ def mean_trial_s(state: CampaignState) -> float:
     return sum(done) / len(done)
 
 
+def trial_cost_s(plan: TuningPlan, state: CampaignState, spec: TrialSpec, *, fresh: bool = False) -> float:
+    """Seconds ``spec`` should take: the mean measured trial, plus a restart when its flags differ from the last
+    trial's (or the server is ``fresh``: a new runner starts its engine)."""
+    last = state.outcomes[-1] if state.outcomes else None
+    restart = fresh or last is None or last.flags != spec.flags
+    return mean_trial_s(state) + (restart_cost(plan, state) if restart else 0.0)
+
+
 def restarts_left_upper_bound(plan: TuningPlan, state: CampaignState) -> int:
     """Server starts left at most: one per refinement config not measured yet."""
     st = plan.stages.refine
@@ -84,8 +92,7 @@ def no_room_to_refine(plan: TuningPlan, state: CampaignState, spec: TrialSpec) -
     if robust := state.by_stage("robustness"):  # the check ran: the walk was cut where it began (prices move)
         before = CampaignState(outcomes=state.outcomes[:state.outcomes.index(robust[0])])
         return no_room_to_refine(plan, before, spec) or "the refinement stopped to leave the robustness check its time"
-    last = state.outcomes[-1] if state.outcomes else None
-    cost = mean_trial_s(state) + (restart_cost(plan, state) if last is None or last.flags != spec.flags else 0.0)
+    cost = trial_cost_s(plan, state, spec)
     budget = plan.budget.max_gpu_minutes * 60
     if state.gpu_seconds + cost + reserve <= budget:
         return None
