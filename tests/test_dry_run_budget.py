@@ -103,25 +103,30 @@ def test_a_small_budget_on_the_vlm_rate_plan_keeps_the_robustness_checks_and_lea
     assert "refinement configs not measured: --chunked-prefill-size 16384" in text.replace("\n", " ")
 
 
-def test_the_refinement_stops_where_its_next_trial_would_leave_the_robustness_check_too_little(
+def test_the_answer_is_checked_before_the_refinement_which_stops_where_its_next_trial_would_not_fit(
         tmp_path: Path) -> None:
-    """plans/gpu-h100-vlm-rate.yaml at 9 GPU min without the predictor: one candidate fits beside the reserve;
-    the walk ends at the incumbent there, says why and what it did not measure, and the check runs on it."""
+    """plans/gpu-h100-vlm-rate.yaml at 6.5 GPU min without the predictor: the ramp's answer is checked under bursts
+    first, on the server that runs it; then one candidate fits, the next would not (its restart and trial beside
+    the check a winner would still need), so the walk ends at the incumbent, says why and what it did not measure,
+    and no restart back to the answer's flags is paid for a check that already ran."""
     from servetune.tuning.campaign import dry_run
     from servetune.tuning.runner import SimTrialRunner
 
     data = yaml.safe_load((PLANS / "gpu-h100-vlm-rate.yaml").read_text())
-    data["budget"]["max_gpu_minutes"] = 9
+    data["budget"]["max_gpu_minutes"] = 6.5
     data["stages"]["refine"].pop("predict")
-    path = tmp_path / "vlm-9min.yaml"
+    path = tmp_path / "vlm-6min.yaml"
     path.write_text(yaml.safe_dump(data))
     plan = load_plan(path)
     decision, outcomes, _ = dry_run(plan, SimTrialRunner.for_plan(plan), checklist=False)
     stages = [o.stage for o in outcomes]
-    assert stages.count("refine") == 1 and stages[-1] == "robustness"
-    assert sum(o.gpu_seconds for o in outcomes) <= 9 * 60
+    assert stages.count("refine") == 1 and stages.count("robustness") == 1
+    assert stages.index("robustness") < stages.index("refine") and stages[-1] == "refine"  # checked first
+    assert sum(o.gpu_seconds for o in outcomes) <= 6.5 * 60
+    assert sum(o.restarted for o in outcomes) == 2  # the first start and the candidate's: none back
     rec = decision.recommendation
     assert rec is not None and rec.robustness and rec.robustness[0]["passed"] is not None
+    assert rec.config.get("mm-processor-worker-num") is None  # the incumbent, the config the check measured
     text = " ".join(rec.explanation)
     assert "the refinement stopped: its next trial" in text and "robustness check needs" in text
     assert "not measured: --mm-processor-worker-num" in text and "kept the incumbent" in text

@@ -352,3 +352,26 @@ def test_the_latency_growth_interval_holds_its_ratio_and_tightens_with_the_arriv
         assert lo <= s.latency_growth <= hi and lo < 1.0 < hi, (n, lo, s.latency_growth, hi)
         widths[n] = hi - lo
     assert widths[400] > 0.4 and widths[4000] < widths[400] / 3, widths
+
+
+def test_a_re_run_the_cap_leaves_no_room_to_grow_keeps_the_levels_size() -> None:
+    """An INVALID trial at budget.max_requests_per_trial is re-run at the level's size, warm-up included: a new
+    warm-up (sized from latencies measured since) would make every other trial of the rate's band stale, and the
+    bisection's passing rates would be measured all over again (seen on the simulator: 5 trials and a restart)."""
+    from servetune.tuning.evidence import gather
+    from servetune.tuning.state import CampaignState, TrialOutcome, TrialSpec
+    from test_tuning_decisions import summary
+
+    plan = rate_plan(budget={"max_gpu_minutes": 120, "restart_cost_s": 2, "max_requests_per_trial": 200})
+    ok = summary(thr=14.0)
+    slow = summary(thr=15.5)
+    slow.e2e_ms.mean = 9000.0  # a slow trial since: a fresh size would take a much longer warm-up
+    bad = summary(thr=16.0)
+    bad.valid = False
+    state = CampaignState()
+    for tid, stage, rate, s in (("p", "bisect", 14.0, ok), ("s", "bisect", 15.5, slow), ("x", "ramp", 16.0, bad)):
+        state = state.add(TrialOutcome(trial_id=tid, stage=stage, concurrency=512, rate=rate, requests=200, warmup=30,
+                                       summary=s))
+    spec = gather(plan, state, {}, 16.0, stage="ramp", reason="ramp")
+    assert isinstance(spec, TrialSpec) and spec.seed_offset == 0
+    assert (spec.requests, spec.warmup) == (200, 30) and "the level's size (trial x" in spec.sizing

@@ -12,7 +12,7 @@ import math
 
 from servetune.plan import TuningPlan
 from servetune.tuning.ceiling import walk_seeds
-from servetune.tuning.state import CampaignState, Stage, TrialSpec
+from servetune.tuning.state import CampaignState, Stage, TrialOutcome, TrialSpec
 
 
 def remaining_trials_upper_bound(plan: TuningPlan, state: CampaignState, stage: Stage) -> int:
@@ -74,12 +74,20 @@ def restarts_left_upper_bound(plan: TuningPlan, state: CampaignState) -> int:
     return max(0, configs - len({o.key[0] for o in state.by_stage("refine")}))
 
 
+def early_checks(state: CampaignState) -> list[TrialOutcome]:
+    """The robustness trials run before the refinement's first (the ramp's answer checked first, decisions.py)."""
+    first = next((i for i, o in enumerate(state.outcomes) if o.stage == "refine"), len(state.outcomes))
+    return [o for o in state.outcomes[:first] if o.stage == "robustness"]
+
+
 def robustness_reserve_s(plan: TuningPlan, state: CampaignState) -> float:
-    """GPU seconds the robustness check of the chosen config costs at most: one trial per fraction and a server
-    start (the refinement's last candidate is rarely the answer, so its server does not run the answer's flags)."""
+    """GPU seconds the robustness check of the chosen config costs at most: one trial per fraction, and a server
+    start unless the ramp's answer was checked before the refinement (then only a candidate that wins needs a
+    check, on its own server, where it was just measured)."""
     if plan.robustness is None:
         return 0.0
-    return len(plan.robustness.fractions) * mean_trial_s(state) + restart_cost(plan, state)
+    restart = 0.0 if early_checks(state) else restart_cost(plan, state)
+    return len(plan.robustness.fractions) * mean_trial_s(state) + restart
 
 
 def no_room_to_refine(plan: TuningPlan, state: CampaignState, spec: TrialSpec) -> str | None:
@@ -89,8 +97,9 @@ def no_room_to_refine(plan: TuningPlan, state: CampaignState, spec: TrialSpec) -
     reserve = robustness_reserve_s(plan, state)
     if not reserve:
         return None
-    if robust := state.by_stage("robustness"):  # the check ran: the walk was cut where it began (prices move)
-        before = CampaignState(outcomes=state.outcomes[:state.outcomes.index(robust[0])])
+    early = {o.trial_id for o in early_checks(state)}
+    if robust := [o for o in state.by_stage("robustness") if o.trial_id not in early]:  # the final check ran:
+        before = CampaignState(outcomes=state.outcomes[:state.outcomes.index(robust[0])])  # the walk's cut was there
         return no_room_to_refine(plan, before, spec) or "the refinement stopped to leave the robustness check its time"
     cost = trial_cost_s(plan, state, spec)
     budget = plan.budget.max_gpu_minutes * 60

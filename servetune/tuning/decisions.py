@@ -73,8 +73,15 @@ def next_trials(plan: TuningPlan, state: CampaignState, *, previous: dict[str, A
         return Decision(stage="done", done=True, failed=True, ceiling=ceiling,
                         reason="no concurrency level met the plan's limits: " + "; ".join(ceiling.reasons))
 
+    ramp = next((o for o in state.outcomes if o.trial_id == ceiling.pass_trial_id), None)
     refined: RefineResult | None = None
     if plan.stages.refine.enabled:
+        if ramp is not None and not state.by_stage("refine"):
+            # the ramp's answer is checked under bursts first, on the server that runs it: a refinement that
+            # keeps it (most do) needs no restart back for its check, and one that ends early still has it
+            early = robustness(plan, state, ramp, ramp)
+            if isinstance(early, TrialSpec) and not over_budget:
+                return Decision(stage="robustness", trials=[early], ceiling=ceiling)
         step = refine(plan, state, ceiling, flags)
         if isinstance(step, TrialSpec):
             if over_budget:
@@ -84,7 +91,6 @@ def next_trials(plan: TuningPlan, state: CampaignState, *, previous: dict[str, A
             step = refine(plan, state, ceiling, flags, cut=cut)  # the walk so far; the robustness check next
             assert not isinstance(step, TrialSpec)
         refined = step
-    ramp = next((o for o in state.outcomes if o.trial_id == ceiling.pass_trial_id), None)
     chosen = refined.best if refined else ramp
     robust = robustness(plan, state, chosen, ramp) if chosen is not None else None
     if isinstance(robust, TrialSpec):

@@ -303,6 +303,10 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *
             grow = not last.rejected or any(item in (last.failure_reason or "") for item in WINDOW_ITEMS)
             if grow:
                 requests, warmup, how = size_trial(plan, state, flags, level, stage, resize_from=last)
+                if ref is not None and requests <= ref.requests and warmup != ref.warmup:
+                    # the cap left no room to grow: the level's size again, so the band's other trials stay current
+                    requests, warmup = ref.requests, ref.warmup
+                    how = f"{how}; the level's size (trial {ref.trial_id[:8]})"
             else:
                 requests, warmup, how = last.requests, last.warmup, "as the rejected trial (not a window item)"
             what = "rejected" if last.rejected else "INVALID"
