@@ -130,7 +130,10 @@ def summarize(
         s.sla = sla.request_bounds()
     if ws is not None and we is not None and we > ws:
         s.window_start_s, s.window_end_s, s.window_s, s.window_source = ws, we, we - ws, source
-        _throughput(s, ok_all, ok, ws, we)
+        # an open loop's set runs on past the window by its last E2E; the tokens the warm-up's requests stream
+        # into the window's start make up for it, so they count among the tokens that arrived in it
+        streamed = [r for r in records if r.ok] if arrivals else ok_all
+        _throughput(s, streamed, ok, ws, we)
         _goodput(s, in_set, ok, sla)
     s.prefix_hit_rate = prefix_hit_rate(measured)
     s.by_turn = by_turn(ok)
@@ -233,18 +236,18 @@ def _output_tokens(r: RequestRecord) -> int:
 
 
 def _throughput(
-    s: TrialSummary, ok_all: Sequence[RequestRecord], ok: Sequence[RequestRecord], ws: float, we: float
+    s: TrialSummary, streamed: Sequence[RequestRecord], ok: Sequence[RequestRecord], ws: float, we: float
 ) -> None:
     """Requests completed in the window and their tokens, over its length: one set for every rate.
 
-    The tokens that merely arrived in the window (requests straddling its edges included) are kept
-    beside it as ``output_tokens_per_s_arrived``: in a steady state the two agree."""
+    The tokens that merely arrived in the window (of ``streamed``, requests straddling its edges included) are
+    kept beside it as ``output_tokens_per_s_arrived``: in a steady state the two agree."""
     span = we - ws
     outs = [_output_tokens(r) for r in ok]
     s.request_throughput = len(ok) / span
     s.output_tokens_per_s = sum(outs) / span
     s.decode_tokens_per_s = sum(max(o - 1, 0) for o in outs) / span  # each request's first token is prefill's
-    s.output_tokens_per_s_arrived = Chunks.of(ok_all).arrived_in_usage_units(ok_all, ws, we) / span
+    s.output_tokens_per_s_arrived = Chunks.of(streamed).arrived_in_usage_units(streamed, ws, we) / span
     with_usage = [r for r in ok if r.prompt_tokens is not None]
     if with_usage:
         s.input_tokens_per_s = sum(r.prompt_tokens or 0 for r in with_usage) / span

@@ -133,6 +133,23 @@ def test_an_open_loops_set_is_what_arrived_in_the_window() -> None:
     assert cold.sustained is True and cold.latency_growth == pytest.approx(1.0, abs=0.05)
 
 
+def test_an_open_loops_tokens_in_the_window_count_the_warm_ups_streams() -> None:
+    """The VLM at 12 req/s on an H100: TTFT 1 s, E2E 2.5 s, 200 arrivals (a 16.6 s window) after a 50-request
+    warm-up. The window's set streams on past its end by its last E2E; the warm-up's requests stream into its
+    start just as much. Counting only the measured requests' tokens put this window 11% short of its set (15-20%
+    on the H100, E2E's tail longer) and the checklist rejected 4 of 6 trials at the capacity as not steady."""
+    recs = [_req(i, i / 12.0, 2.5, out=128, ttft=1.0) for i in range(250)]
+    for r in recs[:50]:
+        r.warmup = True
+    load = {"mode": "rate", "rate": 12.0, "concurrency": 512, "warmup_requests": 50}
+    s = summarize(recs, load=load, rules=RULES, sla=None, gpu=None, server=None, lengths_exact=True)
+    assert s.completions_in_window == 200 and s.window_s == pytest.approx(199 / 12.0, rel=0.01)
+    assert abs(s.throughput_mismatch) < 0.02 and s.valid, s.invalid_reasons
+    measured_only = sum(len(r.chunk_offsets_ms) for r in recs[50:]) / s.window_s  # tokens of the set alone
+    assert measured_only == pytest.approx(s.output_tokens_per_s, rel=0.01)
+    assert s.output_tokens_per_s_arrived < s.output_tokens_per_s * 1.02  # nothing counted twice
+
+
 def test_a_growing_backlog_is_an_overload_verdict_even_when_the_window_is_not_steady() -> None:
     """Arrivals at 10 req/s into a server finishing each one later than the last (latency climbs): not
     sustained, and the verdict says overload, not INVALID; a client that fell behind stays INVALID."""
@@ -375,3 +392,32 @@ def test_a_re_run_the_cap_leaves_no_room_to_grow_keeps_the_levels_size() -> None
     spec = gather(plan, state, {}, 16.0, stage="ramp", reason="ramp")
     assert isinstance(spec, TrialSpec) and spec.seed_offset == 0
     assert (spec.requests, spec.warmup) == (200, 30) and "the level's size (trial x" in spec.sizing
+
+
+def test_a_seed_that_cannot_be_measured_validly_leaves_the_next_seeds_asked_and_the_answer_says_so() -> None:
+    """Seed 2 INVALID on both its tries: the evidence stands on the other seeds, so seed 3 is still measured (the
+    H100 campaign of 2026-12-06, third window, stopped asking there and answered on one seed), and the
+    recommendation says on how many of the plan's seeds it stands and why the others are missing."""
+    from servetune.tuning.evidence import Evidence, gather
+    from servetune.tuning.recommend import _unmeasurable
+    from servetune.tuning.state import CampaignState, TrialOutcome, TrialSpec
+    from test_tuning_decisions import summary
+
+    plan = rate_plan(repeats={"count": 3})
+    bad = summary(thr=16.0)
+    bad.valid, bad.invalid_reasons = False, ["steady window 9.0 s < 15 s"]
+    state = CampaignState()
+    for tid, seed, s in (("a", 0, summary(thr=16.0)), ("b", 1, bad), ("c", 1, bad)):
+        state = state.add(TrialOutcome(trial_id=tid, stage="ramp", concurrency=512, rate=16.0, requests=200,
+                                       warmup=30, seed_offset=seed, summary=s))
+    spec = gather(plan, state, {}, 16.0, stage="ramp", reason="ramp", repeats=3)
+    assert isinstance(spec, TrialSpec) and spec.seed_offset == 2
+    state = state.add(TrialOutcome(trial_id="d", stage="ramp", concurrency=512, rate=16.0, requests=200, warmup=30,
+                                   seed_offset=2, summary=summary(thr=16.0)))
+    ev = gather(plan, state, {}, 16.0, stage="ramp", reason="ramp", repeats=3)
+    assert isinstance(ev, Evidence) and ev.n == 2 and ev.passed
+    note = _unmeasurable(plan, state, state.outcomes[0], ev)
+    assert note is not None and note.startswith("the answer stands on 2 of 3 seed(s): seed(s) 2 could not be")
+    assert "steady window 9.0 s < 15 s" in note
+    alone = CampaignState(outcomes=[state.outcomes[0]])
+    assert _unmeasurable(plan, alone, state.outcomes[0], ev) is None

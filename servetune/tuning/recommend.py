@@ -7,11 +7,24 @@ from typing import Any
 
 from servetune.plan import TuningPlan
 from servetune.tuning import signals
-from servetune.tuning.evidence import current as current_evidence
+from servetune.tuning.evidence import Evidence, current as current_evidence
 from servetune.tuning.objective import by_objective
 from servetune.tuning.refine import RefineResult, goodput
 from servetune.tuning.regressions import regressions
 from servetune.tuning.state import CampaignState, Ceiling, Recommendation, TrialOutcome
+
+
+def _unmeasurable(plan: TuningPlan, state: CampaignState, chosen: TrialOutcome, ev: Evidence) -> str | None:
+    """The answer's seeds that no trial measured validly (each INVALID or rejected up to its retries): the answer
+    stands on fewer seeds than the plan asks for, and says which and why."""
+    tried = [o for o in state.measurements(chosen.flags, chosen.level) if not o.fault and o.status != "failed"]
+    lost = sorted({o.seed_offset for o in tried} - {o.seed_offset for o in tried if o.valid})
+    if not lost:
+        return None
+    bad = [o for o in tried if o.seed_offset in lost]
+    why = bad[-1].failure_reason or "; ".join(bad[-1].summary.invalid_reasons or []) or "no valid window"
+    return (f"the answer stands on {ev.n} of {plan.repeat_count} seed(s): seed(s) {', '.join(str(k + 1) for k in lost)}"
+            f" could not be measured validly ({len(bad)} trial(s) INVALID or rejected; the last: {why[:240]})")
 
 
 def recommend(
@@ -49,6 +62,8 @@ def recommend(
         explanation.insert(0, f"capacity {chosen.rate:g} req/s at the SLA under {plan.load.arrivals_text()}, passing"
                               f" on every one of {max(ev.n, 1)} seed(s){stated}; about {concurrency} requests in"
                               f" flight (Little's law: {chosen.rate:g} req/s x mean E2E {s.e2e_ms.mean or 0:.0f} ms)")
+    if lost := _unmeasurable(plan, state, chosen, ev):
+        explanation.insert(1, lost)
     if refined:
         explanation.extend(refined.notes or ["no refinement step beat the ramp's config by more than"
                                              f" {plan.stages.refine.min_improvement:.0%} and beyond the noise"])
