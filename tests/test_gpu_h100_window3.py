@@ -118,3 +118,17 @@ def test_the_warm_started_energy_run_confirmed_the_answer_in_4_5_gpu_minutes(kep
     rec = orjson.loads((folder / "recommendation.json").read_bytes())
     assert rec["energy_per_output_token_j"] == pytest.approx(0.182, abs=0.001)
     assert previous["energy_per_output_token_j"] == pytest.approx(0.193, abs=0.001)
+
+
+def test_a_warm_starts_confirming_trial_is_now_sized_from_the_previous_answer(kept) -> None:
+    """The kept run sized its confirming trials from the correctness trial (one stream's rate x 64: 1,038
+    requests, 45-53 s each); the previous answer's goodput at that level sizes them now, as (b)'s own ladder
+    had (547 after measuring 32 streams); without a previous answer nothing changes."""
+    folder, plan = kept / "tune-warm", load_plan(WINDOW / "gpu-h100-energy-warm.yaml")
+    previous = orjson.loads((kept / "tune-energy" / "recommendation.json").read_bytes())
+    started = CampaignState(outcomes=_state(folder).outcomes[:1])  # the correctness trial only
+    (spec,) = next_trials(plan, started, previous=previous).trials
+    assert spec.concurrency == 64 and 300 < spec.requests < 547 and "the last accepted answer's goodput" in spec.sizing
+    assert [o.requests for o in _state(folder).outcomes[1:4]] == [1038] * 3
+    (cold,) = next_trials(plan, started, previous=None).trials  # no answer to confirm: the full walk, as before
+    assert cold.concurrency == 8 and "(the correctness trial)" in cold.sizing

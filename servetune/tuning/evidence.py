@@ -262,9 +262,10 @@ def passing(plan: TuningPlan, state: CampaignState) -> list[Evidence]:
 
 
 def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *, stage: str, reason: str,
-           repeats: int = 1) -> TrialSpec | Evidence:
+           repeats: int = 1, prior: tuple[float, str] | None = None) -> TrialSpec | Evidence:
     """The next trial (flags, level) needs, or its evidence once seeds 0..``repeats``-1 are accepted
-    (``repeats.max`` when marginal), a seed has used up its attempts, or an open loop failed on a seed."""
+    (``repeats.max`` when marginal), a seed has used up its attempts, or an open loop failed on a seed;
+    ``prior`` sizes the level's first trial where the campaign has measured nothing to size it from."""
     ref = level_size(plan, state, level)
     everything = state.measurements(flags, level)
     now = [o for o in everything if _sized(o, ref)]
@@ -315,7 +316,7 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *
         if ref is not None:
             requests, warmup, how = ref.requests, ref.warmup, f"the level's size (trial {ref.trial_id[:8]})"
         else:  # the band's first trial: sized for its top rate (the level itself in a closed loop)
-            requests, warmup, how = size_trial(plan, state, flags, size_band(plan, level), stage)
+            requests, warmup, how = size_trial(plan, state, flags, size_band(plan, level), stage, prior=prior)
         why = reason if k == 0 else f"{reason}: seed {k + 1} of {wanted}" + (
             " (marginal: the verdict flipped)" if ev.marginal else "")
         return _spec(plan, stage, flags, level, k, requests, warmup, why, how)

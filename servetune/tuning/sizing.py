@@ -68,8 +68,11 @@ def estimate_rate(state: CampaignState, flags: Flags, level: Level) -> tuple[flo
 
 
 def size_trial(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, stage: str,
-               *, resize_from: TrialOutcome | None = None) -> tuple[int, int, str]:
-    """(measured requests, warm-up, how) for a trial of ``flags`` at ``level``."""
+               *, resize_from: TrialOutcome | None = None, prior: tuple[float, str] | None = None
+               ) -> tuple[int, int, str]:
+    """(measured requests, warm-up, how) for a trial of ``flags`` at ``level``; ``prior`` (a request rate and
+    where it came from: a warm start's last answer at this level) stands in for a rate this campaign has only
+    read off its correctness trial (one stream's rate scaled up: twice the real one at 64 streams)."""
     rules = plan.validation.rules()
     floor, warmup, duration = stage_floor(plan, stage)
     window = max(rules.min_window_s, duration or 0.0)
@@ -85,6 +88,8 @@ def size_trial(plan: TuningPlan, state: CampaignState, flags: Flags, level: Leve
         factor = RESIZE
     else:
         rate, how = estimate_rate(state, flags, level)
+        if prior is not None and (rate is None or how.endswith("(the correctness trial)")):
+            rate, how = prior
         factor = 1.0
     requests = max(floor, needed)
     if rate:

@@ -53,7 +53,7 @@ def confirm(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | N
     flags, level, source = found
     at = plan.level_text(level)
     ev = gather(plan, state, flags, level, stage="ramp", reason=f"warm start: confirm the last accepted answer"
-                f" ({source}) at {at}", repeats=plan.repeat_count)
+                f" ({source}) at {at}", repeats=plan.repeat_count, prior=_prior(plan, previous))
     if isinstance(ev, TrialSpec):
         return ev
     if not ev.passed:
@@ -78,6 +78,14 @@ def confirm(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | N
         return ceiling
     ceiling.reasons.insert(0, f"{held}; the walk went on from there")
     return flags, ceiling
+
+
+def _prior(plan: TuningPlan, previous: dict[str, Any] | None) -> tuple[float, str] | None:
+    """The previous answer's goodput, to size the confirming trials by (a closed loop's rate at that level)."""
+    rate = (previous or {}).get("goodput_rps")
+    if plan.rate_mode or not isinstance(rate, int | float) or rate <= 0:
+        return None
+    return float(rate), f"{rate:.2f} req/s, the last accepted answer's goodput at this level"
 
 
 __all__ = ["confirm", "warm_answer"]
