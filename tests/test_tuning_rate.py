@@ -421,3 +421,7 @@ def test_a_seed_that_cannot_be_measured_validly_leaves_the_next_seeds_asked_and_
     assert "steady window 9.0 s < 15 s" in note
     alone = CampaignState(outcomes=[state.outcomes[0]])
     assert _unmeasurable(plan, alone, state.outcomes[0], ev) is None
+    # a level whose first seed cannot be measured either (an overload's window) asks for no more seeds
+    first_bad = CampaignState(outcomes=[o.model_copy(update={"seed_offset": 0}) for o in state.outcomes[1:3]])
+    nothing = gather(plan, first_bad, {}, 16.0, stage="ramp", reason="ramp", repeats=3)
+    assert isinstance(nothing, Evidence) and nothing.n == 0

@@ -298,7 +298,9 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *
         attempts = [o for o in everything
                     if o.seed_offset == k and not o.valid and not o.fault and o.status != "failed"]
         if rest and len(attempts) > plan.repeats.invalid_retries:
-            continue  # this seed cannot be measured validly: the evidence stands on the others (or fails)
+            if ev.n:  # this seed cannot be measured validly: the evidence stands on the others, still asked for
+                continue
+            return ev  # nor could the level's first: nothing there is measurable (an overload's window)
         if rest:
             last = rest[-1]
             grow = not last.rejected or any(item in (last.failure_reason or "") for item in WINDOW_ITEMS)
