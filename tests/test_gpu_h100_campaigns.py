@@ -9,11 +9,11 @@ in halves, the VLM campaign resumed once). Trial files keep every request record
 
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
 
 import orjson
 import pytest
+from kept_archives import unpack
 
 from servetune.plan import load_plan
 from servetune.result import TrialResult
@@ -32,10 +32,7 @@ PLANS = {"vlm": DATA / "gpu-h100-vlm-rate.yaml", "energy": REPO / "plans" / "gpu
 
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("gpu-h100")
-    for name in PLANS:
-        with tarfile.open(DATA / f"tune-{name}.tar.xz") as tar:
-            tar.extractall(root, filter="data")
+    root = unpack(tmp_path_factory.mktemp("gpu-h100"), *(DATA / f"tune-{name}.tar.xz" for name in PLANS))
     return {name: root / f"tune-{name}" for name in PLANS}
 
 

@@ -5,11 +5,11 @@ at 11.5 req/s on two seeds; the kept state replays to the same budget answer and
 
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
 
 import orjson
 import pytest
+from kept_archives import unpack
 
 from servetune.plan import load_plan
 from servetune.result import TrialResult
@@ -25,10 +25,7 @@ PLAN = DATA / "gpu-h100-vlm-rate.yaml"
 
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("gpu-h100-b")
-    with tarfile.open(DATA / "tune-vlm.tar.xz") as tar:
-        tar.extractall(root, filter="data")
-    return root / "tune-vlm"
+    return unpack(tmp_path_factory.mktemp("gpu-h100-b"), DATA / "tune-vlm.tar.xz") / "tune-vlm"
 
 
 def _state(folder: Path) -> CampaignState:

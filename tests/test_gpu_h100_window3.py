@@ -6,11 +6,11 @@ measured validly no longer ends the seeds asked for)."""
 
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
 
 import orjson
 import pytest
+from kept_archives import unpack
 
 from servetune.plan import load_plan
 from servetune.result import TrialResult
@@ -26,13 +26,8 @@ WINDOW = DATA / "2026-12-06c"
 
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("gpu-h100-c")
-    for name in ("tune-vlm", "tune-warm"):
-        with tarfile.open(WINDOW / f"{name}.tar.xz") as tar:
-            tar.extractall(root, filter="data")
-    with tarfile.open(DATA / "2026-12-06" / "tune-energy.tar.xz") as tar:  # (b): the answer (c) started from
-        tar.extractall(root, filter="data")
-    return root
+    return unpack(tmp_path_factory.mktemp("gpu-h100-c"), WINDOW / "tune-vlm.tar.xz", WINDOW / "tune-warm.tar.xz",
+                  DATA / "2026-12-06" / "tune-energy.tar.xz")  # (b): the answer (c) started from
 
 
 def _state(folder: Path) -> CampaignState:

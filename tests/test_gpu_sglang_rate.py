@@ -9,11 +9,11 @@ by its 20-minute GPU budget before its second robustness check) and one of the `
 
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
 
 import orjson
 import pytest
+from kept_archives import unpack
 
 from servetune.plan import load_plan
 from servetune.result import TrialResult
@@ -30,10 +30,7 @@ DEFAULTS = {"attention-backend": "triton", "sampling-backend": "pytorch", "mem-f
 
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("gpu-rate")
-    with tarfile.open(DATA / "rate-a.tar.xz") as tar:
-        tar.extractall(root, filter="data")
-    return root
+    return unpack(tmp_path_factory.mktemp("gpu-rate"), DATA / "rate-a.tar.xz")
 
 
 def test_the_rate_campaign_ran_this_plan(kept) -> None:

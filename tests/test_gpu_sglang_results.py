@@ -14,6 +14,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from kept_archives import unpack
 
 from servetune.plan import TuningPlan, load_plan
 from servetune.result import TrialResult
@@ -117,12 +118,7 @@ def test_a_real_sglang_trial_is_accepted_and_loads(database_url) -> None:
 @pytest.fixture(scope="module")
 def campaigns(tmp_path_factory) -> dict[str, Path]:
     """tune-b and tune-c unpacked (kept as .tar.xz: their trial files hold every request record)."""
-    import tarfile
-
-    root = tmp_path_factory.mktemp("gpu-campaigns")
-    for name in ("tune-b", "tune-c"):
-        with tarfile.open(DATA / f"{name}.tar.xz") as tar:
-            tar.extractall(root, filter="data")
+    root = unpack(tmp_path_factory.mktemp("gpu-campaigns"), DATA / "tune-b.tar.xz", DATA / "tune-c.tar.xz")
     return {name: root / name for name in ("tune-b", "tune-c")}
 
 
@@ -258,11 +254,7 @@ def test_a_plan_for_0_5_17_validates_against_its_recorded_parser(tmp_path, monke
 
 
 def _archive(name: str, tmp_path: Path) -> Path:
-    import tarfile
-
-    with tarfile.open(DATA / f"{name}.tar.xz") as tar:
-        tar.extractall(tmp_path, filter="data")
-    return tmp_path / name
+    return unpack(tmp_path, DATA / f"{name}.tar.xz") / name
 
 
 def test_open_loop_on_real_sglang_measures_the_rate_its_schedule_offered(tmp_path) -> None:
