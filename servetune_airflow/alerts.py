@@ -11,7 +11,8 @@ Airflow notifiers, each by a short name or a class path, with its arguments:
 
 Credentials stay in Airflow connections (``slack_conn_id``, ``smtp_conn_id``), never in the Variable.
 A notifier left without a message gets servetune's one line. A notifier that fails is logged and the
-others still run: the task is already red.
+others still run: the task is already red. The same notifiers hear a weekly run that overruns its GPU window
+(``deadline_missed``, the DAG's Airflow deadline alert).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
+from datetime import timedelta
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -32,7 +35,7 @@ SHORT = {
 LINE = "servetune {{ dag.dag_id }} {{ run_id }}: {{ exception }}"
 # the message argument of each short kind, filled with LINE unless the operator wrote one
 MESSAGE = {"slack": {"text": LINE}, "smtp": {"subject": LINE, "html_content": "<p>" + LINE + "</p>"},
-           "apprise": {"body": LINE, "title": "servetune campaign failed"}}
+           "apprise": {"body": LINE, "title": "servetune"}}
 
 
 class NotifierConfigError(ValueError):
@@ -58,8 +61,9 @@ def parse(raw: str | None) -> list[dict[str, Any]]:
     return specs
 
 
-def build(spec: dict[str, Any]) -> Any:
-    """One notifier instance (an ``airflow.sdk.BaseNotifier``) from its spec."""
+def build(spec: dict[str, Any], line: str = LINE) -> Any:
+    """One notifier instance (an ``airflow.sdk.BaseNotifier``) from its spec; ``line`` its message unless the
+    spec has one."""
     name = spec["notifier"]
     path = SHORT.get(name, name)
     module, _, attr = path.rpartition(".")
@@ -68,21 +72,54 @@ def build(spec: dict[str, Any]) -> Any:
     except (ImportError, AttributeError, ValueError) as exc:
         hint = f" (pip install apache-airflow-providers-{name})" if name in SHORT else ""
         raise NotifierConfigError(f"{VARIABLE}: notifier {name!r} cannot be imported: {exc}{hint}") from None
-    return cls(**{**MESSAGE.get(name, {}), **spec.get("args", {})})
+    message = {k: v.replace(LINE, line) for k, v in MESSAGE.get(name, {}).items()}
+    return cls(**{**message, **spec.get("args", {})})
 
 
 def notify_failure(context: Any) -> None:
     """``on_failure_callback``: every configured notifier, each on its own."""
+    _notify(context, LINE, "failure")
+
+
+def gpu_window() -> timedelta | None:
+    """How long a weekly run may take from being queued: ``SERVETUNE_GPU_WINDOW_MINUTES``, read when the DAG is
+    parsed (set it for the scheduler and dag-processor: deploy/). Unset: no deadline, since Airflow 3.3.2's
+    ``airflow dags test`` fails at the end of any run of a DAG that has one (it looks the alert up as a
+    serialized row the test never wrote), and ``servetune demo`` runs ``dags test``."""
+    raw = os.environ.get("SERVETUNE_GPU_WINDOW_MINUTES", "").strip()
+    if not raw:
+        return None
+    try:
+        minutes = float(raw)
+    except ValueError:
+        minutes = 0.0
+    if minutes <= 0:
+        log.error("SERVETUNE_GPU_WINDOW_MINUTES=%r is not a positive number of minutes: no deadline alert", raw)
+        return None
+    return timedelta(minutes=minutes)
+
+
+def deadline_missed(context: dict[str, Any] | None = None, window_minutes: float = 0.0) -> None:
+    """The weekly DAG's ``DeadlineAlert`` callback: the run is still going when its GPU window ends (a campaign
+    slower than planned, a question nobody answered, a task stuck in a queue); every notifier hears it once."""
+    run = (context or {}).get("dag_run") or {}
+    line = (f"servetune {run.get('dag_id', '?')} {run.get('dag_run_id') or run.get('run_id', '?')}: still running"
+            f" {window_minutes:g} min after it was queued: it overran its GPU window (SERVETUNE_GPU_WINDOW_MINUTES)")
+    log.warning("%s", line)
+    _notify(context or {}, line, "deadline")
+
+
+def _notify(context: Any, line: str, what: str) -> None:
     from airflow.sdk import Variable
 
     try:
         specs = parse(Variable.get(VARIABLE, default=None))
     except NotifierConfigError as exc:
-        log.error("no failure notification sent: %s", exc)
+        log.error("no %s notification sent: %s", what, exc)
         return
     for spec in specs:
         try:
-            build(spec)(context)
-            log.info("failure notified through %s", spec["notifier"])
+            build(spec, line)(context)
+            log.info("%s notified through %s", what, spec["notifier"])
         except Exception as exc:  # noqa: BLE001 - one broken notifier must not silence the others
             log.error("notifier %s failed: %s", spec["notifier"], exc)

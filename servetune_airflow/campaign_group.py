@@ -1,5 +1,6 @@
 """The campaign as an Airflow task group: prepare -> provision -> protocols -> stages -> recommend -> validate ->
-load -> report -> outcome (red unless the campaign concluded), with teardown always last. One group per GPU runner,
+load -> report -> outcome (red unless the campaign concluded), with teardown always last; after load, approve
+(servetune_airflow.approval) asks a person when the answer needs one. One group per GPU runner,
 mapped over that runner's plans.
 
 Every task of a runner's group sits in the runner's pool (one slot: no two trials share a GPU) and on
@@ -18,7 +19,8 @@ from airflow.sdk.exceptions import AirflowFailException
 from servetune.plan import PlanError, load_plan
 from servetune_airflow import tasks
 from servetune_airflow.alerts import notify_failure
-from servetune_airflow.config import WAREHOUSE_CONN_ID, GpuRunner, plan_files, plans_dir, runner_of, runners
+from servetune_airflow.approval import AnswerApproval
+from servetune_airflow.config import GpuRunner, plan_files, plans_dir, runner_of, runners, warehouse_url
 
 # Retries that outlive an Airflow restart: a killed scheduler or worker orphans the running task, whose retry
 # must find the API server back (about 2 minutes on a small host), so 1, 2 then 4 minutes apart; a stage task
@@ -37,24 +39,11 @@ PARAMS = {
     "clock": Param("live", type="string", enum=["live", "virtual"],
                    description="live: real servers over HTTP; virtual: every trial in the simulator's virtual time"
                                " (plans with engine kind sim or an estimate section), seconds per campaign"),
+    "approval": Param("ask", type="string", enum=["ask", "off"],
+                      description="ask: an answer servetune does not accept by itself (a regression, other flags or"
+                                  " level) waits for Approve/Reject in the approve task; off: `servetune accept`"
+                                  " decides (`airflow dags test` needs off: only an api-server takes the answer)"),
 }
-
-
-def warehouse_url() -> str:
-    """The warehouse from the Airflow connection (password never logged), else SERVETUNE_DATABASE_URL."""
-    import os
-
-    from airflow.sdk import Connection
-
-    try:
-        uri = Connection.get(WAREHOUSE_CONN_ID).get_uri()
-    except Exception:  # noqa: BLE001 - no such connection: fall back to the environment
-        uri = os.environ.get("SERVETUNE_DATABASE_URL", "")
-    if not uri:
-        raise RuntimeError(f"no Airflow connection {WAREHOUSE_CONN_ID!r} and no SERVETUNE_DATABASE_URL")
-    from servetune.warehouse.db import resolve_url
-
-    return resolve_url(uri)
 
 
 @task
@@ -181,6 +170,8 @@ def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
         html = report(exp)
         verdict = outcome(exp)
         end = teardown(exp)
+        # no pool: a question waits days without holding the GPU runner's slot, and teardown never waits for it
+        AnswerApproval(task_id="approve", loaded=stored, retries=0, **NAMED)  # a person answers once
         ready >> steps[0]
         for a, b in zip(steps, steps[1:], strict=False):
             a >> b

@@ -12,7 +12,8 @@ from pathlib import Path
 from servetune import gpu_pools as pools
 from servetune.gpu_pools import GpuRunner, runner_of
 
-__all__ = ["WAREHOUSE_CONN_ID", "GpuRunner", "plan_files", "plans_dir", "results_dir", "runner_of", "runners"]
+__all__ = ["WAREHOUSE_CONN_ID", "GpuRunner", "plan_files", "plans_dir", "results_dir", "runner_of", "runners",
+           "warehouse_url"]
 
 REPO = Path(__file__).resolve().parents[1]
 WAREHOUSE_CONN_ID = "servetune_warehouse"
@@ -43,3 +44,18 @@ def plan_files(folder: Path | None = None) -> list[Path]:
 
 def runners(folder: Path | None = None) -> dict[str, GpuRunner]:
     return pools.runners(folder or plans_dir())
+
+
+def warehouse_url() -> str:
+    """The warehouse from the Airflow connection (password never logged), else SERVETUNE_DATABASE_URL."""
+    from airflow.sdk import Connection
+
+    try:
+        uri = Connection.get(WAREHOUSE_CONN_ID).get_uri()
+    except Exception:  # noqa: BLE001 - no such connection: fall back to the environment
+        uri = os.environ.get("SERVETUNE_DATABASE_URL", "")
+    if not uri:
+        raise RuntimeError(f"no Airflow connection {WAREHOUSE_CONN_ID!r} and no SERVETUNE_DATABASE_URL")
+    from servetune.warehouse.db import resolve_url
+
+    return resolve_url(uri)

@@ -18,6 +18,7 @@ from servetune.ingest import load_result
 from servetune.plan import parse_plan
 from servetune.report.history import fetch_history
 from servetune.warehouse import db, migrate, queries
+from servetune.warehouse.acceptance import awaiting
 from servetune.warehouse.previous import last_accepted
 
 MODEL = "llama-3.1-8b"
@@ -113,3 +114,17 @@ def test_accept_refuses_what_cannot_be_a_baseline_in_one_line(fresh_database_url
         r = CliRunner().invoke(app, ["accept", *argv, "--database-url", url])
         lines = [ln for ln in r.output.splitlines() if ln.strip()]
         assert r.exit_code == 2 and len(lines) == 1 and words in lines[0], r.output
+
+
+def test_why_an_answer_awaits_a_person_is_one_line_naming_what_moved() -> None:
+    against = {"experiment_id": "abc123"}
+    regressed = {"diff_from_previous": {"against": against, "same_config": True,
+                                        "regressions": [{"why": "goodput_rps 10 -> 6.7 (-33.0%)"}]}}
+    assert awaiting("done", regressed) == "it regressed against abc123: goodput_rps 10 -> 6.7 (-33.0%)"
+    flags = {"diff_from_previous": {"against": against, "same_config": False, "regressions": [],
+                                    "config": {"chunked-prefill-size": {"old": 8192, "new": 4096}}}}
+    assert awaiting("done", flags) == "its flags differ from abc123's: --chunked-prefill-size 8192 -> 4096"
+    level = {"diff_from_previous": {"against": against, "same_config": True, "regressions": [],
+                                    "figures": {"concurrency": {"old": 32, "new": 48}}}}
+    assert awaiting("done", level) == "its concurrency differs from abc123's"
+    assert awaiting("failed", regressed) is None and awaiting("done", None) is None

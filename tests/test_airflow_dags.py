@@ -7,46 +7,21 @@ import re
 import subprocess
 import sys
 import time
-from email import message_from_bytes, policy
-from email.message import Message
 
 import orjson
 import psutil
 import psycopg
 import pytest
-from aiosmtpd.controller import Controller as SMTPController
 from sqlalchemy import create_engine, text
 
 from airflow_fixtures import TINY_PLAN, template_file, write_plan
 from fake_engines.helpers import FAKE_ENGINES
+from mail_sink import mail_sink
 from servetune import localdb
-from servetune.runners.preflight import free_port
 
 pytestmark = pytest.mark.slow
 
 DAG_IDS = {"servetune_weekly", "servetune_on_change", "servetune_watch"}
-
-
-class Sink:
-    """An SMTP handler that keeps what it receives (aiosmtpd: a real SMTP server)."""
-
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-
-    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's hook name
-        self.messages.append(message_from_bytes(envelope.original_content, policy=policy.default))
-        return "250 OK"
-
-
-def _mail_sink(setup) -> tuple[Sink, SMTPController]:
-    """A real SMTP server on loopback, started, and the Airflow connection smtp_default pointing at it."""
-    mails = Sink()
-    smtp = SMTPController(mails, hostname="127.0.0.1", port=free_port())
-    smtp.start()
-    setup.extra_env["AIRFLOW_CONN_SMTP_DEFAULT"] = json.dumps(
-        {"conn_type": "smtp", "host": "127.0.0.1", "port": smtp.port,
-         "extra": {"disable_tls": True, "disable_ssl": True}})
-    return mails, smtp
 
 
 def _rows(url: str, sql: str, **params):
@@ -199,12 +174,13 @@ def test_the_second_weekly_run_is_compared_with_the_first_and_a_goodput_drop_ale
     like), and its recommendation, report and warehouse row name it and show what moved. The first week's
     goodput is planted 50% higher in the warehouse: the second run is red, its one-line reason the goodput
     regression, the notifier sends it, and it is a row of the `regressions` view."""
-    mails, smtp = _mail_sink(airflow_setup)
+    mails, smtp = mail_sink(airflow_setup)
     airflow_setup.extra_env.update({
         "AIRFLOW_VAR_SERVETUNE_NOTIFIERS": json.dumps([
             {"notifier": "smtp", "args": {"to": "oncall@example.com", "from_email": "airflow@example.com"}}]),
     })
-    wh, conf, ids = airflow_setup.warehouse_url, json.dumps({"clock": "virtual"}), []
+    # approval off: `dags test` cannot take a person's answer (tests/test_airflow_approval.py asks under a scheduler)
+    wh, conf, ids = airflow_setup.warehouse_url, json.dumps({"clock": "virtual", "approval": "off"}), []
     try:
         for day in ("2026-11-23", "2026-11-30"):
             proc = airflow_setup.airflow("dags", "test", "servetune_weekly", day, "--conf", conf, check=False)
@@ -235,6 +211,10 @@ def test_the_second_weekly_run_is_compared_with_the_first_and_a_goodput_drop_ale
     # the regression: the run is red with it, the notifier sent it, the warehouse holds it
     assert _task_states(airflow_setup, "outcome") == {"success", "failed"}
     assert f"campaign tiny-sim regressed against {first}: goodput_rps" in proc.stdout
+    # the first answer was accepted by servetune, the regressed one waits for `servetune accept`
+    assert _task_states(airflow_setup, "approve") == {"skipped"}
+    assert f"the answer awaits acceptance (the approve task or `servetune accept {second}`)" in proc.stdout
+    assert _rows(wh, "select experiment_id from acceptances") == [(first,)]
     (mail,) = mails.messages
     assert "regressed" in mail["Subject"] and "goodput_rps" in mail["Subject"]
     # one model identity: the virtual-clock trials carry the plan's model, not the simulator profile's name
@@ -280,7 +260,7 @@ def test_failing_trial_still_tears_down_and_is_recorded(airflow_setup):
                        "env": {"PYTHONPATH": str(FAKE_ENGINES), "FAKE_ENGINE_MODE": "oom"}})
     # the operator's notifiers (an Airflow Variable): a real SMTP server on loopback, and a broken one that
     # must not silence it
-    mails, smtp = _mail_sink(airflow_setup)
+    mails, smtp = mail_sink(airflow_setup)
     airflow_setup.extra_env.update({
         "AIRFLOW_VAR_SERVETUNE_NOTIFIERS": json.dumps([
             {"notifier": "no_such_pkg.Notifier"},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servetune_airflow.alerts import LINE, NotifierConfigError, build, parse
+from servetune_airflow.alerts import LINE, NotifierConfigError, build, gpu_window, parse
 
 
 @pytest.mark.parametrize(("raw", "says"), [
@@ -27,3 +27,18 @@ def test_short_names_build_the_providers_notifiers_with_servetunes_line() -> Non
     assert smtp.subject == "mine" and smtp.html_content == f"<p>{LINE}</p>"  # the operator's words win
     with pytest.raises(NotifierConfigError, match="pip install apache-airflow-providers-slack"):
         build({"notifier": "slack", "args": {}})  # not installed here: the line says what to install
+
+
+@pytest.mark.parametrize(("raw", "minutes"), [("", None), ("  ", None), ("480", 480.0), ("1.5", 1.5),
+                                              ("eight hours", None), ("0", None), ("-5", None)])
+def test_the_gpu_window_is_read_from_the_environment_and_a_bad_one_sets_no_deadline(monkeypatch, raw, minutes):
+    monkeypatch.setenv("SERVETUNE_GPU_WINDOW_MINUTES", raw)
+    window = gpu_window()
+    assert (window.total_seconds() / 60 if window else None) == minutes
+
+
+def test_the_deadline_line_names_the_run_and_its_window_and_reaches_the_notifiers_message() -> None:
+    (spec,) = parse('[{"notifier": "smtp", "args": {"to": "oncall@example.com"}}]')
+    line = "servetune servetune_weekly week2: still running 480 min after it was queued"
+    smtp = build(spec, line)
+    assert smtp.subject == line and smtp.html_content == f"<p>{line}</p>"

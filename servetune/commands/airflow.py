@@ -280,7 +280,8 @@ def demo(
                           + (" (private cluster, stopped at the end)" if cluster else ""))
             setup = prepare(setup_for(state_dir.resolve(), server_url, plans_dir.resolve(), run_dir / "results"))
             out.print("running DAG [bold]servetune_weekly[/] with `airflow dags test` ...")
-            conf = ["--conf", orjson.dumps({"load_mode": load_mode, "clock": clock}).decode()]
+            # `dags test` cannot take a person's answer (only an api-server can): `servetune accept` decides
+            conf = ["--conf", orjson.dumps({"load_mode": load_mode, "clock": clock, "approval": "off"}).decode()]
             proc = setup.airflow("dags", "test", "servetune_weekly", *conf, check=False)
             (run_dir / "airflow-dags-test.log").write_text(proc.stdout or "")
             experiments = ResultFolder.under(run_dir / "results")

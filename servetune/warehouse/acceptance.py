@@ -45,6 +45,25 @@ def auto_accept(conn: Connection, experiment_id: str, model: str, status: str | 
     return why
 
 
+def awaiting(status: str | None, recommendation: dict[str, Any] | None) -> str | None:
+    """Why a loaded answer that servetune did not accept waits for a person (one line), or None when there is
+    no answer to accept (a failed campaign) or it was accepted already."""
+    if status != "done" or not recommendation:
+        return None
+    diff = recommendation.get("diff_from_previous") or {}
+    against = (diff.get("against") or {}).get("experiment_id") or "the last accepted answer"
+    if found := diff.get("regressions"):
+        return f"it regressed against {against}: " + "; ".join(r.get("why", "?") for r in found)
+    if not diff.get("same_config"):
+        flags = (diff.get("config") or {}).items()
+        return f"its flags differ from {against}'s: " + ", ".join(f"--{k} {v.get('old')} -> {v.get('new')}"
+                                                                  for k, v in flags)
+    figures = diff.get("figures") or {}
+    moved = [k for k in ("concurrency", "rate")
+             if (figures.get(k) or {}).get("old") != (figures.get(k) or {}).get("new")]
+    return f"its {' and '.join(moved) or 'level'} differs from {against}'s"
+
+
 def _same_level(figures: dict[str, Any]) -> bool:
     return all((figures.get(k) or {}).get("old") == (figures.get(k) or {}).get("new") for k in ("concurrency", "rate"))
 
@@ -89,4 +108,4 @@ def accept(experiment_id: str, reason: str, *, by: str | None = None, database_u
     return Accepted(row.experiment_id, row.model, who, values["reason"])
 
 
-__all__ = ["Accepted", "accept", "auto_accept"]
+__all__ = ["Accepted", "accept", "auto_accept", "awaiting"]

@@ -12,7 +12,8 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, task
 from airflow.sdk.exceptions import AirflowSkipException
 
-from servetune_airflow.campaign_group import DEFAULT_ARGS, warehouse_url
+from servetune_airflow.campaign_group import DEFAULT_ARGS
+from servetune_airflow.config import warehouse_url
 from servetune_airflow.watch import check_asset, plan_assets
 
 with DAG(

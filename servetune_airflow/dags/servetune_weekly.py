@@ -7,10 +7,13 @@ Params form to run chosen plans or to override plan fields.
 
 from __future__ import annotations
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, DeadlineAlert, DeadlineReference, SyncCallback
 from airflow.sdk.definitions.timetables.trigger import CronTriggerTimetable
 
+from servetune_airflow.alerts import deadline_missed, gpu_window
 from servetune_airflow.campaign_group import DEFAULT_ARGS, PARAMS, campaigns_per_runner, list_plans
+
+WINDOW = gpu_window()
 
 with DAG(
     dag_id="servetune_weekly",
@@ -23,6 +26,11 @@ with DAG(
     default_args=DEFAULT_ARGS,
     params=PARAMS,
     tags=["servetune"],
+    # a run still going when its GPU window ends tells the notifiers (servetune_airflow.alerts)
+    deadline=DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=WINDOW,
+                           callback=SyncCallback(deadline_missed,
+                                                 kwargs={"window_minutes": WINDOW.total_seconds() / 60}))
+    if WINDOW else None,
     doc_md=__doc__,
 ):
     campaigns_per_runner(list_plans)
