@@ -268,6 +268,20 @@ def test_refine_walks_radix_then_chunk_then_conservativeness_then_max_running() 
     chosen = next(t for t in refine if t.flags == rec.config)
     assert rec.evidence_trial_ids[0] == asked_id(asked, chosen) and "t1" in rec.evidence_trial_ids
     assert rec.goodput_rps is not None and abs(rec.goodput_rps - 3.2) < 1e-9
+    # what runs today (the plan's flags, radix off) against the answer, at its level, from the ramp's own trials
+    vs = rec.vs_deployed
+    assert vs is not None and vs["measured"] and vs["passed"] and vs["level"] == 32
+    assert vs["config"]["disable-radix-cache"] == {"deployed": True, "answer": None}
+    assert vs["config"]["chunked-prefill-size"] == {"deployed": 8192, "answer": 2048}
+    assert abs(vs["goodput_rps"] - 3.2 * 0.85 * 0.96 * 0.8) < 1e-9 and abs(vs["change"] - (1 / 0.6528 - 1)) < 1e-9
+    line = next(x for x in rec.explanation if x.startswith("against the plan's own flags"))
+    assert "--disable-radix-cache True -> None" in line and "met the SLA (+53.2% for the answer)" in line
+
+
+def test_the_answer_that_is_the_plans_own_flags_has_nothing_to_compare() -> None:
+    d, _ = drive(make_plan(), lambda f, c: summary(thr=c * 0.1, mem=0.95 if c >= 64 else 0.5))
+    assert d.recommendation is not None and d.recommendation.vs_deployed is None
+    assert not any(x.startswith("against the plan's own flags") for x in d.recommendation.explanation)
 
 
 def test_retractions_push_conservativeness_up_first() -> None:
@@ -292,6 +306,9 @@ def test_refine_extends_the_level_when_the_tuned_config_holds_it() -> None:
     rec = d.recommendation
     assert rec is not None and rec.concurrency == 64 and rec.config["chunked-prefill-size"] == 2048
     assert any("holds concurrency 64" in line for line in rec.explanation)
+    # the plan's flags were measured at 64 by the ramp, and failed there: the answer says so
+    assert rec.vs_deployed is not None and rec.vs_deployed["measured"] and not rec.vs_deployed["passed"]
+    assert any("at concurrency 64 they serve" in x and "missed the SLA" in x for x in rec.explanation)
 
 
 def asked_id(asked: list[TrialSpec], spec: TrialSpec) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 from servetune.plan import TuningPlan
 from servetune.tuning import signals
+from servetune.tuning.deployed import against_deployed, describe as describe_deployed
 from servetune.tuning.evidence import Evidence, current as current_evidence
 from servetune.tuning.objective import by_objective
 from servetune.tuning.refine import RefineResult, goodput
@@ -98,6 +99,9 @@ def recommend(
         objective=plan.objective,
         **_energy_and_cost(ev.outcomes if ev.n else [chosen]),
     )
+    rec.vs_deployed = against_deployed(plan, state, chosen.flags, chosen.level, rec.goodput_rps)
+    if line := describe_deployed(plan, rec.vs_deployed):
+        rec.explanation.insert(len(rec.explanation) - 1, line)  # before what the answer cost
     if previous is not None:
         rec.diff_from_previous = diff_recommendations(previous, rec)
     return rec

@@ -226,6 +226,9 @@ class Recommendation(BaseModel):
     prefix_hit_rate: float | None
     explanation: list[str]
     diff_from_previous: dict[str, Any] | None = None
+    vs_deployed: dict[str, Any] | None = Field(
+        default=None, description="the plan's own flags at the answer's level, where the answer changed a flag"
+                                  " (servetune.tuning.deployed)")
     repeats: int = Field(default=1, description="valid trials of the chosen config at its level")
     goodput_ci95: float | None = Field(default=None, description="half-width of the 95% interval of the mean goodput")
     goodput_cv: float | None = None
