@@ -253,7 +253,7 @@ def test_env_var_names_are_the_ones_the_code_reads(resolved: dict, monkeypatch: 
     env = resolved["services"]["airflow-worker-gpu-h200"]["environment"]
     assert warehouse_db.AIRFLOW_CONN_ENV in env
     assert warehouse_db.URL_ENV in resolved["services"]["runner"]["environment"]
-    source = "\n".join(p.read_text() for p in (ROOT / "servetune").rglob("*.py"))
+    source = "\n".join(p.read_text() for pkg in ("servetune", "servetune_airflow") for p in (ROOT / pkg).rglob("*.py"))
     init = (DOCKER / "postgres/init-databases.sh").read_text()
     for svc_name, svc in resolved["services"].items():
         for name in svc.get("environment") or {}:

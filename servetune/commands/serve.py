@@ -168,7 +168,10 @@ def serve(
     def _terminate(signum, frame):  # a SIGTERM (Airflow, systemd) tears down like Ctrl-C
         raise KeyboardInterrupt
 
+    # SIGINT too, explicitly: a process started in the background by a non-interactive shell inherits SIGINT
+    # ignored, and Python then installs no Ctrl-C handler, so `kill -INT` would leave the engine serving
     previous = signal.signal(signal.SIGTERM, _terminate)
+    previous_int = signal.signal(signal.SIGINT, _terminate)
     try:
         running = server.wait_ready()
         if as_json:  # the one document, as soon as the engine serves; the teardown's line goes to stderr
@@ -189,6 +192,7 @@ def serve(
     finally:
         report = server.stop()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
         if server._started and cfg.launches:
             console.print(f"teardown: {'clean' if report.clean else 'NOT clean: ' + '; '.join(report.problems)} "
                           f"(signals {', '.join(report.signals) or 'none'}, GPU {report.gpu})")
