@@ -152,13 +152,18 @@ def test_a_stopped_postgres_fails_at_once_and_a_retry_after_restart_loads_once(c
     directory = campaign(tmp_path, "stopped-1")
     ref = reference_s(cluster.url)
     cluster.stop()
+    tooks = []
     try:
         for args in (("load", str(directory), "--no-validate"), ("db", "upgrade")):
             proc, took = cli(cluster.url, *args)
             one_line_error(proc, cluster.where, "not reachable", "refused")
-            assert took < 2 * ref + SLACK_S, (took, ref)
+            tooks.append(took)
     finally:
         cluster.start()
+    # "at once": no retry loop, no wait for a timeout; the bound is the CLI's own cost measured before and after
+    # (a 2-core box that got busier in between raised both: one reference read 4.5 s, the failing command 15.8)
+    ref = max(ref, reference_s(cluster.url))
+    assert max(tooks) < 2 * ref + SLACK_S, (tooks, ref)
     load_twice(cluster.url, directory, "stopped-1")
 
 
