@@ -228,19 +228,14 @@ def load(exp: dict[str, Any], warehouse_url: str) -> dict[str, Any]:
     if report.errors:
         raise RuntimeError(f"warehouse load of {exp['experiment_id']}: {len(report.errors)} trial(s) failed: "
                            + "; ".join(map(str, report.errors))[:2000])
-    from servetune.warehouse.acceptance import awaiting
-
-    folder = ResultFolder(_exp_dir(exp))
-    data = folder.read_experiment() if folder.has_experiment() else {}
     if report.accepted:
         log.info("accepted as the baseline: %s", report.accepted)
-    why = None if report.accepted else awaiting(data.get("status"), data.get("recommendation"))
-    if why:
+    if report.awaits:
         log.info("the answer awaits acceptance (the approve task or `servetune accept %s`): %s",
-                 report.experiment_id, why)
+                 report.experiment_id, report.awaits)
     return {"experiment_id": report.experiment_id, "trials": len(report.trials),
             "inserted": sum(1 for t in report.trials if t.action == "inserted"),
-            "plan_name": (data.get("plan") or {}).get("name"), "accepted": report.accepted, "awaits": why}
+            "plan_name": report.plan_name, "accepted": report.accepted, "awaits": report.awaits}
 
 
 def report(exp: dict[str, Any]) -> str:

@@ -15,6 +15,12 @@ from servetune.tuning.evidence import current
 from servetune.tuning.state import CampaignState, Flags, Level, config_key
 
 
+def flag_changes(old: Flags, new: Flags, names: tuple[str, str] = ("old", "new")) -> dict[str, dict[str, Any]]:
+    """Every flag set differently in ``old`` and ``new`` (absent: None), as ``{flag: {names[0]: .., names[1]: ..}}``."""
+    return {k: {names[0]: old.get(k), names[1]: new.get(k)}
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+
+
 def against_deployed(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level,
                      goodput: float | None) -> dict[str, Any] | None:
     """None when the answer is the plan's own flags; else the flags it changed and the plan's flags' goodput and
@@ -22,8 +28,7 @@ def against_deployed(plan: TuningPlan, state: CampaignState, flags: Flags, level
     deployed = plan.engine_flags()
     if config_key(dict(flags)) == config_key(deployed):
         return None
-    changed = {k: {"deployed": deployed.get(k), "answer": flags.get(k)}
-               for k in sorted(set(deployed) | set(flags)) if deployed.get(k) != flags.get(k)}
+    changed = flag_changes(deployed, flags, ("deployed", "answer"))
     ev = current(plan, state, deployed, level)
     out: dict[str, Any] = {"config": changed, "level": level, "measured": ev.n > 0, "trial_ids": ev.trial_ids}
     if ev.n:
@@ -47,4 +52,4 @@ def describe(plan: TuningPlan, vs: dict[str, Any] | None) -> str | None:
             f" {vs['goodput_rps']:.3g} req/s of goodput over {vs['repeats']} seed(s) and {verdict} the SLA{change}")
 
 
-__all__ = ["against_deployed", "describe"]
+__all__ = ["against_deployed", "describe", "flag_changes"]

@@ -7,7 +7,7 @@ from typing import Any
 
 from servetune.plan import TuningPlan
 from servetune.tuning import signals
-from servetune.tuning.deployed import against_deployed, describe as describe_deployed
+from servetune.tuning.deployed import against_deployed, describe as describe_deployed, flag_changes
 from servetune.tuning.evidence import Evidence, current as current_evidence
 from servetune.tuning.objective import by_objective
 from servetune.tuning.refine import RefineResult, goodput
@@ -150,8 +150,7 @@ def diff_recommendations(previous: dict[str, Any], current: Recommendation) -> d
     behind beyond their noise (servetune.tuning.regressions)."""
     old_cfg: dict[str, Any] = previous.get("config") or {}
     new_cfg = current.config
-    changed = {k: {"old": old_cfg.get(k), "new": new_cfg.get(k)}
-               for k in sorted(set(old_cfg) | set(new_cfg)) if old_cfg.get(k) != new_cfg.get(k)}
+    changed = flag_changes(old_cfg, new_cfg)
     figures: dict[str, Any] = {}
     for name in ("concurrency", "rate", "goodput_rps", "p99_ttft_ms", "p99_tpot_ms", "p99_e2e_ms",
                  "output_tokens_per_s", "prefix_hit_rate", "energy_per_output_token_j", "cost_per_mtok_usd"):

@@ -36,7 +36,7 @@ def auto_accept(conn: Connection, experiment_id: str, model: str, status: str | 
     if not conn.execute(select(exists(accepted))).scalar_one():
         why = f"the first answer for {model}"
     elif diff.get("against") and not diff.get("regressions") and diff.get("same_config") \
-            and _same_level(diff.get("figures") or {}):
+            and not _moved_levels(diff.get("figures") or {}):
         why = f"the same config and level as {diff['against'].get('experiment_id')}, behind in nothing"
     else:
         return None
@@ -58,14 +58,13 @@ def awaiting(status: str | None, recommendation: dict[str, Any] | None) -> str |
         flags = (diff.get("config") or {}).items()
         return f"its flags differ from {against}'s: " + ", ".join(f"--{k} {v.get('old')} -> {v.get('new')}"
                                                                   for k, v in flags)
-    figures = diff.get("figures") or {}
-    moved = [k for k in ("concurrency", "rate")
-             if (figures.get(k) or {}).get("old") != (figures.get(k) or {}).get("new")]
-    return f"its {' and '.join(moved) or 'level'} differs from {against}'s"
+    return f"its {' and '.join(_moved_levels(diff.get('figures') or {})) or 'level'} differs from {against}'s"
 
 
-def _same_level(figures: dict[str, Any]) -> bool:
-    return all((figures.get(k) or {}).get("old") == (figures.get(k) or {}).get("new") for k in ("concurrency", "rate"))
+def _moved_levels(figures: dict[str, Any]) -> list[str]:
+    """The level figures (streams, rate) whose old and new values differ."""
+    return [k for k in ("concurrency", "rate")
+            if (figures.get(k) or {}).get("old") != (figures.get(k) or {}).get("new")]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from servetune.oserrors import why_not_there
 from servetune.redact import redact
 from servetune.result import TrialResult
 from servetune.warehouse import db, diagnoses, scheduler_rows
-from servetune.warehouse.acceptance import auto_accept
+from servetune.warehouse.acceptance import auto_accept, awaiting
 from servetune.warehouse.files import ExperimentInfo, LoadError, iso, read_campaign, read_trial, ts
 from servetune.warehouse.request_copy import WIRE_COLUMNS, EncodeError, copy_stream
 from servetune.warehouse.tables import (
@@ -70,6 +70,8 @@ class LoadReport:
     trials: list[TrialLoad] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # "<file or trial>: <cause>", one per trial not loaded
     accepted: str | None = None  # why servetune took the answer as the baseline; None: a person decides
+    awaits: str | None = None  # why the answer waits for a person (servetune.warehouse.acceptance.awaiting)
+    plan_name: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -341,6 +343,8 @@ def _load(eng: Engine, source: str | Path | TrialResult, **kw: Any) -> LoadRepor
         if not report.errors:  # the baseline for later runs, when no person needs to decide (acceptance.py)
             with eng.begin() as conn:
                 report.accepted = auto_accept(conn, exp.experiment_id, exp.model, exp.status, exp.recommendation)
+            report.awaits = None if report.accepted else awaiting(exp.status, exp.recommendation)
+        report.plan_name = (exp.plan or {}).get("name")
         return report
     if not path.exists():
         raise LoadError(f"{path}: {why_not_there(path)}")
