@@ -41,12 +41,16 @@ class AnswerApproval(ApprovalOperator):
 
     def execute(self, context: Any) -> Any:
         loaded = self._named(context)
+        why_not = None
         if not loaded.get("awaits"):
-            raise AirflowSkipException("nothing to decide: " + (f"accepted ({loaded['accepted']})"
-                                       if loaded.get("accepted") else "no answer to accept"))
-        if (context["params"].get("approval") or "ask") == "off":
-            raise AirflowSkipException(f"approval off for this run: `servetune accept {loaded['experiment_id']}"
-                                       f" --why ...` decides ({loaded['awaits']})")
+            why_not = "nothing to decide: " + (f"accepted ({loaded['accepted']})" if loaded.get("accepted")
+                                               else "no answer to accept")
+        elif (context["params"].get("approval") or "ask") == "off":
+            why_not = (f"approval off for this run: `servetune accept {loaded['experiment_id']} --why ...` decides"
+                       f" ({loaded['awaits']})")
+        if why_not:
+            self.log.info("%s", why_not)  # Airflow logs only "Skipping task." for the exception
+            raise AirflowSkipException(why_not)
         self.subject = f"servetune: accept {loaded.get('plan_name')}'s answer as the baseline?"
         self.body = (f"Experiment `{loaded['experiment_id']}` awaits acceptance: {loaded['awaits']}.\n\n"
                      "Approve (say why) makes it the baseline later runs are compared with; Reject keeps the last"
