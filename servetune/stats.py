@@ -13,9 +13,16 @@ from collections.abc import Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
-from scipy import stats as _st
 
 CONFIDENCE = 0.95
+
+
+def _st():
+    """scipy.stats, imported on first use: 1.5 s of import that every Airflow task paid to parse its DAG file
+    (servetune.plan imports this module) before it needed a quantile."""
+    from scipy import stats
+
+    return stats
 
 
 class Spread(BaseModel):
@@ -62,7 +69,7 @@ def spread(values: Sequence[float | None]) -> Spread:
         std = float(xs.std(ddof=1))
         out.std = std
         out.cv = std / abs(mean) if mean else None
-        out.ci95 = float(_st.t.ppf(0.5 + CONFIDENCE / 2, n - 1) * std / math.sqrt(n))
+        out.ci95 = float(_st().t.ppf(0.5 + CONFIDENCE / 2, n - 1) * std / math.sqrt(n))
     return out
 
 
@@ -75,7 +82,7 @@ def difference_ci95(a: Spread, b: Spread) -> float | None:
     if se == 0:
         return 0.0
     dof = (va + vb) ** 2 / ((va**2 / (a.n - 1)) + (vb**2 / (b.n - 1))) if va + vb > 0 else a.n + b.n - 2
-    return float(_st.t.ppf(0.5 + CONFIDENCE / 2, dof) * se)
+    return float(_st().t.ppf(0.5 + CONFIDENCE / 2, dof) * se)
 
 
 class Comparison(BaseModel):
@@ -138,9 +145,9 @@ def paired_compare(a: dict[int, float], b: dict[int, float], *, min_change: floa
         ss, df = ss + prior[0] ** 2 * prior[1], df + prior[1]
     noise = reach = None
     if df > 0 and n:
-        noise = float(_st.t.ppf(0.5 + CONFIDENCE / 2, df) * math.sqrt(ss / df) * abs(base) / math.sqrt(n))
+        noise = float(_st().t.ppf(0.5 + CONFIDENCE / 2, df) * math.sqrt(ss / df) * abs(base) / math.sqrt(n))
         if max_n and max_n > n:  # the half-width ``max_n`` seeds would have, were the spread the same
-            reach = float(_st.t.ppf(0.5 + CONFIDENCE / 2, df + max_n - n) * math.sqrt(ss / df) * abs(base)
+            reach = float(_st().t.ppf(0.5 + CONFIDENCE / 2, df + max_n - n) * math.sqrt(ss / df) * abs(base)
                           / math.sqrt(max_n))
     bound = max(noise or 0.0, threshold)
     if base == 0 and diff > 0:
@@ -167,6 +174,6 @@ def quantile_interval(values: Sequence[float] | np.ndarray, q: float = 0.99,
     if n == 0:
         return None
     tail = (1.0 - confidence) / 2.0
-    lo = int(_st.binom.ppf(tail, n, q))  # values below the quantile: at least lo, at most hi (at confidence)
-    hi = int(_st.binom.ppf(1.0 - tail, n, q)) + 1
+    lo = int(_st().binom.ppf(tail, n, q))  # values below the quantile: at least lo, at most hi (at confidence)
+    hi = int(_st().binom.ppf(1.0 - tail, n, q)) + 1
     return float(x[max(lo - 1, 0)]), float(x[min(hi, n) - 1])

@@ -16,6 +16,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from servetune.strict_yaml import SafeLoader
+
 BUILTIN_DIR = Path(__file__).parent / "profiles"
 ENV_DIR = "SERVETUNE_SIM_PROFILES"
 MIB = 1 << 20
@@ -186,7 +188,7 @@ def _find(kind: str, name_or_path: str) -> Path:
 
 def _load(kind: str, name_or_path: str, cls: type[BaseModel]) -> BaseModel:
     path = _find(kind, name_or_path)
-    data = yaml.safe_load(path.read_text())
+    data = yaml.load(path.read_text(), Loader=SafeLoader)
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: a {kind} profile must be a mapping")
     try:
