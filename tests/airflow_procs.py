@@ -56,6 +56,20 @@ class AirflowProcesses:
         self.procs[name] = subprocess.Popen(["airflow", *args], env=self.env, stdout=out,
                                             stderr=subprocess.STDOUT, start_new_session=True)
 
+    def start_components(self, api_port: int, *workers: tuple[str, ...], dag_id: str = "servetune_weekly") -> str:
+        """The api-server, scheduler and dag-processor (and any ``workers``: (name, *args)), started; once the
+        API answers (a task sent before would fail and wait out a retry), ``dag_id`` unpaused (new DAGs start
+        paused). The REST API's base URL."""
+        self.start("api", "api-server", "--port", str(api_port))
+        self.start("scheduler", "scheduler")
+        self.start("dag-processor", "dag-processor")
+        for name, *args in workers:
+            self.start(name, *args)
+        api = f"http://127.0.0.1:{api_port}/api/v2"
+        self.wait_until(lambda: answers(f"{api}/monitor/health"), 120)
+        rest(f"{api}/dags/{dag_id}", {"is_paused": False}, "PATCH")
+        return api
+
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")
 

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 
-from airflow_procs import AirflowProcesses, answers, free_port, live_env, rest, task_states, trigger, wait_for_run
+from airflow_procs import AirflowProcesses, free_port, live_env, rest, task_states, trigger, wait_for_run
 from mail_sink import mail_sink
 from servetune import localdb
 from servetune.plan import load_plan
@@ -34,15 +34,10 @@ def test_a_regression_waits_for_approval_over_rest_and_only_an_approved_answer_i
              AIRFLOW_VAR_SERVETUNE_NOTIFIERS=json.dumps([
                  {"notifier": "smtp", "args": {"to": "oncall@example.com", "from_email": "airflow@example.com"}}]))
     meta, wh = airflow_setup.metadata_url, airflow_setup.warehouse_url
-    api = f"http://127.0.0.1:{api_port}/api/v2"
     conf = {"plans": ["tiny.yaml"], "clock": "virtual"}
     af = AirflowProcesses(airflow_setup, tmp_path / "logs")
     try:
-        af.start("api", "api-server", "--port", str(api_port))
-        af.start("scheduler", "scheduler")
-        af.start("dag-processor", "dag-processor")
-        af.wait_until(lambda: answers(f"{api}/monitor/health"), 120)
-        rest(f"{api}/dags/servetune_weekly", {"is_paused": False}, "PATCH")
+        api = af.start_components(api_port)
 
         # week 1: the model's first answer, accepted by servetune; nothing to ask
         trigger(api, "servetune_weekly", "week1", conf)

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from airflow_fixtures import write_plan
-from airflow_procs import AirflowProcesses, answers, free_port, live_env, rest, task_states, trigger, wait_for_run  # noqa: E501
+from airflow_procs import AirflowProcesses, free_port, live_env, task_states, trigger, wait_for_run  # noqa: E501
 from fake_engines.helpers import FAKE_ENGINES
 from servetune import localdb
 from servetune.runners.sweep import OWNER_ENV
@@ -43,16 +43,10 @@ def test_a_killed_scheduler_and_task_mid_ramp_recover_on_their_own(airflow_setup
              AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD="5",
              AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL="5")
     meta, results = airflow_setup.metadata_url, Path(airflow_setup.results_dir)
-    health = f"http://127.0.0.1:{api_port}/api/v2/monitor/health"
     af = AirflowProcesses(airflow_setup, tmp_path / "logs")
     run_id = RUN_ID
     try:
-        af.start("api", "api-server", "--port", str(api_port))
-        af.start("scheduler", "scheduler")
-        af.start("dag-processor", "dag-processor")
-        af.wait_until(lambda: answers(health), 120)
-        api = f"http://127.0.0.1:{api_port}/api/v2"
-        rest(f"{api}/dags/servetune_weekly", {"is_paused": False}, "PATCH")
+        api = af.start_components(api_port)
         trigger(api, "servetune_weekly", run_id, {"plans": ["restart.yaml"]})
 
         # mid-ramp: the ramp task is running and has finished at least one of its trials

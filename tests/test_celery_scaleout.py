@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from airflow_fixtures import write_plan
-from airflow_procs import AirflowProcesses, answers, free_port, live_env, rest, task_states, trigger, wait_for_run
+from airflow_procs import AirflowProcesses, free_port, live_env, task_states, trigger, wait_for_run
 from fake_engines.helpers import FAKE_ENGINES
 from servetune import localdb
 from servetune.commands.airflow import AirflowSetup, prepare
@@ -68,19 +68,14 @@ def _run_on_celery(airflow_setup: AirflowSetup, tmp_path: Path) -> None:
     prepare(airflow_setup)
     af = AirflowProcesses(airflow_setup, tmp_path / "logs")
     try:
-        af.start("api", "api-server", "--port", str(api_port))
-        af.start("scheduler", "scheduler")
-        af.start("dag-processor", "dag-processor")
-        af.start("worker-default", "celery", "worker", "--queues", "default", "--concurrency", "1",
-                 "--celery-hostname", "default@servetune-test", "--skip-serve-logs")
-        af.start("worker-h200", "celery", "worker", "--queues", "gpu-h200", "--concurrency", "1",
-                 "--celery-hostname", "h200@servetune-test")
-        # the run starts once the execution API answers (a task sent before would fail and wait out a retry)
-        # and both workers are consuming their queues
-        af.wait_until(lambda: answers(f"http://127.0.0.1:{api_port}/api/v2/monitor/health"), 120)
+        api = af.start_components(
+            api_port,
+            ("worker-default", "celery", "worker", "--queues", "default", "--concurrency", "1",
+             "--celery-hostname", "default@servetune-test", "--skip-serve-logs"),
+            ("worker-h200", "celery", "worker", "--queues", "gpu-h200", "--concurrency", "1",
+             "--celery-hostname", "h200@servetune-test"))
+        # the run starts once both workers are consuming their queues too
         af.wait_until(lambda: all(" ready." in af.log(f"worker-{w}") for w in ("default", "h200")), 120)
-        api = f"http://127.0.0.1:{api_port}/api/v2"
-        rest(f"{api}/dags/servetune_weekly", {"is_paused": False}, "PATCH")  # new DAGs start paused
         run_id, bad_id = (f"manual__celery_{k}_{uuid.uuid4().hex[:8]}" for k in ("ok", "bad"))
         for rid, plan in ((run_id, "on-h200.yaml"), (bad_id, "broken-h200.yaml")):
             trigger(api, "servetune_weekly", rid, {"plans": [plan]})
