@@ -14,7 +14,58 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from servetune.records import RequestRecord
+
+
+class _Figures(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextAndImage(_Figures):
+    """One figure for the text-only requests and one for those with images."""
+
+    text: float | None = None
+    image: float | None = None
+
+
+class TtftByKind(TextAndImage):
+    """Median TTFT by kind of request; an image request "hit" when the cache covered half its image tokens."""
+
+    image_hit: float | None = None
+    image_miss: float | None = None
+
+
+class TtftBreakdown(_Figures):
+    """Where the mean first token waits, ms (``ttft_breakdown``); ``dominant`` names the largest part."""
+
+    client_ttft_mean: float
+    server_ttft_mean: float
+    queue: float | None = None
+    in_server_after_queue: float
+    outside_server: float
+    dominant: str | None = None
+
+
+class MultimodalSummary(_Figures):
+    """``TrialSummary.multimodal``: the figures of a trial with images (module docstring)."""
+
+    image_requests: int
+    text_requests: int
+    images_per_request_mean: float
+    image_tokens_per_image_p50: float | None = None
+    image_token_share: float | None = None
+    template_tokens: float
+    template_source: str
+    hit_rate_image_tokens: float | None = None
+    hit_rate_text_tokens: float | None = None
+    split_requests: int
+    payload_bytes_p50: TextAndImage
+    payload_bytes_max: int
+    ttft_p50_ms: TtftByKind
+    ttft_p99_ms: TextAndImage
+    ttft_breakdown_ms: TtftBreakdown | None = None
 
 
 def _median(xs: Sequence[float]) -> float | None:
@@ -50,7 +101,7 @@ def cached_split(r: RequestRecord, images: int) -> tuple[int, int] | None:
 
 
 def summarize_images(ok: Sequence[RequestRecord],
-                     server_signals: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                     server_signals: dict[str, Any] | None = None) -> MultimodalSummary | None:
     """The multimodal figures of a trial's successful requests in the window (None without images)."""
     image = [r for r in ok if r.n_images]
     if not image:
@@ -77,7 +128,7 @@ def summarize_images(ok: Sequence[RequestRecord],
     miss = [r for r in image
             if id(r) not in hit_ids and r.text_before_images is not None and r.cached_tokens is not None]
     sig = server_signals or {}
-    out: dict[str, Any] = {
+    return MultimodalSummary(**{
         "image_requests": len(image),
         "text_requests": len(text),
         "images_per_request_mean": sum(r.n_images for r in image) / len(image),
@@ -95,12 +146,11 @@ def summarize_images(ok: Sequence[RequestRecord],
                         for k, rs in (("text", text), ("image", image), ("image_hit", hit), ("image_miss", miss))},
         "ttft_p99_ms": {k: _p([r.ttft_ms for r in rs if r.ttft_ms is not None], 0.99)
                         for k, rs in (("text", text), ("image", image))},
-    }
-    out["ttft_breakdown_ms"] = ttft_breakdown(ok, sig)
-    return out
+        "ttft_breakdown_ms": ttft_breakdown(ok, sig),
+    })
 
 
-def ttft_breakdown(ok: Sequence[RequestRecord], sig: dict[str, Any]) -> dict[str, Any] | None:
+def ttft_breakdown(ok: Sequence[RequestRecord], sig: dict[str, Any]) -> TtftBreakdown | None:
     """Where the mean first token waits, from the server's own histograms over the trial: the scheduler's
     queue, then the rest inside the server (front end: tokenizing and image preprocessing; the vision
     encoder and the prefill), and outside it (client, HTTP, JSON). None without the server's TTFT."""
@@ -115,4 +165,4 @@ def ttft_breakdown(ok: Sequence[RequestRecord], sig: dict[str, Any]) -> dict[str
              "outside_server": max(mean - server_ttft * 1e3, 0.0)}
     named = {k: v for k, v in parts.items() if k in ("queue", "in_server_after_queue", "outside_server") and v}
     parts["dominant"] = max(named, key=named.get) if named else None  # type: ignore[arg-type]
-    return parts
+    return TtftBreakdown(**parts)

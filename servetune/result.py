@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from servetune.multimodal import MultimodalSummary
 from servetune.records import RequestRecord
 from servetune.redact import redact, redact_text
 from servetune.result_check import RecordIn, ResultError, check_samples, first_error, read_json
@@ -115,7 +116,7 @@ class TrialSummary(BaseModel):
     cache_hit_rate_gauge: float | None = None  # the (misleading) gauge, kept for contrast
     client_lag_p99_ms: float | None = None  # the client's event loop, late to wake over the window (loadgen.lag)
     by_turn: list[dict[str, Any]] | None = None  # multi-turn: a row per turn index (servetune.per_turn)
-    multimodal: dict[str, Any] | None = None  # trials with images (servetune.multimodal)
+    multimodal: MultimodalSummary | None = None  # trials with images (servetune.multimodal)
     # GPU memory curve
     gpu_state: str = "unknown"  # ok | no_gpu | error
     gpu_samples: int = 0

@@ -36,7 +36,7 @@ def test_the_image_before_the_system_prompt_breaks_the_prefix_cache_and_costs_th
     after, before = trials["vlm-position-text-s1"].summary, trials["vlm-position-system-s1"].summary
     assert after.prefix_hit_rate > 0.4 and before.prefix_hit_rate < 0.01
     assert before.request_throughput / after.request_throughput == pytest.approx(0.82, abs=0.01)
-    queue = {k: t.summary.multimodal["ttft_breakdown_ms"]["queue"] for k, t in trials.items()}
+    queue = {k: t.summary.multimodal.ttft_breakdown_ms.queue for k, t in trials.items()}
     assert min(queue["vlm-position-system-s1"], queue["vlm-position-system-s2"]) > 5 * queue["vlm-position-text-s1"]
     repeat = trials["vlm-position-system-s2"].summary.request_throughput
     assert repeat == pytest.approx(before.request_throughput, rel=0.01)  # the two seeds agree

@@ -34,24 +34,24 @@ def test_image_tokens_and_the_split_by_hand() -> None:
         _rec(4, prompt=1110, asked=100, cached=30, images=2, before=64, payload=410_000, ttft=1600.0),
     ]
     mm = summarize_images(recs)
-    assert mm["template_tokens"] == 10 and mm["template_source"] == "text requests"
-    assert mm["image_tokens_per_image_p50"] == 500
-    assert mm["image_token_share"] == pytest.approx(3000 / (110 + 112 + 3 * 1110))
-    assert mm["hit_rate_image_tokens"] == pytest.approx(1000 / 3000)  # only request 2 reached its images
+    assert mm.template_tokens == 10 and mm.template_source == "text requests"
+    assert mm.image_tokens_per_image_p50 == 500
+    assert mm.image_token_share == pytest.approx(3000 / (110 + 112 + 3 * 1110))
+    assert mm.hit_rate_image_tokens == pytest.approx(1000 / 3000)  # only request 2 reached its images
     text_cached, text_total = 64 + 0 + 64 + 64 + 30, 110 + 112 + 3 * 110
-    assert mm["hit_rate_text_tokens"] == pytest.approx(text_cached / text_total)
-    assert mm["ttft_p50_ms"]["image_hit"] == 900.0 and mm["ttft_p50_ms"]["image_miss"] == 1600.0
-    assert mm["payload_bytes_p50"] == {"image": 400_000, "text": 1000} and mm["payload_bytes_max"] == 410_000
+    assert mm.hit_rate_text_tokens == pytest.approx(text_cached / text_total)
+    assert mm.ttft_p50_ms.image_hit == 900.0 and mm.ttft_p50_ms.image_miss == 1600.0
+    assert mm.payload_bytes_p50.model_dump() == {"text": 1000, "image": 400_000} and mm.payload_bytes_max == 410_000
     assert summarize_images(recs[:2]) is None  # a text trial has no multimodal figures
     # every request with images: no template measure, said so
-    assert summarize_images(recs[2:])["template_source"].startswith("none")
+    assert summarize_images(recs[2:]).template_source.startswith("none")
 
 
 def test_the_breakdown_names_where_the_first_token_waits() -> None:
     recs = [_rec(i, prompt=10, asked=10, cached=0, ttft=1000.0) for i in range(4)]
     parts = ttft_breakdown(recs, {"server_ttft_mean_s": 0.95, "server_queue_mean_s": 0.2})
-    assert parts["queue"] == pytest.approx(200) and parts["in_server_after_queue"] == pytest.approx(750)
-    assert parts["outside_server"] == pytest.approx(50) and parts["dominant"] == "in_server_after_queue"
+    assert parts.queue == pytest.approx(200) and parts.in_server_after_queue == pytest.approx(750)
+    assert parts.outside_server == pytest.approx(50) and parts.dominant == "in_server_after_queue"
     assert ttft_breakdown(recs, {}) is None  # no server histogram: nothing is guessed
 
 

@@ -158,5 +158,5 @@ def test_a_sessions_history_carries_its_earlier_images_and_the_cache_keeps_them(
 
     # per image, not per request: the history's images are counted as images (template measured on none: 0)
     per_image = load_model_profile("llava-8b").image_tokens(224, 224)
-    assert abs(mm["image_tokens_per_image_p50"] - per_image) <= 0.02 * per_image + 8
-    assert mm["hit_rate_image_tokens"] > 0.5  # three of four turns find their earlier images in the cache
+    assert abs(mm.image_tokens_per_image_p50 - per_image) <= 0.02 * per_image + 8
+    assert mm.hit_rate_image_tokens > 0.5  # three of four turns find their earlier images in the cache

@@ -10,6 +10,7 @@ Which level is the ceiling depends on the CPU's timing, so the checks follow the
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,8 @@ from servetune.tuning.campaign import Campaign
 from servetune.tuning.live import LiveTrialRunner
 from vllm_cpu import VllmCpuEnv, vllm_cpu_env  # noqa: F401 - the session fixture (tests/vllm_cpu.py)
 
+#: the checklist items a loaded 2-core box breaks, engine and client sharing it: a trial they reject is re-run
+LOAD_BOUND = {"steady_window", "window_completions", "in_flight_level"}
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
@@ -67,8 +70,11 @@ def test_vllm_cpu_campaign_tunes_max_num_seqs_and_batched_tokens(vllm_cpu_env: V
     # nothing failed; a trial the checklist rejected (a 1 s window on a loaded 2-core box) is re-run, like an INVALID
     # one
     assert all(t.status in ("ok", "rejected") for t in trials), [t.failure_reason for t in trials]
-    assert all("[steady_window: " in t.failure_reason
-               for t in trials if t.status == "rejected"), [t.failure_reason for t in trials]
+    # ... and only by the items a starved client or engine breaks: the steady window and what it holds, the
+    # client holding its streams (a fresh-clone run saw 1.82 of 2 in flight on a refine trial)
+    rejected = {t.trial_id: set(re.findall(r"\[(\w+): ", t.failure_reason or "")) for t in trials
+                if t.status == "rejected"}
+    assert all(items and items <= LOAD_BOUND for items in rejected.values()), rejected
     stages = [t.stage for t in trials]
     runs = [st for i, st in enumerate(stages) if i == 0 or st != stages[i - 1]]  # an INVALID trial is re-run
     assert runs[:3] == ["correctness", "baseline", "ramp"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from servetune.diagnose import Finding, r3
+from servetune.multimodal import MultimodalSummary
 from servetune.result import TrialResult
 
 WHERE = {"queue": "in the scheduler's queue",
@@ -28,7 +29,7 @@ ADVICE = {
 }
 
 
-def multimodal(result: TrialResult) -> dict[str, Any] | None:
+def multimodal(result: TrialResult) -> MultimodalSummary | None:
     """The trial's multimodal figures, recomputed from its records and scrapes when the summary predates them."""
     if result.summary.multimodal is not None:
         return result.summary.multimodal
@@ -48,29 +49,29 @@ def diagnose(result: TrialResult) -> list[Finding]:
     if mm is None:
         return []
     tid, out = result.trial_id, []
-    ttft = mm.get("ttft_p50_ms") or {}
-    ev: dict[str, Any] = {k: r3(mm.get(k)) for k in ("image_token_share", "hit_rate_image_tokens",
-                                                      "hit_rate_text_tokens", "image_tokens_per_image_p50")}
-    ev.update({f"ttft_p50_ms_{k}": r3(v) for k, v in ttft.items()})
-    parts = mm.get("ttft_breakdown_ms")
-    if parts and parts.get("dominant"):
-        top = parts["dominant"]
-        shares = {k: r3(parts[k]) for k in ("queue", "in_server_after_queue", "outside_server")}
+    ttft = mm.ttft_p50_ms
+    ev: dict[str, Any] = {k: r3(getattr(mm, k)) for k in ("image_token_share", "hit_rate_image_tokens",
+                                                           "hit_rate_text_tokens", "image_tokens_per_image_p50")}
+    ev.update({f"ttft_p50_ms_{k}": r3(v) for k, v in ttft.model_dump().items()})
+    parts = mm.ttft_breakdown_ms
+    if parts and parts.dominant:
+        top = parts.dominant
+        shares = {k: r3(getattr(parts, k)) for k in ("queue", "in_server_after_queue", "outside_server")}
         out.append(Finding(
             trial_id=tid, kind=f"images.ttft_{top}", severity="info",
-            evidence={**ev, **shares, "client_ttft_mean_ms": r3(parts["client_ttft_mean"])},
-            summary=f"the first token waits mostly {WHERE[top]}: {parts[top]:.0f} of"
-                    f" {parts['client_ttft_mean']:.0f} ms mean TTFT (queue {_ms(parts.get('queue'))},"
-                    f" in the server after the queue {_ms(parts.get('in_server_after_queue'))},"
-                    f" outside the server {_ms(parts.get('outside_server'))})",
+            evidence={**ev, **shares, "client_ttft_mean_ms": r3(parts.client_ttft_mean)},
+            summary=f"the first token waits mostly {WHERE[top]}: {getattr(parts, top):.0f} of"
+                    f" {parts.client_ttft_mean:.0f} ms mean TTFT (queue {_ms(parts.queue)},"
+                    f" in the server after the queue {_ms(parts.in_server_after_queue)},"
+                    f" outside the server {_ms(parts.outside_server)})",
             advice=ADVICE[top]))
-    hit_img, hit_txt = mm.get("hit_rate_image_tokens"), mm.get("hit_rate_text_tokens")
+    hit_img, hit_txt = mm.hit_rate_image_tokens, mm.hit_rate_text_tokens
     if hit_img is not None and hit_txt is not None:
         out.append(Finding(
             trial_id=tid, kind="images.cache_split", severity="info", evidence=ev,
             summary=f"the prefix cache kept {hit_img:.0%} of image tokens and {hit_txt:.0%} of text tokens; image"
-                    f" requests' TTFT p50 {_ms(ttft.get('image_hit'))} when their images hit,"
-                    f" {_ms(ttft.get('image_miss'))} when not (text {_ms(ttft.get('text'))})",
+                    f" requests' TTFT p50 {_ms(ttft.image_hit)} when their images hit,"
+                    f" {_ms(ttft.image_miss)} when not (text {_ms(ttft.text)})",
             advice=None if hit_img >= hit_txt else
             "images are reused less than text: repeated images behind a shared system prompt hit only when nothing"
             " before them differs (an image placed before the system prompt breaks the shared prefix)"))

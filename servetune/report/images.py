@@ -20,19 +20,19 @@ def image_rows(campaign: CampaignView) -> list[dict[str, str]]:
         mm = multimodal(t)
         if not mm:
             continue
-        ttft, parts = mm.get("ttft_p50_ms") or {}, mm.get("ttft_breakdown_ms") or {}
-        pay = mm.get("payload_bytes_p50") or {}
+        ttft, parts, pay = mm.ttft_p50_ms, mm.ttft_breakdown_ms, mm.payload_bytes_p50
         rows.append({
             "trial_id": t.trial_id, "stage": t.stage or "bench",
             "level": "-" if level_of(t) is None else f"{level_of(t):g}",
-            "image_requests": f"{mm['image_requests']} / {mm['image_requests'] + mm['text_requests']}",
-            "tokens_per_image": _f(mm.get("image_tokens_per_image_p50")),
-            "share": _f(mm.get("image_token_share"), "{:.0%}"),
-            "hit": f"{_f(mm.get('hit_rate_image_tokens'), '{:.0%}')} / {_f(mm.get('hit_rate_text_tokens'), '{:.0%}')}",
-            "ttft": " / ".join(_f(ttft.get(k)) for k in ("text", "image_hit", "image_miss")),
-            "payload": f"{_f((pay.get('image') or 0) / 1024 if pay.get('image') else None)} /"
-                       f" {_f((pay.get('text') or 0) / 1024 if pay.get('text') else None, '{:.1f}')}",
-            "breakdown": " / ".join(_f(parts.get(k)) for k in ("queue", "in_server_after_queue", "outside_server")),
-            "dominant": WHERE.get(parts.get("dominant") or "", "-"),
+            "image_requests": f"{mm.image_requests} / {mm.image_requests + mm.text_requests}",
+            "tokens_per_image": _f(mm.image_tokens_per_image_p50),
+            "share": _f(mm.image_token_share, "{:.0%}"),
+            "hit": f"{_f(mm.hit_rate_image_tokens, '{:.0%}')} / {_f(mm.hit_rate_text_tokens, '{:.0%}')}",
+            "ttft": " / ".join(_f(x) for x in (ttft.text, ttft.image_hit, ttft.image_miss)),
+            "payload": f"{_f(pay.image / 1024 if pay.image else None)} /"
+                       f" {_f(pay.text / 1024 if pay.text else None, '{:.1f}')}",
+            "breakdown": " / ".join(_f(x) for x in ((parts.queue, parts.in_server_after_queue, parts.outside_server)
+                                                     if parts else (None, None, None))),
+            "dominant": WHERE.get(parts.dominant or "", "-") if parts else "-",
         })
     return rows

@@ -112,9 +112,9 @@ def build_frames(result: TrialResult) -> TrialFrames:
     row["gpu_window_uncovered_s"] = _window_uncovered_s(result, gpu)
     method = result.summary.energy_method  # None: no GPU, no window, or a summary older than energy
     row["energy_on_gpu"] = None if method is None else method != UNAVAILABLE
-    mm = result.summary.multimodal or {}  # a trial with images (servetune.multimodal); missing on text
+    mm = result.summary.multimodal  # a trial with images (servetune.multimodal); None on text
     for key in IMAGE_COLUMNS:
-        row[key] = mm.get(key)
+        row[key] = getattr(mm, key) if mm else None
     summary = pd.DataFrame([row])
     summary["gpu_clean_at_start"] = summary["gpu_clean_at_start"].astype("object")
     summary["energy_on_gpu"] = summary["energy_on_gpu"].astype("object")

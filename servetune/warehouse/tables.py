@@ -12,6 +12,7 @@ import types
 import typing
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -133,7 +134,9 @@ def flatten_summary(summary: TrialSummary) -> dict[str, Any]:
     """The summary as warehouse columns (ttft_p99_ms, input_len_p50, ...; dicts as summary_<name>)."""
     row: dict[str, Any] = {}
     for name, typ in SUMMARY_SCALARS.items():
-        row[f"summary_{name}" if typ is JSONB else name] = getattr(summary, name)
+        value = getattr(summary, name)  # a typed section (multimodal) is stored as its JSON
+        row[f"summary_{name}" if typ is JSONB else name] = (value.model_dump(mode="json")
+                                                            if isinstance(value, BaseModel) else value)
     for col, (field, stat) in SUMMARY_PERCENTILES.items():
         row[col] = getattr(getattr(summary, field), stat)
     return row
