@@ -13,10 +13,12 @@ from servetune import gpu_pools as pools
 from servetune.gpu_pools import GpuRunner, runner_of
 
 __all__ = ["WAREHOUSE_CONN_ID", "GpuRunner", "plan_files", "plans_dir", "results_dir", "runner_of", "runners",
-           "warehouse_url"]
+           "warehouse_url", "weekly_cron"]
 
 REPO = Path(__file__).resolve().parents[1]
 WAREHOUSE_CONN_ID = "servetune_warehouse"
+#: when servetune_weekly runs: Mondays 04:00 UTC, unless SERVETUNE_WEEKLY_CRON says otherwise
+WEEKLY_CRON = "0 4 * * 1"
 
 
 def _installed_home() -> Path | None:
@@ -36,6 +38,13 @@ def results_dir() -> Path:
     home = _installed_home()
     default = home / "results" if home else REPO / ".servetune" / "results"
     return Path(os.environ.get("SERVETUNE_RESULTS_DIR", default))
+
+
+def weekly_cron() -> str | None:
+    """The weekly DAG's cron in UTC (``SERVETUNE_WEEKLY_CRON``: the team's GPU window, e.g. ``0 22 * * 5``);
+    ``off`` (or empty) for no schedule: runs are triggered by hand or over the REST API only."""
+    cron = os.environ.get("SERVETUNE_WEEKLY_CRON", WEEKLY_CRON).strip()
+    return None if cron.lower() in ("", "off", "none") else cron
 
 
 def plan_files(folder: Path | None = None) -> list[Path]:

@@ -30,7 +30,8 @@ def free_port() -> int:
 
 def live_env(airflow_setup: AirflowSetup, api_port: int, **extra: str) -> None:
     """The settings every live-scheduler test shares: its own API port, REST calls on loopback without a
-    login, a fast heartbeat and DAG refresh (the 2-core box is shared with the campaign), INFO logs."""
+    login, a fast heartbeat and DAG refresh (the 2-core box is shared with the campaign), INFO logs, no
+    weekly schedule."""
     airflow_setup.extra_env.update({
         "AIRFLOW__API__PORT": str(api_port),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
@@ -39,6 +40,9 @@ def live_env(airflow_setup: AirflowSetup, api_port: int, **extra: str) -> None:
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        # runs are the test's own: a Monday 04:00 UTC passing mid-test (the DAG parsed before it, unpaused after)
+        # made the scheduler add servetune_weekly's scheduled run beside them (a fresh-clone run on 2026-12-07)
+        "SERVETUNE_WEEKLY_CRON": "off",
         **extra,
     })
 

@@ -1,4 +1,4 @@
-"""servetune_weekly: every Monday, one tuning campaign per plan in the plans folder.
+"""servetune_weekly: every Monday (``SERVETUNE_WEEKLY_CRON``), one tuning campaign per plan in the plans folder.
 
 One mapped task group per GPU runner (its pool keeps trials from sharing a GPU, its queue sends
 them to that GPU host's worker), mapped over the runner's plans. Trigger it by hand with the
@@ -12,15 +12,17 @@ from airflow.sdk.definitions.timetables.trigger import CronTriggerTimetable
 
 from servetune_airflow.alerts import deadline_missed, gpu_window
 from servetune_airflow.campaign_group import DEFAULT_ARGS, PARAMS, campaigns_per_runner, list_plans
+from servetune_airflow.config import weekly_cron
 
 WINDOW = gpu_window()
+CRON = weekly_cron()
 
 with DAG(
     dag_id="servetune_weekly",
     description="Weekly staged tuning campaign per plan (SGLang and friends), results to the warehouse",
     # no start_date and run_immediately=False: unpausing waits for the next Monday instead of starting last
     # Monday's campaign at once (and holding a GPU nobody asked for)
-    schedule=CronTriggerTimetable("0 4 * * 1", timezone="UTC", run_immediately=False),
+    schedule=CronTriggerTimetable(CRON, timezone="UTC", run_immediately=False) if CRON else None,
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
