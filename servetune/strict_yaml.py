@@ -55,6 +55,11 @@ class StrictSafeLoader(SafeLoader):
                 self._check_unique(value_node, (*path, key), seen)
 
 
+def safe_load(text: str) -> Any:
+    """``yaml.safe_load`` through libyaml's parser (files servetune writes itself: catalogs, profiles)."""
+    return yaml.load(text, Loader=SafeLoader)  # noqa: S506 - SafeLoader or libyaml's CSafeLoader
+
+
 def load_yaml(text: str) -> Any:
     """The document in ``text`` (like ``yaml.safe_load``); a duplicate key raises DuplicateKeyError."""
     return yaml.load(text, Loader=StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass

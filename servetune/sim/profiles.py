@@ -13,10 +13,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from servetune.strict_yaml import SafeLoader
+from servetune.strict_yaml import safe_load
 
 BUILTIN_DIR = Path(__file__).parent / "profiles"
 ENV_DIR = "SERVETUNE_SIM_PROFILES"
@@ -188,7 +187,7 @@ def _find(kind: str, name_or_path: str) -> Path:
 
 def _load(kind: str, name_or_path: str, cls: type[BaseModel]) -> BaseModel:
     path = _find(kind, name_or_path)
-    data = yaml.load(path.read_text(), Loader=SafeLoader)
+    data = safe_load(path.read_text())
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: a {kind} profile must be a mapping")
     try:

@@ -31,7 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servetune.names import safe_component
-from servetune.strict_yaml import SafeLoader
+from servetune.strict_yaml import safe_load
 
 CATALOG_DIR = Path(__file__).parent
 
@@ -307,7 +307,7 @@ def load_catalog(engine: str, version: str) -> Catalog:
         known = ", ".join(available_versions(engine)) or "none"
         raise FlagError(f"no flag catalogue for {engine} {version} (catalogued: {known}); "
                         f"generate one with `python -m servetune.engines.catalog --python PY_WITH_{engine.upper()}`")
-    return Catalog.model_validate(yaml.load(path.read_text(), Loader=SafeLoader))
+    return Catalog.model_validate(safe_load(path.read_text()))
 
 
 def nearest_version(engine: str, version: str | None) -> str:
@@ -337,7 +337,7 @@ def catalog_for(engine: str, version: str | None) -> Catalog:
 
 @lru_cache(maxsize=8)
 def _load_cached(path: Path, mtime_ns: int) -> Catalog:
-    return Catalog.model_validate(yaml.load(path.read_text(), Loader=SafeLoader))
+    return Catalog.model_validate(safe_load(path.read_text()))
 
 
 def cache_runner_catalog(dump: dict[str, Any]) -> Path | None:
@@ -361,7 +361,7 @@ def hand_kept(engine: str, version: str, directory: Path = CATALOG_DIR) -> tuple
     of that version in ``directory``, else the nearest shipped one's (removals only up to ``version``)."""
     existing = catalog_file(directory, engine, version)
     if existing.is_file():
-        data = yaml.load(existing.read_text(), Loader=SafeLoader) or {}
+        data = safe_load(existing.read_text()) or {}
         return data.get("removed") or {}, data.get("limits") or {}
     near = load_catalog(engine, nearest_version(engine, version))
     removed = {k: v.model_dump(mode="json", exclude_none=True) for k, v in near.removed.items()
