@@ -20,8 +20,8 @@ CRON = weekly_cron()
 with DAG(
     dag_id="servetune_weekly",
     description="Weekly staged tuning campaign per plan (SGLang and friends), results to the warehouse",
-    # no start_date and run_immediately=False: unpausing waits for the next Monday instead of starting last
-    # Monday's campaign at once (and holding a GPU nobody asked for)
+    # no start_date and run_immediately=False, meant to make unpausing wait for the next tick; seen under Airflow
+    # 3.3.2 (2026-12-07): unpaused at 04:55 on a Monday, the 04:00 run started at once (next_dagrun 04:00)
     schedule=CronTriggerTimetable(CRON, timezone="UTC", run_immediately=False) if CRON else None,
     catchup=False,
     max_active_runs=1,
