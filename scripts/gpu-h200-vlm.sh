@@ -424,7 +424,7 @@ archive() {  # trial files without per-chunk arrays (each record keeps its max i
   rm -rf "$C"; mkdir -p "$C"
   cp -r "$ST/trials" "$ST/warm" "$ST"/tune-* "$ST/events.log" "$ST"/gpumem-*.csv "$ST"/call-*.log "$ST"/driver.out "$C"/ 2>/dev/null
   [ -f .sgl/servetune.commit ] && cp .sgl/servetune.commit "$C"/
-  for d in "$ST"/server-*; do
+  for d in "$ST"/server-* "$ST/logs"; do   # logs: the engine logs of a tune's servers (SERVETUNE_LOG_DIR)
     [ -d "$d" ] || continue; mkdir -p "$C/$(basename "$d")"
     cp "$d"/*.json "$d"/*.csv "$d"/serve.out "$C/$(basename "$d")/" 2>/dev/null
     for L in "$d"/sglang-*.log; do
