@@ -425,3 +425,31 @@ def test_a_seed_that_cannot_be_measured_validly_leaves_the_next_seeds_asked_and_
     first_bad = CampaignState(outcomes=[o.model_copy(update={"seed_offset": 0}) for o in state.outcomes[1:3]])
     nothing = gather(plan, first_bad, {}, 16.0, stage="ramp", reason="ramp", repeats=3)
     assert isinstance(nothing, Evidence) and nothing.n == 0
+
+
+def test_a_ramp_config_recommended_instead_shows_the_check_at_the_rate_it_is_recommended_at() -> None:
+    """Rate mode: the ramp's answer (4 req/s) was checked under bursts before the refinement; a refined config
+    reached 8 and failed its bursts there, the ramp's config held 8. It is recommended at its own capacity, 4, so
+    the margin lists the check at 4 beside the two at 8 (a CI run on a loaded machine showed only the two at 8)."""
+    from servetune.tuning.robustness import robustness
+    from servetune.tuning.state import CampaignState, TrialOutcome, TrialSpec
+    from test_tuning_decisions import summary
+
+    plan = rate_plan(robustness={"burstiness": 0.5, "fractions": [1.0]})
+    capped = {"max-running-requests": 2}
+
+    def outcome(tid: str, stage: str, rate: float, flags: dict, ttft: float = 100.0, b: float | None = None):
+        return TrialOutcome(trial_id=tid, stage=stage, concurrency=512, rate=rate, burstiness=b, flags=flags,
+                            requests=200, warmup=30, summary=summary(thr=rate, ttft=ttft))
+
+    ramp, chosen = outcome("ramp4", "ramp", 4.0, {}), outcome("refined8", "refine", 8.0, capped)
+    state = CampaignState()
+    for o in (ramp, outcome("early4", "robustness", 4.0, {}, b=0.5), chosen,
+              outcome("mine8", "robustness", 8.0, capped, ttft=9000.0, b=0.5),
+              outcome("theirs8", "robustness", 8.0, {}, b=0.5)):
+        state = state.add(o)
+    result = robustness(plan, state, chosen, ramp)
+    assert not isinstance(result, TrialSpec) and result.fallback is not None
+    assert result.fallback.rate == 4.0 and "recommending the ramp's config" in result.notes[-1]
+    assert [(c["config"], c["rate"], c["passed"], c["trial_id"]) for c in result.checks] == [
+        ("chosen", 8.0, False, "mine8"), ("ramp", 8.0, True, "theirs8"), ("ramp", 4.0, True, "early4")]

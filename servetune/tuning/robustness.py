@@ -6,7 +6,8 @@ queues every burst above it. So, when the plan asks for it (``robustness``), the
 at each of ``fractions`` of the rate it serves (its capacity in rate mode, its measured request rate
 in a closed loop) under gamma arrivals of shape ``burstiness``; the checks are the margin the
 report shows. When the chosen config differs from the ramp's and fails the lowest fraction, the
-ramp's config is measured the same way, and recommended instead if it holds there.
+ramp's config is measured the same way, and recommended instead if it holds there; its margin then
+also lists the checks it had at its own rate (run before the refinement), the rate it is recommended at.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ def robustness(plan: TuningPlan, state: CampaignState, chosen: TrialOutcome,
     if isinstance(theirs, TrialSpec):
         return theirs
     if theirs[0]["passed"]:
+        # recommended at its own rate: the checks run there before the refinement are its margin
+        seen = {c["trial_id"] for c in theirs}
+        own = _checks(plan, state, ramp, "ramp", ran_only=True)
+        assert not isinstance(own, TrialSpec)
+        theirs += [c for c in own if c["trial_id"] not in seen]
         notes.append(f"the ramp's config holds {theirs[0]['rate']:g} req/s under the same bursts where the refined"
                      " one fails: recommending the ramp's config (a refinement that only holds without bursts"
                      " is not kept)")
