@@ -12,7 +12,8 @@ Airflow notifiers, each by a short name or a class path, with its arguments:
 Credentials stay in Airflow connections (``slack_conn_id``, ``smtp_conn_id``), never in the Variable.
 A notifier left without a message gets servetune's one line. A notifier that fails is logged and the
 others still run: the task is already red. The same notifiers hear a weekly run that overruns its GPU window
-(``deadline_missed``, the DAG's Airflow deadline alert).
+(``deadline_missed``, the DAG's Airflow deadline alert); a scheduled run that would start past its window
+starts nothing (``past_its_window``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import importlib
 import json
 import logging
 import os
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,20 @@ def gpu_window() -> timedelta | None:
         log.error("SERVETUNE_GPU_WINDOW_MINUTES=%r is not a positive number of minutes: no deadline alert", raw)
         return None
     return timedelta(minutes=minutes)
+
+
+def past_its_window(run_type: str, due: datetime | None, now: datetime, window: timedelta | None) -> str | None:
+    """Why a scheduled run starts no campaign, or None: it starts a whole GPU window after its tick (the DAG was
+    unpaused after a tick it was parsed before, Airflow then runs that tick at once; or the scheduler was down),
+    so its campaigns would take the GPUs outside the team's window. Manual and event runs always run."""
+    if window is None or due is None or "scheduled" not in run_type.lower():
+        return None
+    late = now - due
+    if late < window:
+        return None
+    return (f"the scheduled run due at {due:%Y-%m-%d %H:%M} UTC starts {late.total_seconds() / 60:.0f} min after"
+            f" it, past its {window.total_seconds() / 60:g} min GPU window (SERVETUNE_GPU_WINDOW_MINUTES): no"
+            " campaign started; trigger the DAG by hand to run it now")
 
 
 def deadline_missed(context: dict[str, Any] | None = None, window_minutes: float = 0.0) -> None:

@@ -9,18 +9,21 @@ its Celery queue (one queue per GPU type, a worker on each GPU host).
 
 from __future__ import annotations
 
-from datetime import timedelta
+import logging
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Param, get_current_context, task, task_group
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from servetune.plan import PlanError, load_plan
 from servetune_airflow import tasks
-from servetune_airflow.alerts import notify_failure
+from servetune_airflow.alerts import gpu_window, notify_failure, past_its_window
 from servetune_airflow.approval import AnswerApproval
 from servetune_airflow.config import GpuRunner, plan_files, plans_dir, runner_of, runners, warehouse_url
+
+log = logging.getLogger(__name__)
 
 # Retries that outlive an Airflow restart: a killed scheduler or worker orphans the running task, whose retry
 # must find the API server back (about 2 minutes on a small host), so 1, 2 then 4 minutes apart; a stage task
@@ -48,8 +51,15 @@ PARAMS = {
 
 @task
 def list_plans(runner_name: str, chosen: list[str] | None = None, from_events: bool = False) -> list[str]:
-    """The plans of this GPU runner: the ones a manual run names, else every plan in the folder."""
+    """The plans of this GPU runner: the ones a manual run names, else every plan in the folder; none for a
+    scheduled run that starts past its GPU window (skipped, with why)."""
     ctx = get_current_context()
+    run = ctx["dag_run"]
+    late = past_its_window(str(getattr(run, "run_type", "")), getattr(run, "run_after", None),
+                           datetime.now(UTC), gpu_window())
+    if late:
+        log.warning("%s", late)  # the skip's own line says only 'Skipping task.'
+        raise AirflowSkipException(late)
     names = list(chosen if chosen is not None else ctx["params"].get("plans") or [])
     files = [Path(n) if Path(n).is_absolute() else plans_dir() / n for n in names] or plan_files()
     return [str(f) for f in files if _runner_name(f) == runner_name]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
-from servetune_airflow.alerts import LINE, NotifierConfigError, build, gpu_window, parse
+from servetune_airflow.alerts import LINE, NotifierConfigError, build, gpu_window, parse, past_its_window
 
 
 @pytest.mark.parametrize(("raw", "says"), [
@@ -42,3 +44,17 @@ def test_the_deadline_line_names_the_run_and_its_window_and_reaches_the_notifier
     line = "servetune servetune_weekly week2: still running 480 min after it was queued"
     smtp = build(spec, line)
     assert smtp.subject == line and smtp.html_content == f"<p>{line}</p>"
+
+
+def test_a_scheduled_run_that_starts_a_whole_window_after_its_tick_starts_nothing() -> None:
+    """Airflow 3.3.2 runs the tick a paused DAG was parsed before at once when it is unpaused (seen: unpaused at
+    04:55, the 04:00 run started); within the window it runs, past it the campaigns would hold the GPUs outside
+    the team's window. Manual and asset-triggered runs, and a DAG without a window, always run."""
+    tick, window = datetime(2026, 12, 7, 4, 0, tzinfo=UTC), timedelta(minutes=480)
+    assert past_its_window("DagRunType.SCHEDULED", tick, tick + timedelta(minutes=55), window) is None
+    late = past_its_window("DagRunType.SCHEDULED", tick, tick + timedelta(hours=8, minutes=5), window)
+    assert late is not None and "due at 2026-12-07 04:00 UTC starts 485 min after it" in late
+    assert "past its 480 min GPU window" in late and "trigger the DAG by hand" in late and "\n" not in late
+    week_later = tick + timedelta(days=7)
+    for run_type, w in (("manual", window), ("asset_triggered", window), ("scheduled", None)):
+        assert past_its_window(run_type, tick, week_later, w) is None
