@@ -109,7 +109,7 @@ def past_its_window(run_type: str, due: datetime | None, now: datetime, window: 
     late = now - due
     if late < window:
         return None
-    return (f"the scheduled run due at {due:%Y-%m-%d %H:%M} UTC starts {late.total_seconds() / 60:.0f} min after"
+    return (f"the scheduled run due at {due:%Y-%m-%d %H:%M} UTC starts {late.total_seconds() / 60:.3g} min after"
             f" it, past its {window.total_seconds() / 60:g} min GPU window (SERVETUNE_GPU_WINDOW_MINUTES): no"
             " campaign started; trigger the DAG by hand to run it now")
 
@@ -131,6 +131,11 @@ def _notify(context: Any, line: str, what: str) -> None:
         specs = parse(Variable.get(VARIABLE, default=None))
     except NotifierConfigError as exc:
         log.error("no %s notification sent: %s", what, exc)
+        return
+    except PermissionError:  # Airflow 3.3.2: a deadline callback may read Variables from the environment only
+        log.error("no %s notification sent: Airflow refused this callback the Variable %s from its metadata"
+                  " database; set AIRFLOW_VAR_%s (and the notifiers' AIRFLOW_CONN_...) in the scheduler's"
+                  " environment", what, VARIABLE, VARIABLE.upper())
         return
     for spec in specs:
         try:

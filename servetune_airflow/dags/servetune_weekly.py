@@ -7,6 +7,8 @@ Params form to run chosen plans or to override plan fields.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from airflow.sdk import DAG, DeadlineAlert, DeadlineReference, SyncCallback
 from airflow.sdk.definitions.timetables.trigger import CronTriggerTimetable
 
@@ -20,9 +22,10 @@ CRON = weekly_cron()
 with DAG(
     dag_id="servetune_weekly",
     description="Weekly staged tuning campaign per plan (SGLang and friends), results to the warehouse",
-    # no start_date and run_immediately=False, meant to make unpausing wait for the next tick; seen under Airflow
-    # 3.3.2 (2026-12-07): unpaused at 04:55 on a Monday, the 04:00 run started at once (next_dagrun 04:00)
-    schedule=CronTriggerTimetable(CRON, timezone="UTC", run_immediately=False) if CRON else None,
+    # the first run waits for the next tick: Airflow 3.3.2 reads run_immediately=False like None (the last tick
+    # runs at once if it is under a tenth of the interval old: 16.8 h for a weekly cron; apache/airflow#64162),
+    # a zero timedelta is "never the past one"
+    schedule=CronTriggerTimetable(CRON, timezone="UTC", run_immediately=timedelta(0)) if CRON else None,
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
