@@ -102,7 +102,7 @@ def gpu_window() -> timedelta | None:
 
 def past_its_window(run_type: str, due: datetime | None, now: datetime, window: timedelta | None) -> str | None:
     """Why a scheduled run starts no campaign, or None: it starts a whole GPU window after its tick (a DAG paused
-    over a tick runs the latest missed one at once when unpaused, catchup or not; or the scheduler was down),
+    over a tick runs the latest missed one at once when unpaused (catchup=False); or the scheduler was down),
     so its campaigns would take the GPUs outside the team's window. Manual and event runs always run."""
     if window is None or due is None or "scheduled" not in run_type.lower():
         return None
