@@ -202,7 +202,8 @@ def env_cmd(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow ho
 
 @app.command("standalone")
 def standalone(state_dir: Path = typer.Option(REPO / ".servetune", help="Airflow home and results"),
-               plans_dir: Path = typer.Option(REPO / "plans" / "weekly", help="plans the weekly DAG runs"),
+               plans_dir: Path = typer.Option(REPO / "plans" / "weekly", envvar="SERVETUNE_PLANS_DIR",
+                                              help="plans the weekly DAG runs"),
                unpause: bool = typer.Option(False, help="start the DAGs unpaused: the weekly schedule, the watcher"
                                                         " and its assets run at once (default: paused until you"
                                                         " unpause them in the UI)")) -> None:
