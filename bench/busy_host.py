@@ -60,9 +60,10 @@ def run(busy: int) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             plan = demo_plan()
             t0 = time.monotonic()
-            decision = Campaign(plan, LiveTrialRunner(plan), Path(tmp) / "out").run()
+            campaign = Campaign(plan, LiveTrialRunner(plan), Path(tmp) / "out")
+            decision = campaign.run()
             wall = time.monotonic() - t0
-            outcomes = [o for o in decision_state(Path(tmp) / "out")]
+            outcomes = campaign.state.outcomes
     finally:
         for p in procs:
             p.terminate()
@@ -72,22 +73,17 @@ def run(busy: int) -> dict:
     items = Counter(i for o in measured if o.rejected
                     for i in dict.fromkeys(re.findall(r"\[(\w+):", o.failure_reason or "")))
     lags = [o.summary.client_lag_p99_ms for o in measured if o.summary.client_lag_p99_ms is not None]
-    gaps = [gpu_gap_ms(o.summary) for o in measured]
+    intervals = [sample_interval_ms(o.summary) for o in measured]
     rec = decision.recommendation
     last = (f"recommendation: concurrency {rec.concurrency}, goodput {rec.goodput_rps:.2f} req/s" if rec
             else f"no recommendation: {decision.reason}")
     return {"load": what, "wall_s": wall, "trials": len(measured), "accepted": sum(not o.rejected for o in measured),
             "rejected_by": dict(items), "lag_p99_ms_max": max(lags, default=None),
-            "gpu_gap_ms_max": max((g for g in gaps if g is not None), default=None), "last": last}
+            "interval_ms_max": max((g for g in intervals if g is not None), default=None), "last": last}
 
 
-def decision_state(out: Path):
-    from servetune.tuning import CampaignState
-    return CampaignState.model_validate_json((out / "state.json").read_bytes()).outcomes
-
-
-def gpu_gap_ms(s) -> float | None:
-    """The sampler's mean interval over the window against its 100 ms cadence (samples / window)."""
+def sample_interval_ms(s) -> float | None:
+    """The window's length over its GPU samples: the sampler's mean interval, against its 100 ms cadence."""
     if not s.gpu_samples or not s.window_s:
         return None
     return 1000.0 * s.window_s / s.gpu_samples
@@ -106,7 +102,7 @@ def main() -> None:
     for r in rows:
         rej = ", ".join(f"{k} {v}" for k, v in r["rejected_by"].items()) or "-"
         lag = f"{r['lag_p99_ms_max']:.1f}" if r["lag_p99_ms_max"] is not None else "-"
-        gap = f"{r['gpu_gap_ms_max']:.0f}" if r["gpu_gap_ms_max"] is not None else "-"
+        gap = f"{r['interval_ms_max']:.0f}" if r["interval_ms_max"] is not None else "-"
         print(f"| {r['load']} | {r['wall_s']:.0f} | {r['trials']} | {r['accepted']} | {rej} | {lag} | {gap} |"
               f" {r['last']} |")
 
