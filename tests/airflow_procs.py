@@ -148,6 +148,20 @@ def task_states(metadata_url: str, run_id: str) -> dict[str, str | None]:
                                  (run_id,)).fetchall())
 
 
+def run_report(airflow_setup: AirflowSetup, run_id: str, lines: int = 25) -> str:
+    """What a failed assertion on a run should show: every task's state and the last ``lines`` of each failed
+    or retried task's logs (the components' own logs rarely say why a task failed)."""
+    states = task_states(airflow_setup.metadata_url, run_id)
+    logs = airflow_setup.home / "logs" / "dag_id=servetune_weekly" / f"run_id={run_id}"
+    tails = {}
+    for task_id, state in states.items():
+        if state in ("failed", "up_for_retry", "upstream_failed") or (logs / f"task_id={task_id}").is_dir() and \
+                any((logs / f"task_id={task_id}").glob("**/attempt=2.log")):
+            for path in sorted(logs.glob(f"task_id={task_id}/**/attempt=*.log")):
+                tails[str(path.relative_to(logs))] = path.read_text(errors="replace").splitlines()[-lines:]
+    return json.dumps({"states": states, "logs": tails}, indent=1)
+
+
 def wait_for_run(metadata_url: str, run_id: str, timeout_s: float) -> str | None:
     """The run's final state (success or failed), or the state it was in at the timeout."""
     deadline = time.monotonic() + timeout_s

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from servetune.plan import load_plan
+from servetune.report.campaign import load_result_dir
+from servetune.report.cost import answer_cost
 from servetune.result import TrialResult
 from servetune.tuning.campaign import Campaign
 from servetune.tuning.live import LiveTrialRunner, engine_provisioner
@@ -96,6 +98,12 @@ def test_demo_campaign_over_http_in_real_time(tmp_path: Path) -> None:
                       for a, b in zip(ordered, ordered[1:], strict=False))
     assert len(procs.pids) == changes  # one server per run of equal flags, restarted on every change
     assert all(gone(pid) for pid in procs.pids)
+    # where each start went, read from the engine's own log (the simulator logs SGLang's start lines): on the
+    # trial that started the server only, and the report says where the first one went
+    starts = [t.server["startup"] for t in ordered if (t.server or {}).get("startup")]
+    assert len(starts) == len(procs.pids) and all(s["cuda_graphs_s"] > s["weights_s"] > 0 for s in starts), starts
+    cost = answer_cost(load_result_dir(tmp_path / "out"))
+    assert cost is not None and "the first start, by the engine's log: " in cost.text(), cost
 
 
 def test_a_server_that_dies_at_start_is_a_failed_trial(tmp_path: Path) -> None:

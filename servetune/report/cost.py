@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.report.campaign import CampaignView, simulated_mark
+from servetune.telemetry import startup_log
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class AnswerCost:
     server_starts: int | None = None
     startup_seconds: float | None = None
     protocols_gpu_seconds: float | None = None
+    first_start: str = ""  # where the first server start went, by the engine's log (servetune.telemetry.startup_log)
     simulated: str = ""  # " (simulated)": virtual time, not a GPU's
 
     @property
@@ -40,6 +42,8 @@ class AnswerCost:
         text = ", ".join(parts)
         if self.protocols_gpu_seconds:
             text += f"; the protocols before it took {self.protocols_gpu_seconds / 60:,.1f} GPU min more"
+        if self.first_start:
+            text += f"; the first start, by the engine's log: {self.first_start}"
         return text
 
 
@@ -59,4 +63,7 @@ def answer_cost(campaign: CampaignView) -> AnswerCost | None:
     return AnswerCost(gpu_seconds=seconds, trials=len(trials), server_starts=None if starts is None else int(starts),
                       startup_seconds=_number(exp.get("startup_gpu_seconds")),
                       protocols_gpu_seconds=_number(exp.get("protocols_gpu_seconds")),
+                      first_start=next((text for t in campaign.trials
+                                        if isinstance((t.server or {}).get("startup"), dict)
+                                        and (text := startup_log.summary(t.server["startup"]))), ""),
                       simulated=" (simulated)" if simulated_mark(trials) == " (simulated)" else "")

@@ -18,6 +18,7 @@ from typing import Any
 
 from servetune.plan import TuningPlan
 from servetune.redact import redact
+from servetune.telemetry import startup_log
 from servetune.tuning.runner import RunReport, failed_result, trial_load
 from servetune.tuning.state import ENGINE_CRASH, Flags, TrialSpec
 
@@ -192,6 +193,8 @@ class LiveTrialRunner:
         except Exception as exc:  # noqa: BLE001 - unreachable / bad input before any request: recorded
             result = failed_result(spec, f"{type(exc).__name__}: {exc}", experiment_id=experiment_id,
                                    target=target.model_dump(mode="json"))
+        if restarted and (phases := startup_log.read(_local_log(self._server))):
+            result.server = {**(result.server or {}), "startup": phases}  # where this start went, by the engine
         if result.status == "failed" and (died := self._dead(wait_s=DEATH_WAIT_S)):
             # the engine died under this trial: a fault (the decisions re-run it), never a capacity verdict
             result.failure_reason = f"{ENGINE_CRASH}: {died} (the trial: {result.failure_reason})"
