@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from servetune.checklist_report import items_in  # noqa: E402
 from servetune.plan import load_plan  # noqa: E402
 from servetune.tuning.campaign import Campaign  # noqa: E402
 from servetune.tuning.live import LiveTrialRunner  # noqa: E402
@@ -70,8 +70,7 @@ def run(busy: int) -> dict:
         for p in procs:
             p.wait(10)
     measured = [o for o in outcomes if o.stage != "correctness"]
-    items = Counter(i for o in measured if o.rejected
-                    for i in dict.fromkeys(re.findall(r"\[(\w+):", o.failure_reason or "")))
+    items = Counter(i for o in measured if o.rejected for i in items_in(o.failure_reason))
     lags = [o.summary.client_lag_p99_ms for o in measured if o.summary.client_lag_p99_ms is not None]
     intervals = [sample_interval_ms(o.summary) for o in measured]
     rec = decision.recommendation

@@ -6,9 +6,12 @@ reports only read them, so the models live below both.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel
+
+_DETAIL = re.compile(r"\[([^\[\]]*)\]\s*$")  # the bracketed "item: expectation(column); ..." that ends a reason
 
 #: each checklist item's failure in plain words (a reader's sentence; the item and its column are the detail)
 PLAIN: dict[str, str] = {
@@ -83,3 +86,10 @@ class ValidationReport(BaseModel):
     def plain(self) -> list[str]:
         """Why the checklist rejected it, in plain words ([] when it passed)."""
         return plain_words([(r.checklist, r.column) for r in self.failed])
+
+
+def items_in(reason: str | None) -> list[str]:
+    """The checklist items a ``CheckReport.failure_reason()`` names, once each in order (read back from its
+    bracketed detail): what a campaign that accepted nothing says it was rejected for."""
+    m = _DETAIL.search(reason or "")
+    return list(dict.fromkeys(part.split(":", 1)[0].strip() for part in m[1].split("; ") if ":" in part)) if m else []

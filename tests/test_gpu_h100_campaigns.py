@@ -13,11 +13,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kept_archives import unpack
+from kept_archives import kept_state, unpack
 
 from servetune.plan import load_plan
 from servetune.result import TrialResult
-from servetune.tuning import CampaignState, next_trials
+from servetune.tuning import next_trials
 from servetune.tuning.costs import restart_cost
 from servetune.tuning.evidence import clear
 from servetune.tuning.plan_identity import check_same_plan
@@ -36,16 +36,12 @@ def kept(tmp_path_factory) -> dict[str, Path]:
     return {name: root / f"tune-{name}" for name in PLANS}
 
 
-def _state(folder: Path) -> CampaignState:
-    return CampaignState.model_validate_json((folder / "state.json").read_bytes())
-
-
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_each_campaign_ran_its_plan_and_kept_its_start_ups_apart(kept, name) -> None:
     experiment = orjson.loads((kept[name] / "experiment.json").read_bytes())
     plan = load_plan(PLANS[name])
     check_same_plan(experiment, plan, kept[name])
-    state = _state(kept[name])
+    state = kept_state(kept[name])
     starts = [o for o in state.outcomes if o.restarted]
     assert starts and all(o.startup_seconds > 0 for o in starts)
     # the warm-up after a start lands on the server's first measured trial, and counts as start-up
@@ -59,7 +55,7 @@ def test_each_campaign_ran_its_plan_and_kept_its_start_ups_apart(kept, name) -> 
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_every_kept_trial_gets_the_same_checklist_verdict_again(kept, name) -> None:
     plan = load_plan(PLANS[name])
-    for o in _state(kept[name]).outcomes:
+    for o in kept_state(kept[name]).outcomes:
         result = TrialResult.read(kept[name] / "trials" / f"{o.trial_id}.json")
         result.validation = None
         again = apply_checklist(result, min_measured=plan.validation.min_measured)
@@ -71,7 +67,7 @@ def test_the_energy_objective_chose_on_a_real_engine_within_8_gpu_minutes(kept) 
     the passing levels: J per output token falls with the level (0.50 at 8 streams to 0.19 at 64), so the
     objective keeps the goodput answer, and says so with its good requests per kJ."""
     plan = load_plan(PLANS["energy"])
-    state = _state(kept["energy"])
+    state = kept_state(kept["energy"])
     assert state.gpu_seconds <= plan.budget.max_gpu_minutes * 60
     d = next_trials(plan, state)
     assert d.done and d.recommendation is not None
@@ -101,7 +97,7 @@ def test_the_vlm_campaign_stopped_at_its_budget_in_the_bisection(kept) -> None:
     15-minute budget (start-ups included) ran out: a budget answer at 9 req/s, no refinement, no robustness check.
     With the budget raised it goes on where it stopped: 10 req/s again, at the band's grown size."""
     plan = load_plan(PLANS["vlm"])
-    state = _state(kept["vlm"])
+    state = kept_state(kept["vlm"])
     verdicts = {}
     for o in state.outcomes:
         if o.stage != "correctness" and o.valid:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kept_archives import unpack
+from kept_archives import kept_state, unpack
 
 from servetune.plan import load_plan
 from servetune.result import TrialResult
-from servetune.tuning import CampaignState, next_trials
+from servetune.tuning import next_trials
 from servetune.tuning.plan_identity import check_same_plan
 from servetune.validation.campaign import apply_checklist
 
@@ -27,14 +27,10 @@ def kept(tmp_path_factory) -> Path:
                   DATA / "2026-12-06" / "tune-energy.tar.xz")  # (b): the first run, the answer this one started from
 
 
-def _state(folder: Path) -> CampaignState:
-    return CampaignState.model_validate_json((folder / "state.json").read_bytes())
-
-
 def test_every_kept_trial_gets_the_same_verdict_again(kept) -> None:
     folder, plan = kept / "tune-warm", load_plan(WINDOW / "gpu-h100-energy-warm.yaml")
     check_same_plan(orjson.loads((folder / "experiment.json").read_bytes()), plan, folder)
-    outcomes = _state(folder).outcomes
+    outcomes = kept_state(folder).outcomes
     assert len(outcomes) == 5 and not any(o.rejected for o in outcomes)
     for o in outcomes:
         result = TrialResult.read(folder / "trials" / f"{o.trial_id}.json")
@@ -48,7 +44,7 @@ def test_the_answer_was_confirmed_on_its_seeds_with_trials_sized_from_its_goodpu
     GPU against the third window's 1,038-request, 45-53 s trials), 128 failing its first seed as it always did."""
     folder, plan = kept / "tune-warm", load_plan(WINDOW / "gpu-h100-energy-warm.yaml")
     previous = orjson.loads((kept / "tune-energy" / "recommendation.json").read_bytes())
-    state = _state(folder)
+    state = kept_state(folder)
     assert [(o.stage, o.concurrency, o.seed_offset, o.requests) for o in state.outcomes] == [
         ("correctness", 1, 0, 2), ("ramp", 64, 0, 410), ("ramp", 64, 1, 410), ("ramp", 64, 2, 410),
         ("ramp", 128, 0, 833)]
@@ -68,7 +64,7 @@ def test_the_run_cost_63_percent_of_the_first_and_the_server_start_is_what_is_le
     """4.0 GPU minutes against (b)'s 6.4; its trials 39% of (b)'s (the estimate was ~40%), its start-up (119 s to
     ready on a fresh machine, the correctness check, a 7 s warm-up: 141 s) 37% of (b)'s whole run on its own, so
     no warm start that starts a server reaches the issue's 30%."""
-    state, first = _state(kept / "tune-warm"), _state(kept / "tune-energy")
+    state, first = kept_state(kept / "tune-warm"), kept_state(kept / "tune-energy")
     assert state.server_starts == 1 and state.gpu_seconds == pytest.approx(241.4, abs=0.5)
     assert state.gpu_seconds / first.gpu_seconds == pytest.approx(0.63, abs=0.01)
     trials = (state.gpu_seconds - state.startup_seconds) / (first.gpu_seconds - first.startup_seconds)

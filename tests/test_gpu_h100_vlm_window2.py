@@ -9,11 +9,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kept_archives import unpack
+from kept_archives import kept_state, unpack
 
 from servetune.plan import load_plan
 from servetune.result import TrialResult
-from servetune.tuning import CampaignState, next_trials
+from servetune.tuning import next_trials
 from servetune.tuning.costs import restart_cost
 from servetune.tuning.plan_identity import check_same_plan
 from servetune.tuning.verdict import judge
@@ -28,15 +28,11 @@ def kept(tmp_path_factory) -> Path:
     return unpack(tmp_path_factory.mktemp("gpu-h100-b"), DATA / "tune-vlm.tar.xz") / "tune-vlm"
 
 
-def _state(folder: Path) -> CampaignState:
-    return CampaignState.model_validate_json((folder / "state.json").read_bytes())
-
-
 def test_one_server_served_the_whole_campaign_and_its_start_up_is_kept_apart(kept) -> None:
     experiment = orjson.loads((kept / "experiment.json").read_bytes())
     plan = load_plan(PLAN)
     check_same_plan(experiment, plan, kept)
-    state = _state(kept)
+    state = kept_state(kept)
     starts = [o for o in state.outcomes if o.restarted]
     assert len(starts) == 1 and starts[0].stage == "correctness"  # no restart at a device call's boundary
     assert state.server_starts == 1 and 150 < state.startup_seconds < 200  # the first start and its warm-up
@@ -48,7 +44,7 @@ def test_one_server_served_the_whole_campaign_and_its_start_up_is_kept_apart(kep
 
 def test_every_kept_trial_gets_the_same_checklist_verdict_again(kept) -> None:
     plan = load_plan(PLAN)
-    outcomes = _state(kept).outcomes
+    outcomes = kept_state(kept).outcomes
     assert sum(o.rejected for o in outcomes) == 2  # both at 12 req/s: the window was not one steady state
     for o in outcomes:
         result = TrialResult.read(kept / "trials" / f"{o.trial_id}.json")
@@ -64,7 +60,7 @@ def test_the_budget_answer_is_11_5_req_s_on_two_seeds_and_it_says_what_it_left(k
     11.5 on two before the budget ran out: a budget answer at 11.5 req/s; with the budget raised the walk goes on
     with 11.5's third seed."""
     plan = load_plan(PLAN)
-    state = _state(kept)
+    state = kept_state(kept)
     verdicts: dict[float, list[tuple[int, str]]] = {}
     for o in state.outcomes:
         if o.stage != "correctness" and o.valid:

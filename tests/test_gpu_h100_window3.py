@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kept_archives import unpack
+from kept_archives import kept_state, unpack
 
 from servetune.plan import load_plan
 from servetune.result import TrialResult
@@ -30,17 +30,13 @@ def kept(tmp_path_factory) -> Path:
                   DATA / "2026-12-06" / "tune-energy.tar.xz")  # (b): the answer (c) started from
 
 
-def _state(folder: Path) -> CampaignState:
-    return CampaignState.model_validate_json((folder / "state.json").read_bytes())
-
-
 def test_the_vlm_campaign_reached_a_checked_recommendation_inside_15_gpu_minutes(kept) -> None:
     """Correctness, the ladder, the bisection, the robustness check (run first, on the server that ran the
     answer), one refinement candidate (a restart: 100 s with its warm-up) and the cut before the next."""
     folder, plan = kept / "tune-vlm", load_plan(WINDOW / "gpu-h100-vlm-rate.yaml")
     experiment = orjson.loads((folder / "experiment.json").read_bytes())
     check_same_plan(experiment, plan, folder)
-    state = _state(folder)
+    state = kept_state(folder)
     assert 14 * 60 < state.gpu_seconds <= 15 * 60 and state.server_starts == 2
     assert restart_cost(plan, state) == pytest.approx(100.3, abs=0.1)  # the restart measured, not the plan's 90
     stages = [o.stage for o in state.outcomes]
@@ -60,7 +56,7 @@ def test_the_checklist_rejected_the_trials_near_the_capacity_for_a_window_rule_t
     one_window: the tokens that arrived in the window fell short of its set's by about one E2E over the window
     (servetune.metrics now counts the warm-up's streams too: tests/test_tuning_rate.py)."""
     folder, plan = kept / "tune-vlm", load_plan(WINDOW / "gpu-h100-vlm-rate.yaml")
-    outcomes = _state(folder).outcomes
+    outcomes = kept_state(folder).outcomes
     assert sum(o.rejected for o in outcomes) == 11
     short = []
     for o in outcomes:
@@ -82,7 +78,7 @@ def test_the_answer_stood_on_one_seed_and_the_walk_now_asks_for_the_third(kept) 
     """12 req/s passed on seed 1; seed 2 was rejected on both its tries and the walk stopped asking there, so
     seed 3 was never measured. Replayed at today's rules the campaign is not done: it asks for seed 3 at 12."""
     folder, plan = kept / "tune-vlm", load_plan(WINDOW / "gpu-h100-vlm-rate.yaml")
-    state = _state(folder)
+    state = kept_state(folder)
     at12 = [o for o in state.outcomes if o.rate == 12.0 and o.stage in ("ramp", "bisect")]
     assert {o.seed_offset for o in at12 if o.valid} == {0} and {o.seed_offset for o in at12} == {0, 1}
     assert all(judge(o, plan.sla).kind == "pass" for o in at12 if o.valid)
@@ -100,7 +96,7 @@ def test_the_warm_started_energy_run_confirmed_the_answer_in_4_5_gpu_minutes(kep
     confirming trials were sized from the correctness trial, 1,038 requests against (b)'s 547)."""
     folder, plan = kept / "tune-warm", load_plan(WINDOW / "gpu-h100-energy-warm.yaml")
     previous = orjson.loads((kept / "tune-energy" / "recommendation.json").read_bytes())
-    state, first = _state(folder), _state(kept / "tune-energy")
+    state, first = kept_state(folder), kept_state(kept / "tune-energy")
     assert [(o.stage, o.concurrency, o.seed_offset) for o in state.outcomes] == [
         ("correctness", 1, 0), ("ramp", 64, 0), ("ramp", 64, 1), ("ramp", 64, 2), ("ramp", 128, 0)]
     assert state.gpu_seconds / first.gpu_seconds == pytest.approx(0.70, abs=0.02)
@@ -121,9 +117,9 @@ def test_a_warm_starts_confirming_trial_is_now_sized_from_the_previous_answer(ke
     had (547 after measuring 32 streams); without a previous answer nothing changes."""
     folder, plan = kept / "tune-warm", load_plan(WINDOW / "gpu-h100-energy-warm.yaml")
     previous = orjson.loads((kept / "tune-energy" / "recommendation.json").read_bytes())
-    started = CampaignState(outcomes=_state(folder).outcomes[:1])  # the correctness trial only
+    started = CampaignState(outcomes=kept_state(folder).outcomes[:1])  # the correctness trial only
     (spec,) = next_trials(plan, started, previous=previous).trials
     assert spec.concurrency == 64 and 300 < spec.requests < 547 and "the last accepted answer's goodput" in spec.sizing
-    assert [o.requests for o in _state(folder).outcomes[1:4]] == [1038] * 3
+    assert [o.requests for o in kept_state(folder).outcomes[1:4]] == [1038] * 3
     (cold,) = next_trials(plan, started, previous=None).trials  # no answer to confirm: the full walk, as before
     assert cold.concurrency == 8 and "(the correctness trial)" in cold.sizing

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from servetune.checklist_report import ExpectationOutcome, ValidationReport
 from servetune.plan import TuningPlan, parse_plan
 from servetune.result import Percentiles, TrialSummary
 from servetune.tuning import CampaignState, Decision, TrialOutcome, next_trials
@@ -175,19 +176,23 @@ def test_a_budget_spent_on_rejected_trials_says_nothing_is_recommended_and_why()
     from the trials so far' with no recommendation."""
     plan = make_plan(budget={"max_gpu_minutes": 4}, repeats={"count": 1, "invalid_retries": 0})
     state = CampaignState()
+    found = ValidationReport(success=False, suites=["checklist"], gx_version="1", results=[
+        ExpectationOutcome(suite="checklist", expectation="expect_column_values_to_be_between", column=c,
+                           checklist=item, success=False) for item, c in (("gpu_memory_curve", "gpu_mem_max_gap_ms"),
+                                                                          ("clean_gpu", "gpu_idle_mib"))])
     for i in range(4):
         d = next_trials(plan, state)
         assert not d.done, d.reason
         (spec,) = d.trials
         state = state.add(TrialOutcome(
             trial_id=f"t{i}", stage=spec.stage, concurrency=spec.concurrency, flags=spec.flags, status="rejected",
-            failure_reason="checklist: [gpu_memory_curve: samples 31 ms late on median] [clean_gpu: x]",
+            failure_reason=found.failure_reason(),  # "validation failed: ... [clean_gpu: ...; gpu_memory_curve: ...]"
             summary=linear(spec.flags, spec.concurrency), gpu_seconds=60, seed_offset=spec.seed_offset,
             requests=spec.requests, warmup=spec.warmup))
     d = next_trials(plan, state)
     assert d.done and d.failed and d.recommendation is None
     assert "recommending" not in d.reason and "no trial passed, so nothing is recommended" in d.reason, d.reason
-    assert "the checklist rejected 4 of 4 trial(s) (gpu_memory_curve on 4, clean_gpu on 4)" in d.reason, d.reason
+    assert "the checklist rejected 4 of 4 trial(s) (clean_gpu on 4, gpu_memory_curve on 4)" in d.reason, d.reason
 
 
 def test_judge_lists_every_broken_limit() -> None:

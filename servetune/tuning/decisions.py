@@ -7,10 +7,10 @@ state passed as JSON. Calling it again with one more outcome moves the campaign 
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from typing import Any
 
+from servetune.checklist_report import items_in
 from servetune.plan import TuningPlan
 from servetune.tuning.ceiling import find_ceiling
 from servetune.tuning.costs import no_room_to_refine
@@ -126,7 +126,7 @@ def _nothing_passed(reason: str, state: CampaignState) -> str:
     too busy to sample the GPU on time shows here as gpu_memory_curve on every trial)."""
     reason = reason.removesuffix(f"; {RECOMMENDING}")  # _stop found nothing to recommend after all
     rejected = [o for o in state.outcomes if o.rejected]
-    items = Counter(i for o in rejected for i in dict.fromkeys(re.findall(r"\[(\w+):", o.failure_reason or "")))
+    items = Counter(i for o in rejected for i in items_in(o.failure_reason))
     why = (f"; the checklist rejected {len(rejected)} of {len(state.outcomes)} trial(s) ("
            + ", ".join(f"{item} on {n}" for item, n in items.most_common(3)) + ")") if items else ""
     return f"{reason}; no trial passed, so nothing is recommended{why}"
