@@ -1,5 +1,6 @@
 """The campaign as an Airflow task group: prepare -> provision -> protocols -> stages -> recommend -> validate ->
-load -> report -> outcome (red unless the campaign concluded), with teardown always last; after load, approve
+load -> report -> outcome (red unless the campaign concluded) beside teardown (always runs, red when the run
+ended before the campaign concluded); after load, approve
 (servetune_airflow.approval) asks a person when the answer needs one. One group per GPU runner,
 mapped over that runner's plans.
 
@@ -72,6 +73,20 @@ def _runner_name(plan_file: Path) -> str:
         return runner_of(load_plan(plan_file)).name
     except PlanError:
         return "local"
+
+
+def _verdict_skipped() -> bool:
+    """Whether this group's outcome task was skipped: Airflow skips the pending tasks of a run marked failed
+    from outside (and still runs its teardowns); nothing else skips outcome, which runs whatever came before."""
+    ti = get_current_context()["ti"]
+    outcome_id = ti.task_id.rsplit(".", 1)[0] + ".outcome"
+    try:
+        found = ti.get_task_states(dag_id=ti.dag_id, map_index=ti.map_index, task_ids=[outcome_id],
+                                   run_ids=[ti.run_id])
+    except Exception as exc:  # noqa: BLE001 - not knowing keeps the teardown green, as before
+        log.warning("could not read %s's state: %s", outcome_id, exc)
+        return False
+    return any(state == "skipped" for states in found.values() for state in states.values())
 
 
 def _trigger() -> str:
@@ -167,7 +182,13 @@ def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
 
     @task(**where, retries=2)
     def teardown(exp: dict[str, Any]) -> dict[str, Any]:
-        return tasks.teardown(_named(exp))
+        stopped = _verdict_skipped()
+        done = tasks.teardown(_named(exp), stopped_from_outside=stopped)
+        if stopped:  # Airflow ran this teardown of a run marked failed mid-campaign: it stays red
+            raise AirflowFailException(f"campaign {exp.get('plan_name') or exp.get('experiment_id')}: the DAG run"
+                                       f" was marked failed before its verdict (campaign {done['status']}, its"
+                                       f" servers stopped: {done['stopped_servers']})")
+        return done
 
     @task_group(group_id=f"campaign_{task_suffix(runner)}")
     def campaign(plan_file: str) -> None:
@@ -185,7 +206,9 @@ def campaign_group(runner: GpuRunner, *, trigger: str | None = None):
         ready >> steps[0]
         for a, b in zip(steps, steps[1:], strict=False):
             a >> b
-        steps[-1] >> done >> checked >> stored >> html >> verdict >> end
-        end.as_teardown(setups=ready)
+        # outcome and teardown side by side, both leaves: a teardown that can fail the run (a run stopped from
+        # outside) makes every task upstream of it no leaf, so an outcome before it would no longer colour the run
+        steps[-1] >> done >> checked >> stored >> html >> [verdict, end]
+        end.as_teardown(setups=ready, on_failure_fail_dagrun=True)  # a run stopped mid-campaign stays red
 
     return campaign

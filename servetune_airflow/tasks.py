@@ -12,7 +12,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -138,6 +138,8 @@ def provision(exp: dict[str, Any]) -> dict[str, Any]:
 #: how long an attempt waits for an earlier one of the same campaign that outlived an Airflow restart (a killed
 #: scheduler leaves its task processes running): that one finishes its stage and exits, this one then resumes
 LOCK_WAIT_S = 6 * 3600.0
+#: how long teardown waits for a stage task Airflow is stopping (a run marked failed) to let go of the folder
+TEARDOWN_LOCK_WAIT_S = 300.0
 
 
 @contextmanager
@@ -278,17 +280,30 @@ def outcome(exp: dict[str, Any]) -> dict[str, Any]:
     return {"status": status}
 
 
-def teardown(exp: dict[str, Any]) -> dict[str, Any]:
-    """Always runs: no server of this experiment may outlive the run, and an unfinished one is marked failed."""
+def teardown(exp: dict[str, Any], *, stopped_from_outside: bool = False) -> dict[str, Any]:
+    """Always runs: no server of this experiment may outlive the run, and an unfinished one is marked failed.
+
+    ``stopped_from_outside``: the run was marked failed mid-campaign (its verdict skipped), so a paused campaign
+    is unfinished too. A stage task Airflow is still stopping may be writing the folder: its lock is waited for
+    (bounded), so the mark is the last write."""
+    from servetune.campaign_lock import CampaignBusy, campaign_lock
     from servetune.runners.sweep import sweep
 
-    stopped = sweep(exp["experiment_id"])
     folder = ResultFolder(_exp_dir(exp))
-    status = None
-    if folder.has_experiment():
-        data = folder.read_experiment()
-        if data.get("status") == "running":
-            data.update(status="failed", status_reason="the DAG run ended before the campaign concluded")
-            folder.write_experiment(data)
-        status = data.get("status")
+    with ExitStack() as held:
+        try:
+            held.enter_context(campaign_lock(folder.path, wait_s=TEARDOWN_LOCK_WAIT_S, on_wait=lambda who: log.warning(
+                "waiting for %s to stop before tearing down", who)))
+        except CampaignBusy as exc:  # its engine goes anyway; the holder's trial then fails
+            log.warning("%s; tearing down without waiting longer", exc)
+        stopped = sweep(exp["experiment_id"])
+        status = None
+        if folder.has_experiment():
+            data = folder.read_experiment()
+            if data.get("status") == "running" or (stopped_from_outside and data.get("status") == "paused"):
+                why = ("the DAG run was marked failed before the campaign concluded" if stopped_from_outside
+                       else "the DAG run ended before the campaign concluded")
+                data.update(status="failed", status_reason=why)
+                folder.write_experiment(data)
+            status = data.get("status")
     return {"stopped_servers": stopped, "status": status}

@@ -64,7 +64,7 @@ def test_weekly_campaign_runs_validates_and_loads(airflow_setup):
     proc = airflow_setup.airflow("dags", "test", "servetune_weekly", check=False)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "Task failed with exception" not in proc.stdout
-    assert _task_states(airflow_setup, "teardown") == {"success"}  # a failed teardown would not fail the run
+    assert _task_states(airflow_setup, "teardown") == {"success"}  # a failed one would fail the run too
     assert _task_states(airflow_setup, "outcome") == {"success"}
     with psycopg.connect(localdb.libpq_dsn(airflow_setup.metadata_url)) as conn:  # mapped instances by plan name
         names = {r[0] for r in conn.execute("select rendered_map_index from task_instance where map_index >= 0")}

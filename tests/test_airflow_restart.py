@@ -1,7 +1,8 @@
 """An Airflow restart mid-campaign is survived without a hand: the scheduler, its LocalExecutor workers and
 the running ramp task are killed (SIGKILL, no clean shutdown) together with the API server, Airflow comes
 back with the API server last (as a slow one does), and the run still finishes green with every trial once,
-a log line each, and no engine left behind; on the same scheduler a campaign whose engine dies is a red run."""
+a log line each, and no engine left behind; on the same scheduler a campaign whose engine dies is a red run, and
+so is a run marked failed over REST mid-campaign (its teardown fails it)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,16 @@ import psycopg
 import pytest
 
 from airflow_fixtures import write_plan
-from airflow_procs import AirflowProcesses, free_port, live_env, run_report, task_states, trigger, wait_for_run
+from airflow_procs import AirflowProcesses, free_port, live_env, rest, run_report, task_states, trigger, wait_for_run
 from fake_engines.helpers import FAKE_ENGINES
 from servetune import localdb
 from servetune.runners.sweep import OWNER_ENV
 
 pytestmark = pytest.mark.slow
 RAMP = "campaign_local.ramp"
+TEARDOWN = "campaign_local.teardown"
 RUN_ID = "manual__restart"
+STOPPED = "manual__stopped"
 
 
 @pytest.mark.timeout(1800)  # its own waits add up to ~22 min at worst: they, not the global 600 s, should speak
@@ -76,6 +79,13 @@ def test_a_killed_scheduler_and_task_mid_ramp_recover_on_their_own(airflow_setup
         # on the same LocalExecutor: a campaign whose engine dies at start is a red run
         trigger(api, "servetune_weekly", "manual__broken", {"plans": ["broken.yaml"]})
         assert wait_for_run(meta, "manual__broken", timeout_s=300) == "failed", af.tails()[-6000:]
+        # a run marked failed over REST mid-ramp stays red: Airflow fails the running task, skips the rest
+        # (outcome too) and runs the teardown, which finds the campaign unconcluded and fails the run
+        trigger(api, "servetune_weekly", STOPPED, {"plans": ["restart.yaml"]})
+        af.wait_until(lambda: task_states(meta, STOPPED).get(RAMP) == "running", 300)
+        rest(f"{api}/dags/servetune_weekly/dagRuns/{STOPPED}", {"state": "failed"}, "PATCH")
+        stopped = _settled(meta, STOPPED, af)
+        assert stopped == "failed", run_report(airflow_setup, STOPPED) + af.tails()[-3000:]
     finally:
         af.stop_all()
 
@@ -112,6 +122,28 @@ def test_a_killed_scheduler_and_task_mid_ramp_recover_on_their_own(airflow_setup
     (outcome,) = logs.glob("run_id=manual__broken/task_id=campaign_local.outcome/map_index=*/attempt=*.log")
     bad = exps["manual__broken"]
     assert bad["status"] == "failed" and f"campaign broken failed: {bad['status_reason']}" in outcome.read_text()
+    cut = exps[STOPPED]
+    reason = "the DAG run was marked failed before the campaign concluded"
+    assert cut["status"] == "failed" and cut["status_reason"] == reason, cut  # the last write: the stage task's
+    states = task_states(meta, STOPPED)                                        # lock was waited for
+    assert states[TEARDOWN] == "failed" and states["campaign_local.outcome"] == "skipped", states
+    (teardown,) = logs.glob(f"run_id={STOPPED}/task_id={TEARDOWN}/map_index=*/attempt=*.log")  # no retry
+    assert "the DAG run was marked failed before its verdict (campaign failed" in teardown.read_text()
+
+
+def _settled(meta: str, run_id: str, af: AirflowProcesses) -> str | None:
+    """The run's state once its teardown has ended and the scheduler has looked at the run since (its end date
+    after the teardown's); bounded, since a run left as the PATCH set it is settled too."""
+    af.wait_until(lambda: task_states(meta, run_id).get(TEARDOWN) in ("success", "failed"), 300)
+    deadline = time.monotonic() + 60
+    while True:
+        with psycopg.connect(localdb.libpq_dsn(meta)) as conn:
+            state, run_end, td_end = conn.execute(
+                "select r.state, r.end_date, t.end_date from dag_run r join task_instance t using (run_id)"
+                " where r.run_id = %s and t.task_id = %s", (run_id, TEARDOWN)).fetchone()
+        if (run_end is not None and td_end is not None and run_end >= td_end) or time.monotonic() > deadline:
+            return state
+        time.sleep(1)
 
 
 def _running(proc: psutil.Process) -> bool:
