@@ -1,8 +1,9 @@
 """An Airflow restart mid-campaign is survived without a hand: the scheduler, its LocalExecutor workers and
 the running ramp task are killed (SIGKILL, no clean shutdown) together with the API server, Airflow comes
 back with the API server last (as a slow one does), and the run still finishes green with every trial once,
-a log line each, and no engine left behind; on the same scheduler a campaign whose engine dies is a red run, and
-so is a run marked failed over REST mid-campaign (its teardown fails it)."""
+a log line each, and no engine left behind; on the same scheduler a campaign whose engine dies is a red run (a
+plan with a typo beside it fails alone, at once), and so is a run marked failed over REST mid-campaign (its
+teardown fails it)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,10 @@ def test_a_killed_scheduler_and_task_mid_ramp_recover_on_their_own(airflow_setup
         state = wait_for_run(meta, run_id, timeout_s=480)
         assert state == "success", run_report(airflow_setup, run_id)[-12000:] + af.tails()[-3000:]
         # on the same LocalExecutor: a campaign whose engine dies at start is a red run
-        trigger(api, "servetune_weekly", "manual__broken", {"plans": ["broken.yaml"]})
+        # beside it a plan with a typo: its own prepare fails at once, the broken campaign still runs to its verdict
+        typo = "name: typo\nmodel: m\nsla: {p99_ttft_ms: 500}\nstagess: {}\n"  # a misspelt section
+        (airflow_setup.plans_dir / "typo.yaml").write_text(typo)
+        trigger(api, "servetune_weekly", "manual__broken", {"plans": ["broken.yaml", "typo.yaml"]})
         assert wait_for_run(meta, "manual__broken", timeout_s=300) == "failed", af.tails()[-6000:]
         # a run marked failed over REST mid-ramp stays red: Airflow fails the running task, skips the rest
         # (outcome too) and runs the teardown, which finds the campaign unconcluded and fails the run
@@ -117,11 +121,18 @@ def test_a_killed_scheduler_and_task_mid_ramp_recover_on_their_own(airflow_setup
     logs = airflow_setup.home / "logs" / "dag_id=servetune_weekly"
     ramp = "".join(p.read_text() for p in logs.glob(f"run_id={run_id}/task_id={RAMP}/map_index=*/attempt=*.log"))
     assert all(f" ramp        level {c:>4}  goodput" in ramp for c in (4, 6, 8, 10)), ramp[-3000:]  # a line a trial
-    broken = task_states(meta, "manual__broken")
-    assert broken["campaign_local.outcome"] == "failed" and broken["campaign_local.report"] == "success", broken
-    (outcome,) = logs.glob("run_id=manual__broken/task_id=campaign_local.outcome/map_index=*/attempt=*.log")
+    with psycopg.connect(localdb.libpq_dsn(meta)) as conn:
+        broken = {(t, m): (st, n) for t, m, st, n in conn.execute(
+            "select task_id, rendered_map_index, state, try_number from task_instance where run_id = %s",
+            ("manual__broken",))}
+    assert broken[("campaign_local.prepare", "typo")] == ("failed", 1), broken  # at once, never retried
+    assert broken[("campaign_local.outcome", "broken")][0] == "failed", broken
+    assert broken[("campaign_local.report", "broken")][0] == "success", broken
+    prepared = [p.read_text() for p in logs.glob("run_id=manual__broken/task_id=campaign_local.prepare/*/*.log")]
+    assert sum("stagess" in text for text in prepared) == 1, prepared  # the field, in the bad plan's own log
+    outcomes = "".join(p.read_text() for p in logs.glob("run_id=manual__broken/task_id=campaign_local.outcome/*/*.log"))
     bad = exps["manual__broken"]
-    assert bad["status"] == "failed" and f"campaign broken failed: {bad['status_reason']}" in outcome.read_text()
+    assert bad["status"] == "failed" and f"campaign broken failed: {bad['status_reason']}" in outcomes
     cut = exps[STOPPED]
     reason = "the DAG run was marked failed before the campaign concluded"
     assert cut["status"] == "failed" and cut["status_reason"] == reason, cut  # the last write: the stage task's
