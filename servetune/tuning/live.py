@@ -193,7 +193,7 @@ class LiveTrialRunner:
         except Exception as exc:  # noqa: BLE001 - unreachable / bad input before any request: recorded
             result = failed_result(spec, f"{type(exc).__name__}: {exc}", experiment_id=experiment_id,
                                    target=target.model_dump(mode="json"))
-        if restarted and (phases := startup_log.read(_local_log(self._server))):
+        if restarted and (phases := startup_log.read(req.server_log)):
             result.server = {**(result.server or {}), "startup": phases}  # where this start went, by the engine
         if result.status == "failed" and (died := self._dead(wait_s=DEATH_WAIT_S)):
             # the engine died under this trial: a fault (the decisions re-run it), never a capacity verdict
