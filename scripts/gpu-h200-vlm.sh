@@ -52,6 +52,8 @@
 # model written (by its writer's own start and end), tokenizer, wheels installed.
 # For `detach`, .sgl/ also needs servetune.tar.gz (`git archive --format=tar.gz -o .sgl/servetune.tar.gz HEAD
 # servetune`, + .sgl/servetune.commit). A campaign state to resume on a cold machine: .sgl/ or .sgl1/vlm-st.tar.xz.
+# KCACHE=DIR KCACHE_STEPS="NAME..." (the named tune steps start their engine with its kernel caches in DIR:
+# TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, XDG_CACHE_HOME; every tune step logs the caches' files and sizes)
 # Env: NEED_STATE=1 (exit at once on a machine without $ST: a follow-up call that found a cold machine)
 # TEXT_MODEL=1 (also write /tmp/m8b, $M8B) SGLKIT (/tmp/sglkit) RESTORE (archives to seed a fresh $ST, instead of
 # .sgl/ or .sgl1/vlm-st.tar.xz)
@@ -354,6 +356,15 @@ bench() {  # $1 out file, $2 workload, $3 seed, $4 concurrency, $5 requests, $6 
 }
 
 stopped() { [ -f "$ST/STOP" ]; }
+kcache_sizes() {  # [DIR]: files and MB of the engine's kernel caches, in DIR (as KCACHE lays them out) or the defaults
+  local d out=
+  if [ -n "${1:-}" ]; then set -- "$1/triton" "$1/inductor" "$1/xdg"
+  else set -- "$HOME/.triton/cache" "/tmp/torchinductor_$(id -un)" "$HOME/.cache"; fi
+  for d in "$@"; do
+    [ -d "$d" ] && out="$out $d=$(find "$d" -type f | wc -l)f/$(du -sm "$d" | cut -f1)MB" || out="$out $d=none"
+  done
+  echo "${out# }"
+}
 
 run_tune() {  # tune:NAME=PLAN: `servetune tune PLAN --out $ST/tune-NAME`, paused before DEADLINE, resumed next call
   local spec=${1#tune:} name plan d rc resume=() prev=()
@@ -370,6 +381,14 @@ p["runner"] = {"kind": "local"}; p["stages"]["refine"].get("grid", {}).pop("mm-p
 yaml.safe_dump(p, open(sys.argv[2], "w"))' "$plan" "$ST/tune-$name.plan.yaml" "$MODEL" || return 2
     plan=$ST/tune-$name.plan.yaml
   fi
+  if [ -n "${KCACHE:-}" ] && [[ " ${KCACHE_STEPS:-} " == *" $name "* ]]; then   # the engine's kernel caches in $KCACHE
+    "$PY" -c 'import sys, yaml
+p = yaml.safe_load(open(sys.argv[1])); k = sys.argv[3]
+p["engine"]["env"] = {**p["engine"].get("env", {}), "TRITON_CACHE_DIR": k + "/triton",
+                      "TORCHINDUCTOR_CACHE_DIR": k + "/inductor", "XDG_CACHE_HOME": k + "/xdg"}
+yaml.safe_dump(p, open(sys.argv[2], "w"))' "$plan" "$ST/tune-$name.kc.yaml" "$KCACHE" || return 2
+    plan=$ST/tune-$name.kc.yaml; ev "tune $name: kernel caches in $KCACHE before the start: $(kcache_sizes "$KCACHE")"
+  fi
   "$PY" -c "import great_expectations, sqlalchemy" 2> /dev/null \
     || { ev "tune $name: the checklist needs great_expectations and sqlalchemy: carry .whl (docs/gpu.md)"; return 2; }
   [ -f "$d/experiment.json" ] && resume=(--resume)
@@ -379,7 +398,7 @@ yaml.safe_dump(p, open(sys.argv[2], "w"))' "$plan" "$ST/tune-$name.plan.yaml" "$
   rc=$?
   tail -n 40 "$ST/tune-$name.log"
   [ $rc = 0 ] && touch "$d/done"
-  ev "tune $name: exit $rc"
+  ev "tune $name: exit $rc; kernel caches after it: ${KCACHE:+$KCACHE: $(kcache_sizes "$KCACHE"); }defaults: $(kcache_sizes)"
   return $rc
 }
 
