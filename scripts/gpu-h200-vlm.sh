@@ -54,6 +54,7 @@
 # servetune`, + .sgl/servetune.commit). A campaign state to resume on a cold machine: .sgl/ or .sgl1/vlm-st.tar.xz.
 # KCACHE=DIR KCACHE_STEPS="NAME..." (the named tune steps start their engine with its kernel caches in DIR:
 # TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, XDG_CACHE_HOME; every tune step logs the caches' files and sizes)
+# PLAN_SET="runner.gpu_type=h200 estimate.gpu=H200-sglang" (set in every tune step's plan, e.g. on the other GPU)
 # Env: NEED_STATE=1 (exit at once on a machine without $ST: a follow-up call that found a cold machine)
 # TEXT_MODEL=1 (also write /tmp/m8b, $M8B) SGLKIT (/tmp/sglkit) RESTORE (archives to seed a fresh $ST, instead of
 # .sgl/ or .sgl1/vlm-st.tar.xz)
@@ -381,13 +382,22 @@ p["runner"] = {"kind": "local"}; p["stages"]["refine"].get("grid", {}).pop("mm-p
 yaml.safe_dump(p, open(sys.argv[2], "w"))' "$plan" "$ST/tune-$name.plan.yaml" "$MODEL" || return 2
     plan=$ST/tune-$name.plan.yaml
   fi
-  if [ -n "${KCACHE:-}" ] && [[ " ${KCACHE_STEPS:-} " == *" $name "* ]]; then   # the engine's kernel caches in $KCACHE
+  local kc=
+  [ -n "${KCACHE:-}" ] && [[ " ${KCACHE_STEPS:-} " == *" $name "* ]] && kc=$KCACHE
+  if [ -n "$kc" ] || [ -n "${PLAN_SET:-}" ]; then   # the engine's kernel caches in $KCACHE; PLAN_SET's KEY.PATH=VALUE
     "$PY" -c 'import sys, yaml
 p = yaml.safe_load(open(sys.argv[1])); k = sys.argv[3]
-p["engine"]["env"] = {**p["engine"].get("env", {}), "TRITON_CACHE_DIR": k + "/triton",
-                      "TORCHINDUCTOR_CACHE_DIR": k + "/inductor", "XDG_CACHE_HOME": k + "/xdg"}
-yaml.safe_dump(p, open(sys.argv[2], "w"))' "$plan" "$ST/tune-$name.kc.yaml" "$KCACHE" || return 2
-    plan=$ST/tune-$name.kc.yaml; ev "tune $name: kernel caches in $KCACHE before the start: $(kcache_sizes "$KCACHE")"
+if k:
+    p["engine"]["env"] = {**p["engine"].get("env", {}), "TRITON_CACHE_DIR": k + "/triton",
+                          "TORCHINDUCTOR_CACHE_DIR": k + "/inductor", "XDG_CACHE_HOME": k + "/xdg"}
+for item in sys.argv[4].split():
+    path, value = item.split("=", 1); *parents, leaf = path.split(".")
+    node = p
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = yaml.safe_load(value)
+yaml.safe_dump(p, open(sys.argv[2], "w"))' "$plan" "$ST/tune-$name.set.yaml" "$kc" "${PLAN_SET:-}" || return 2
+    plan=$ST/tune-$name.set.yaml; ev "tune $name: plan set: ${PLAN_SET:-}${kc:+; kernel caches in $kc before the start: $(kcache_sizes "$kc")}"
   fi
   "$PY" -c "import great_expectations, sqlalchemy" 2> /dev/null \
     || { ev "tune $name: the checklist needs great_expectations and sqlalchemy: carry .whl (docs/gpu.md)"; return 2; }
