@@ -288,15 +288,11 @@ class Warehouse:
             cls._shared.pg.stop()
             cls._shared = None
 
-    def pg_ctl(self, *args: str) -> None:
-        self.pg._run([str(self.pg.bindir / "pg_ctl"), "-D", str(self.pg.datadir), *args])
-
     def stop(self) -> None:
-        self.pg_ctl("-m", "fast", "-w", "stop")
+        self.pg.halt()
 
     def start(self) -> None:
-        opts = f"-c listen_addresses=127.0.0.1 -p {self.pg.port} -k {self.pg.datadir} -c fsync=off"
-        self.pg_ctl("-o", opts, "-w", "-t", "60", "-l", str(self.pg.datadir / "server.log"), "start")
+        self.pg.serve()
 
     @contextlib.contextmanager
     def database(self) -> Iterator[str]:

@@ -113,17 +113,27 @@ class PrivateCluster:
             os.chown(self.datadir, pw.pw_uid, pw.pw_gid)
         self._run([str(self.bindir / "initdb"), "-D", str(self.datadir), "-U", "postgres", "-A", "trust",
                    "--no-sync", "-E", "UTF8"])
-        opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.datadir} -c fsync=off"
-        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-o", opts, "-w", "-t", "60",
-                   "-l", str(self.datadir / "server.log"), "start"])
+        self.serve()
         return self
+
+    def pg_ctl(self, *args: str) -> None:
+        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), *args])
+
+    def serve(self) -> None:
+        """Start the server on its data directory and port (again, after ``halt``)."""
+        opts = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.datadir} -c fsync=off"
+        self.pg_ctl("-o", opts, "-w", "-t", "60", "-l", str(self.datadir / "server.log"), "start")
+
+    def halt(self) -> None:
+        """Stop the server and keep its data: the warehouse-outage tests and benches start it again."""
+        self.pg_ctl("-m", "fast", "-w", "stop")
 
     def stop(self) -> None:
         if self._pgserver is not None:
             self._pgserver.cleanup()  # type: ignore[attr-defined]
         elif self.bindir is not None:
             try:
-                self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-m", "fast", "-w", "stop"])
+                self.halt()
             except subprocess.CalledProcessError as e:  # already gone
                 log.warning("pg_ctl stop: %s", e.stderr)
         shutil.rmtree(self.datadir, ignore_errors=True)

@@ -10,7 +10,7 @@ from sqlalchemy.engine import make_url
 
 from servetune import localdb
 
-pytest_plugins = ["tokenizer_fixtures", "vllm_cpu", "airflow_fixtures"]
+pytest_plugins = ["tokenizer_fixtures", "vllm_cpu", "airflow_fixtures", "warehouse_fixtures"]
 
 
 @pytest.fixture(scope="session")

@@ -45,15 +45,11 @@ class Cluster:
     def postmaster(self) -> int:
         return int((self.pg.datadir / "postmaster.pid").read_text().split()[0])
 
-    def pg_ctl(self, *args: str) -> None:
-        self.pg._run([str(self.pg.bindir / "pg_ctl"), "-D", str(self.pg.datadir), *args])
-
     def stop(self) -> None:
-        self.pg_ctl("-m", "fast", "-w", "stop")
+        self.pg.halt()
 
     def start(self) -> None:
-        opts = f"-c listen_addresses=127.0.0.1 -p {self.pg.port} -k {self.pg.datadir} -c fsync=off"
-        self.pg_ctl("-o", opts, "-w", "-t", "60", "-l", str(self.pg.datadir / "server.log"), "start")
+        self.pg.serve()
 
 
 @pytest.fixture(scope="module")

@@ -8,19 +8,10 @@ from typer.testing import CliRunner
 
 from servetune.cli import app
 from servetune.ingest import load_result
-from servetune.warehouse import db
 from servetune.warehouse.loader import LoadError, TrialConflict
-from warehouse_fixtures import make_trial, migrated, write_campaign
+from warehouse_fixtures import make_trial, write_campaign
 
 CHILD_TABLES = ("request_records", "gpu_samples", "server_samples", "scheduler_batches", "validations")
-
-
-@pytest.fixture(scope="module")
-def wh(database_url):
-    migrated(database_url)
-    eng = db.engine(database_url)
-    yield eng
-    eng.dispose()
 
 
 def _rows(eng, trial_id: str) -> dict[str, list]:

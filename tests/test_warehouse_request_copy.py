@@ -13,19 +13,9 @@ from sqlalchemy import text
 from servetune.ingest import load_result
 from servetune.records import RequestRecord
 from servetune.result import TrialResult
-from servetune.warehouse import db
 from servetune.warehouse.loader import LoadError
 from servetune.warehouse.request_copy import copy_stream
 from servetune.warehouse.tables import REQUEST_COLUMNS
-from warehouse_fixtures import migrated
-
-
-@pytest.fixture(scope="module")
-def wh(database_url):
-    migrated(database_url)
-    eng = db.engine(database_url)
-    yield eng
-    eng.dispose()
 
 
 def _awkward_records() -> list[RequestRecord]:

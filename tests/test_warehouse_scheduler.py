@@ -9,20 +9,12 @@ import pytest
 from sqlalchemy import text
 
 from servetune.ingest import load_result
-from servetune.warehouse import db, queries
+from servetune.warehouse import queries
 from servetune.warehouse.loader import LoadError
 from servetune.warehouse.tables import SUMMARY_SCALARS
-from warehouse_fixtures import make_trial, migrated, with_scheduler_log, write_campaign
+from warehouse_fixtures import make_trial, with_scheduler_log, write_campaign
 
 SCHED = [name for name in SUMMARY_SCALARS if name.startswith("sched_")]
-
-
-@pytest.fixture(scope="module")
-def wh(database_url):
-    migrated(database_url)
-    eng = db.engine(database_url)
-    yield eng
-    eng.dispose()
 
 
 def _batches(eng, trial_id: str) -> list[dict]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime
 
+import pytest
+
 from servetune.energy import apply_energy
 from servetune.records import RequestRecord
 from servetune.result import Percentiles, TrialResult, TrialSummary
@@ -147,6 +149,16 @@ def migrated(url: str) -> str:
 
     migrate.upgrade(url)
     return url
+
+
+@pytest.fixture(scope="module")
+def wh(database_url: str):
+    """The session's warehouse, migrated, as an engine for one module's tests."""
+    from servetune.warehouse import db
+
+    eng = db.engine(migrated(database_url))
+    yield eng
+    eng.dispose()
 
 
 def scheduler_lines(*, seconds: int = 12, concurrency: int = 16, start: datetime | None = None) -> list[str]:
