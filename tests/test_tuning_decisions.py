@@ -48,8 +48,10 @@ def summary(*, thr: float, ttft: float = 100.0, tpot: float = 20.0, err: float =
 Surface = Callable[[Flags, int], TrialSummary | str]
 
 
-def drive(plan: TuningPlan, surface: Surface, *, max_steps: int = 100) -> tuple[Decision, list[TrialSpec]]:
-    """Run next_trials to completion, answering each trial from a hand-made response surface."""
+def drive(plan: TuningPlan, surface: Surface, *, max_steps: int = 100,
+          with_seed: bool = False) -> tuple[Decision, list[TrialSpec]]:
+    """Run next_trials to completion, answering each trial from a hand-made response surface (called with the
+    trial's seed offset too, ``with_seed``)."""
     state = CampaignState()
     asked: list[TrialSpec] = []
     for i in range(max_steps):
@@ -61,7 +63,7 @@ def drive(plan: TuningPlan, surface: Surface, *, max_steps: int = 100) -> tuple[
         assert not [o for o in state.measurements(spec.flags, spec.concurrency) if o.seed_offset == spec.seed_offset
                     and o.requests == spec.requests], "asked twice"
         asked.append(spec)
-        s = surface(spec.flags, spec.concurrency)
+        s = surface(spec.flags, spec.concurrency, *([spec.seed_offset] if with_seed else []))
         if isinstance(s, str):
             o = TrialOutcome(trial_id=f"t{i}", stage=spec.stage, concurrency=spec.concurrency, flags=spec.flags,
                              status="failed", failure_reason=s, gpu_seconds=60, seed_offset=spec.seed_offset,

@@ -10,28 +10,16 @@ from collections.abc import Callable
 
 from servetune.plan import TuningPlan
 from servetune.stats import compare, spread
-from servetune.tuning import CampaignState, Decision, TrialOutcome, next_trials
+from servetune.tuning import CampaignState, Decision, TrialOutcome
 from servetune.tuning.sizing import size_trial
 from servetune.tuning.state import Flags, TrialSpec
-from test_tuning_decisions import make_plan, summary
+from test_tuning_decisions import drive as decisions_drive, make_plan, summary
 
 Surface = Callable[[Flags, int, int], object]  # (flags, level, seed offset) -> TrialSummary
 
 
 def drive(plan: TuningPlan, surface: Surface, *, max_steps: int = 200) -> tuple[Decision, list[TrialSpec]]:
-    state = CampaignState()
-    asked: list[TrialSpec] = []
-    for i in range(max_steps):
-        d = next_trials(plan, state)
-        if d.done:
-            return d, asked
-        (spec,) = d.trials
-        asked.append(spec)
-        s = surface(spec.flags, spec.concurrency, spec.seed_offset)
-        state = state.add(TrialOutcome(trial_id=f"t{i}", stage=spec.stage, concurrency=spec.concurrency,
-                                       flags=spec.flags, requests=spec.requests, warmup=spec.warmup,
-                                       seed_offset=spec.seed_offset, summary=s, gpu_seconds=60))
-    raise AssertionError("campaign did not finish")
+    return decisions_drive(plan, surface, max_steps=max_steps, with_seed=True)  # type: ignore[arg-type]
 
 
 # +-4% goodput noise, a function of the workload seed (the repeat) and the config
