@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servetune.cli import app
+from sim_process import sim_server
 from sse_server import Scenario
 from test_trial import _serve
 
@@ -212,40 +213,9 @@ async def test_bad_url_scheme(tmp_path):
 @pytest.fixture
 def sim_url(tmp_path_factory):
     """`servetune sim serve` in its own process: simulated SGLang (/server_info, /flush_cache, /metrics)."""
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
-    port = _closed_port()
-    argv = [sys.executable, "-m", "servetune", "sim", "serve", "--port", str(port), "--load-seconds", "0",
-            "--enable-metrics", "--enable-cache-report"]  # fmt: skip
-    # to a file: the sim logs a line per prefill batch, and an unread pipe fills and freezes it
-    log_path = tmp_path_factory.mktemp("sim") / "sim.log"
-    log = log_path.open("wb")
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"sim server did not start: {log_path.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    with sim_server(tmp_path_factory.mktemp("sim"), "--load-seconds", "0", "--enable-metrics",
+                    "--enable-cache-report") as server:
+        yield server.url
 
 
 async def test_bench_against_the_simulated_sglang_server(sim_url, tmp_path):

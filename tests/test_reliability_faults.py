@@ -24,6 +24,7 @@ from servetune.cli import app
 from servetune.loadgen import LoadConfig, Target, run_load
 from servetune.result import TrialResult
 from servetune.workload.request import WorkloadRequest
+from sim_process import sim_server
 from sse_server import Scenario, SseServer
 from test_trial import _serve
 
@@ -146,29 +147,9 @@ def _requests_served(url: str) -> float:
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory) -> Iterator[str]:
-    port = _port()
-    # to a file: the sim logs a line per prefill batch, and an unread pipe fills and freezes it
-    log_path = tmp_path_factory.mktemp("sim") / "sim.log"
-    log = log_path.open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "servetune", "sim", "serve", "--port", str(port),
-                             "--load-seconds", "0", "--enable-metrics"],
-                            stdout=subprocess.DEVNULL, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                _requests_served(url)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"sim did not start: {log_path.read_text(errors='replace')[-2000:]}") from None
-                time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
+    with sim_server(tmp_path_factory.mktemp("sim"), "--load-seconds", "0", "--enable-metrics",
+                    ready_path="/metrics") as server:
+        yield server.url
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

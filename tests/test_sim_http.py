@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -23,6 +21,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+import sim_process
 from servetune.loadgen import LoadConfig, Target, run_load
 from servetune.sim import server_args_from_flags, simulate
 from servetune.sim.server import SimServer
@@ -223,12 +222,6 @@ async def test_vlm_images_cost_tokens_and_are_cached_by_hash() -> None:
 # --- a real server process -------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_unknown_flags_are_rejected_like_sglang() -> None:
     cmd = [sys.executable, "-m", "servetune", "sim", "serve", "--model-profile", "llama-3.1-8b",
            "--cuda-graph-max-bs", "8"]
@@ -240,45 +233,11 @@ def test_unknown_flags_are_rejected_like_sglang() -> None:
 
 
 @pytest.fixture(scope="module")
-def server_process(tmp_path_factory) -> tuple[str, float]:
-    port = _free_port()
+def server_process(tmp_path_factory) -> Iterator[tuple[str, bool, float]]:
     # 5 s of loading: long enough that even a starved poller sees a 503 in it
-    cmd = [sys.executable, "-m", "servetune", "sim", "serve", "--port", str(port), "--load-seconds", "5",
-           "--enable-metrics", "--enable-cache-report"]
-    t_start = time.monotonic()
-    # to a file: the sim logs a line per prefill batch, and an unread pipe fills and freezes it
-    log_path = tmp_path_factory.mktemp("sim") / "sim.log"
-    log = log_path.open("w")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    saw_503 = False
-    try:
-        deadline = time.monotonic() + 60
-        import urllib.error
-        import urllib.request
-
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url + "/health_generate", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except urllib.error.HTTPError as exc:
-                saw_503 |= exc.code == 503
-            except OSError:
-                pass
-            time.sleep(0.05)
-        else:
-            raise AssertionError(f"simulated server never became ready: {log_path.read_text()[-2000:]}")
-        yield url, saw_503, time.monotonic() - t_start
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    with sim_process.sim_server(tmp_path_factory.mktemp("sim"), "--load-seconds", "5", "--enable-metrics",
+                                "--enable-cache-report", ready_path="/health_generate", poll_s=0.05) as server:
+        yield server.url, server.saw_503, server.ready_s
 
 
 def test_server_process_loads_then_is_ready(server_process) -> None:
