@@ -53,7 +53,7 @@
 # For `detach`, .sgl/ also needs servetune.tar.gz (`git archive --format=tar.gz -o .sgl/servetune.tar.gz HEAD
 # servetune`, + .sgl/servetune.commit). A campaign state to resume on a cold machine: .sgl/ or .sgl1/vlm-st.tar.xz.
 # KCACHE=DIR KCACHE_STEPS="NAME..." (the named tune steps start their engine with its kernel caches in DIR:
-# TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, XDG_CACHE_HOME; every tune step logs the caches' files and sizes)
+# TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, XDG_CACHE_HOME, CUDA_CACHE_PATH; every tune step logs the caches' files and sizes)
 # PLAN_SET="runner.gpu_type=h200 estimate.gpu=H200-sglang" (set in every tune step's plan, e.g. on the other GPU)
 # Env: NEED_STATE=1 (exit at once on a machine without $ST: a follow-up call that found a cold machine)
 # TEXT_MODEL=1 (also write /tmp/m8b, $M8B) SGLKIT (/tmp/sglkit) RESTORE (archives to seed a fresh $ST, instead of
@@ -359,8 +359,8 @@ bench() {  # $1 out file, $2 workload, $3 seed, $4 concurrency, $5 requests, $6 
 stopped() { [ -f "$ST/STOP" ]; }
 kcache_sizes() {  # [DIR]: files and MB of the engine's kernel caches, in DIR (as KCACHE lays them out) or the defaults
   local d out=
-  if [ -n "${1:-}" ]; then set -- "$1/triton" "$1/inductor" "$1/xdg"
-  else set -- "$HOME/.triton/cache" "/tmp/torchinductor_$(id -un)" "$HOME/.cache"; fi
+  if [ -n "${1:-}" ]; then set -- "$1/triton" "$1/inductor" "$1/xdg" "$1/nv"
+  else set -- "$HOME/.triton/cache" "/tmp/torchinductor_$(id -un)" "$HOME/.cache" "$HOME/.nv/ComputeCache"; fi
   for d in "$@"; do
     [ -d "$d" ] && out="$out $d=$(find "$d" -type f | wc -l)f/$(du -sm "$d" | cut -f1)MB" || out="$out $d=none"
   done
@@ -389,7 +389,8 @@ yaml.safe_dump(p, open(sys.argv[2], "w"))' "$plan" "$ST/tune-$name.plan.yaml" "$
 p = yaml.safe_load(open(sys.argv[1])); k = sys.argv[3]
 if k:
     p["engine"]["env"] = {**p["engine"].get("env", {}), "TRITON_CACHE_DIR": k + "/triton",
-                          "TORCHINDUCTOR_CACHE_DIR": k + "/inductor", "XDG_CACHE_HOME": k + "/xdg"}
+                          "TORCHINDUCTOR_CACHE_DIR": k + "/inductor", "XDG_CACHE_HOME": k + "/xdg",
+                          "CUDA_CACHE_PATH": k + "/nv"}
 for item in sys.argv[4].split():
     path, value = item.split("=", 1); *parents, leaf = path.split(".")
     node = p
