@@ -37,7 +37,10 @@ SPIN = "import time\nwhile True:\n    time.perf_counter()\n"
 
 
 def demo_plan():
-    """The live test's campaign: a few minutes of real time on an idle 2-core host."""
+    """The live test's campaign (tests/test_tuning_live.py): a few minutes of real time on an idle 2-core host.
+    One refinement flag, trials capped at 240 requests (an unsettled p99 at the edge would be re-measured at 1,000+,
+    a minute each in real time) and no bisection: the virtual and rate-mode campaigns walk those; here the ramp's
+    verdicts and the restarts over real HTTP are what is checked."""
     plan = load_plan(ROOT / "plans" / "demo.yaml")
     refine = plan.stages.refine.model_copy(update={"grid": {"chunked-prefill-size": [1024]}, "set_max_running": False})
     stages = plan.stages.model_copy(update={"refine": refine,

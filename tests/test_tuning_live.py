@@ -8,6 +8,7 @@ is sized to finish in well under three minutes on a 2-core machine.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import time
@@ -25,6 +26,16 @@ from servetune.tuning.live import LiveTrialRunner, engine_provisioner
 from servetune.tuning.state import Flags
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+demo_plan = _bench("busy_host").demo_plan  # the live campaign bench/busy_host.py runs on a busy host too
 
 
 class Recording:
@@ -53,18 +64,7 @@ def gone(pid: int) -> bool:
 
 @pytest.mark.timeout(900)  # ~160 s idle, ~230 s beside a busy job on a 2-core box
 def test_demo_campaign_over_http_in_real_time(tmp_path: Path) -> None:
-    plan = load_plan(REPO / "plans" / "demo.yaml")
-    # one refinement flag (the rest of the walk is the virtual campaigns' business): a few minutes of real time
-    refine = plan.stages.refine.model_copy(update={"grid": {"chunked-prefill-size": [1024]},
-                                                   "set_max_running": False})
-    # trials capped at 240 requests: an unsettled p99 at the edge is re-measured at 1,000+ (a minute each in real
-    # time, docs/tuning.md); the settling rule is the virtual campaigns' business too
-    budget = plan.budget.model_copy(update={"max_requests_per_trial": 240})
-    # no bisection between the last passing and the first failing level: the rate-mode and virtual campaigns
-    # walk it; here the ramp's verdicts and the restarts over real HTTP are what is checked
-    ramp = plan.stages.ramp.model_copy(update={"bisect": False})
-    stages = plan.stages.model_copy(update={"refine": refine, "ramp": ramp})
-    plan = plan.model_copy(update={"stages": stages, "budget": budget})
+    plan = demo_plan()  # one refinement flag, trials capped at 240 requests, no bisection
     procs = Recording(plan, tmp_path / "logs")
     t0 = time.monotonic()
     campaign = Campaign(plan, LiveTrialRunner(plan, provisioner=procs), tmp_path / "out")
