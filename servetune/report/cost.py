@@ -51,6 +51,15 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _first_start(campaign: CampaignView) -> str:
+    """Where the campaign's first logged server start went (the trial that started it keeps its phases)."""
+    for trial in campaign.trials:
+        phases = (trial.server or {}).get("startup")
+        if isinstance(phases, dict) and (text := startup_log.summary(phases)):
+            return text
+    return ""
+
+
 def answer_cost(campaign: CampaignView) -> AnswerCost | None:
     """The campaign's GPU time, trials and starts; None where it states no GPU time (a lone bench trial,
     a campaign written before the figure was kept)."""
@@ -63,7 +72,5 @@ def answer_cost(campaign: CampaignView) -> AnswerCost | None:
     return AnswerCost(gpu_seconds=seconds, trials=len(trials), server_starts=None if starts is None else int(starts),
                       startup_seconds=_number(exp.get("startup_gpu_seconds")),
                       protocols_gpu_seconds=_number(exp.get("protocols_gpu_seconds")),
-                      first_start=next((text for t in campaign.trials
-                                        if isinstance((t.server or {}).get("startup"), dict)
-                                        and (text := startup_log.summary(t.server["startup"]))), ""),
+                      first_start=_first_start(campaign),
                       simulated=" (simulated)" if simulated_mark(trials) == " (simulated)" else "")
