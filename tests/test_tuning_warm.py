@@ -1,5 +1,6 @@
 """Warm start (servetune.tuning.warm): a weekly run begins from the last accepted answer for the same service,
-confirms it on every seed, then searches around it; the full walk when it fails or the service changed. The
+confirms it on every seed, then searches around it (down the ladder from it when it fails); the full walk when
+nothing below it passes or the service changed. The
 decisions are pure: hand-made response surfaces, the previous answer as the warehouse hands it over."""
 
 from __future__ import annotations
@@ -62,16 +63,36 @@ def test_a_warm_start_confirms_the_answer_and_searches_around_it_for_less() -> N
                for line in rec.explanation)
 
 
-def test_a_warm_start_whose_answer_no_longer_holds_walks_the_whole_ladder() -> None:
-    """The service got slower (the bound now breaks above 32): 64 fails on its first seed, so the full walk runs and
-    says why; the answer is the one a cold campaign gives."""
+def test_a_warm_start_whose_answer_no_longer_holds_walks_down_from_it() -> None:
+    """The service got slower (the bound now breaks above 32): 64 fails on its first seed, so the walk goes down
+    the ladder from it (32 passes) instead of up from the baseline, and says why; the answer is the one a cold
+    campaign gives, for fewer trials, and the refinement still searches around the old answer's flags."""
     previous = {"config": {"chunked-prefill-size": 4096}, "concurrency": 64, "experiment_id": "f" * 32, "changed": []}
-    cold, _ = _drive(_plan(), _surface(0.5))
+    cold, s_cold = _drive(_plan(), _surface(0.5))
     warm, state = _drive(_plan(warm_start=True), _surface(0.5), previous)
     assert warm.recommendation is not None and cold.recommendation is not None
     assert warm.recommendation.concurrency == cold.recommendation.concurrency == 32
-    assert state.by_stage("baseline")
-    assert any("no longer holds concurrency 64" in line for line in warm.recommendation.explanation)
+    assert warm.recommendation.config == cold.recommendation.config == {"chunked-prefill-size": 4096}
+    assert not state.by_stage("baseline") and {o.concurrency for o in state.by_stage("ramp")} == {32, 64}
+    assert len(state.outcomes) < len(s_cold.outcomes)
+    text = " ".join(warm.recommendation.explanation)
+    assert "no longer holds concurrency 64" in text and "the walk went down from there, to concurrency 32" in text
+
+
+def test_a_warm_start_with_nothing_passing_below_its_answer_walks_the_whole_ladder() -> None:
+    """Much slower (the bound breaks above 6 streams): every ladder level below 64 fails too, so the full walk
+    runs, says why, and ends where a cold campaign does."""
+    previous = {"config": {}, "concurrency": 64, "experiment_id": "f" * 32, "changed": []}
+    cold, s_cold = _drive(_plan(), _surface(0.1))
+    warm, state = _drive(_plan(warm_start=True), _surface(0.1), previous)
+    # the walk down (64, 32, 16, 8), then the full walk's levels below the baseline, as the cold campaign's
+    levels = {o.concurrency for o in state.outcomes if o.stage != "correctness"}
+    assert levels == {o.concurrency for o in s_cold.outcomes if o.stage != "correctness"} | {16, 32, 64}
+    assert (warm.recommendation is None) == (cold.recommendation is None)
+    if cold.recommendation is not None:
+        assert warm.recommendation.concurrency == cold.recommendation.concurrency
+    why = " ".join(warm.recommendation.explanation if warm.recommendation else [warm.reason])
+    assert "nothing below it on the ladder passes either: the full walk" in why
 
 
 def test_a_changed_service_or_a_plan_without_warm_start_never_starts_warm() -> None:

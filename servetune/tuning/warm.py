@@ -8,8 +8,10 @@ week is paired by construction). If it still passes, the walk goes on from there
 config (the ceiling may have moved up), the bisection below the first failure, then the refinement starting from
 its flags, one step each way along each grid flag. The level right above the answer failed on every seed when the
 answer was found, so failing on its first seed again says the ceiling has not moved (passing there, it climbs on
-under the usual rules). If the answer fails on any seed, or the service changed, the full walk runs from the
-baseline, and the explanation says why.
+under the usual rules). If the answer fails, the ceiling moved down, not away: the walk goes down the ladder from
+it to the first level that passes and bisects between that one and the lowest failure, then refines as above; the
+full walk from the baseline runs only when nothing below passes, or the service changed, and the explanation
+says why.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Any
 
 from servetune.plan import Level, TuningPlan
 from servetune.redact import MASK
-from servetune.tuning.ceiling import climb, conclude, make_ceiling, ramp_levels
-from servetune.tuning.evidence import gather
+from servetune.tuning.ceiling import adaptive_gather, climb, conclude, make_ceiling, ramp_levels, walk_seeds
+from servetune.tuning.evidence import Evidence, gather
 from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialSpec
 
 
@@ -57,8 +59,8 @@ def confirm(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | N
     if isinstance(ev, TrialSpec):
         return ev
     if not ev.passed:
-        return (f"warm start: the last accepted answer ({source}) no longer holds {at}"
-                f" ({'; '.join(ev.verdict.reasons)}); the full walk")
+        return _below(plan, state, flags, level, ev, f"warm start: the last accepted answer ({source}) no longer"
+                      f" holds {at} ({'; '.join(ev.verdict.reasons)})")
     above = [x for x in ramp_levels(plan) if x > level]
     walked = climb(plan, state, flags, above, "ramp", "warm start: above the confirmed answer", ev)
     if isinstance(walked, TrialSpec):
@@ -78,6 +80,29 @@ def confirm(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | N
         return ceiling
     ceiling.reasons.insert(0, f"{held}; the walk went on from there")
     return flags, ceiling
+
+
+def _below(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, failed: Evidence, why: str
+           ) -> TrialSpec | tuple[Flags, Ceiling] | str:
+    """The answer failed: the ladder's levels below it, highest first, until one passes, then the usual ceiling
+    rules between that level and the lowest one that failed (the bisection, the deciding levels' seeds). The answer
+    moved down, not away: what is above it failed and what is far below it passed a week ago, so the walk from the
+    baseline would re-learn both. The full walk only when nothing below passes either."""
+    stop = failed
+    for lower in sorted((x for x in ramp_levels(plan) if x < level), reverse=True):
+        ev = adaptive_gather(plan, state, flags, lower, stage="ramp", reason=f"warm start: below the answer that"
+                             f" failed: level {lower:g}", repeats=walk_seeds(plan))
+        if isinstance(ev, TrialSpec):
+            return ev
+        if not ev.passed:
+            stop = ev
+            continue
+        ceiling = conclude(plan, state, flags, ev, ev, stop, False)
+        if isinstance(ceiling, TrialSpec):
+            return ceiling
+        ceiling.reasons.insert(0, f"{why}; the walk went down from there, to {plan.level_text(lower)}, which passes")
+        return flags, ceiling
+    return f"{why}; nothing below it on the ladder passes either: the full walk"
 
 
 def _prior(plan: TuningPlan, previous: dict[str, Any] | None) -> tuple[float, str] | None:
