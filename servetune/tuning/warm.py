@@ -43,7 +43,8 @@ def warm_answer(plan: TuningPlan, previous: dict[str, Any] | None) -> tuple[Flag
 def confirm(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | None
             ) -> TrialSpec | tuple[Flags, Ceiling] | str | None:
     """The next trial of the warm start, or its ceiling and the flags it holds for; a str saying why the full walk
-    runs instead (no like-for-like answer, or it failed on a seed); None when the plan does not warm-start."""
+    runs instead (no like-for-like answer, or neither it nor any ladder level below it passes); None when the plan
+    does not warm-start."""
     if not plan.warm_start:
         return None
     found = warm_answer(plan, previous)
