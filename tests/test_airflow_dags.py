@@ -119,10 +119,15 @@ def test_the_load_mode_param_runs_the_campaign_as_an_open_loop(airflow_setup):
     rec = orjson.loads((exp_dir / "recommendation.json").read_bytes())
     # (the capacity itself depends on the machine's load: the client and the simulated engine share its cores)
     assert rec["rate"] > 0 and rec["concurrency"] >= 1
-    # one check at the capacity; on a loaded machine its verdict may send the answer down a rate, checked there
+    # one check at the capacity. Where the machine's load makes the refined config fail its bursts and the ramp's
+    # hold them, the ramp's config is recommended at its own capacity, at or below the rate it held (seen at 4 req/s
+    # after holding 8 on an idle 2-core run): either way the answer's rate was checked or held from above
     checks = rec["robustness"]
     assert checks and all((c["fraction"], c["burstiness"]) == (1.0, 0.5) for c in checks), checks
-    assert rec["rate"] in {c["rate"] for c in checks}, (rec["rate"], checks)
+    held_above = [c for c in checks if c["passed"] and c["rate"] >= rec["rate"]]
+    assert rec["rate"] in {c["rate"] for c in checks} or held_above, (rec["rate"], checks)
+    if rec["rate"] not in {c["rate"] for c in checks}:
+        assert any("recommending the ramp's config" in line for line in rec["explanation"]), rec["explanation"]
     modes = _rows(airflow_setup.warehouse_url, "select distinct load_mode from trials where experiment_id = :e"
                   " and stage <> 'correctness'", e=exp["experiment_id"])
     assert modes == [("rate",)]
