@@ -8,6 +8,7 @@ answer overruns a one-minute GPU window and the DAG's deadline alert mails the n
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import psycopg
@@ -88,6 +89,12 @@ def _run_to_the_question(af: AirflowProcesses, api: str, meta: str, run_id: str,
     af.wait_until(lambda: task_states(meta, run_id).get(APPROVE) == "awaiting_input"
                   and task_states(meta, run_id).get(OUTCOME) in ("success", "failed"), 300)
     assert task_states(meta, run_id)[OUTCOME] == "failed"  # red already: the question holds no verdict back
+    # a person answers after the asking process has exited: the scheduler must have seen its exit first. An answer
+    # within a second of the question raced it (Airflow 3.3.2 queued the resumption, then read the asking process's
+    # late "success" against a queued task and failed the task)
+    asked = re.compile(rf"TaskInstance Finished: dag_id=servetune_weekly, task_id={re.escape(APPROVE)},"
+                       rf" run_id={re.escape(run_id)},.* state=awaiting_input")
+    af.wait_until(lambda: asked.search(af.log("scheduler")), 60)
     with psycopg.connect(localdb.libpq_dsn(meta)) as conn:
         (value,) = conn.execute("select value from xcom where run_id = %s and task_id = 'campaign_local.load'"
                                 " and key = 'return_value'",
