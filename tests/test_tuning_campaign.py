@@ -21,7 +21,7 @@ RECOMMENDATION_KEYS = {"config", "concurrency", "evidence_trial_ids", "goodput_r
                        "p99_e2e_ms", "output_tokens_per_s", "prefix_hit_rate", "explanation", "diff_from_previous",
                        "repeats", "goodput_ci95", "goodput_cv", "ties", "rate", "robustness", "objective",
                        "energy_per_output_token_j", "gpu_power_window_mean_w", "cost_per_mtok_usd",
-                       "cost_per_1k_good_usd", "vs_deployed"}
+                       "cost_per_1k_good_usd", "vs_deployed", "trial_size"}
 
 
 def small_plan(**over) -> TuningPlan:

@@ -166,7 +166,11 @@ def _stop(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | Non
     if ceiling is None:
         ceiling = Ceiling(level=best.level, kind="budget", pass_trial_id=best.trial_id,
                           reasons=["the campaign ended before the ramp found the ceiling"])
+    robust = checks_so_far(plan, state, best)  # the answer's checks that ran before the stop: its margin stands
     partial = RefineResult(best=best, compared=[o.trial_id for o in state.by_stage("refine")],
-                           notes=[reason, *unmeasured(plan, state, best)])
+                           notes=[reason, *(robust.notes if robust.checks else []), *unmeasured(plan, state, best)])
     rec = recommend(plan, state, ceiling, partial, previous)
+    if rec is not None:
+        rec.robustness = robust.checks
+        rec.evidence_trial_ids += [c["trial_id"] for c in robust.checks if c["trial_id"] not in rec.evidence_trial_ids]
     return Decision(stage="done", done=True, ceiling=ceiling, recommendation=rec, reason=reason)

@@ -262,10 +262,12 @@ def passing(plan: TuningPlan, state: CampaignState) -> list[Evidence]:
 
 
 def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *, stage: str, reason: str,
-           repeats: int = 1, prior: tuple[float, str] | None = None) -> TrialSpec | Evidence:
+           repeats: int = 1, prior: tuple[float, str] | None = None, size: tuple[int, int, str] | None = None
+           ) -> TrialSpec | Evidence:
     """The next trial (flags, level) needs, or its evidence once seeds 0..``repeats``-1 are accepted
     (``repeats.max`` when marginal), a seed has used up its attempts, or an open loop failed on a seed;
-    ``prior`` sizes the level's first trial where the campaign has measured nothing to size it from."""
+    ``prior`` sizes the level's first trial where the campaign has measured nothing to size it from, ``size``
+    (requests, warm-up, whence) sets it outright: a warm start confirms an answer at the size it was found at."""
     ref = level_size(plan, state, level)
     everything = state.measurements(flags, level)
     now = [o for o in everything if _sized(o, ref)]
@@ -317,6 +319,8 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *
                          f"{reason}: re-run of {what} trial {last.trial_id[:8]} on the same seed", how)
         if ref is not None:
             requests, warmup, how = ref.requests, ref.warmup, f"the level's size (trial {ref.trial_id[:8]})"
+        elif size is not None:
+            requests, warmup, how = size
         else:  # the band's first trial: sized for its top rate (the level itself in a closed loop)
             requests, warmup, how = size_trial(plan, state, flags, size_band(plan, level), stage, prior=prior)
         why = reason if k == 0 else f"{reason}: seed {k + 1} of {wanted}" + (

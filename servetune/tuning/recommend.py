@@ -98,6 +98,7 @@ def recommend(
         ties=list(refined.ties) if refined else [],
         objective=plan.objective,
         **_energy_and_cost(ev.outcomes if ev.n else [chosen]),
+        trial_size={"requests": (sized := (ev.outcomes or [chosen])[0]).requests, "warmup": sized.warmup},
     )
     rec.vs_deployed = against_deployed(plan, state, chosen.flags, chosen.level, rec.goodput_rps)
     if line := describe_deployed(plan, rec.vs_deployed):

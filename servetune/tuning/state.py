@@ -240,6 +240,8 @@ class Recommendation(BaseModel):
     gpu_power_window_mean_w: float | None = None
     cost_per_mtok_usd: float | None = Field(default=None, description="at the plan's cost.gpu_hour_usd")
     cost_per_1k_good_usd: float | None = None
+    trial_size: dict[str, int] | None = Field(
+        default=None, description="requests and warm-up of the answer's trials: a warm start confirms it at this size")
 
 
 class Decision(BaseModel):

@@ -56,7 +56,8 @@ def confirm(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | N
     flags, level, source = found
     at = plan.level_text(level)
     ev = gather(plan, state, flags, level, stage="ramp", reason=f"warm start: confirm the last accepted answer"
-                f" ({source}) at {at}", repeats=plan.repeat_count, prior=_prior(plan, previous))
+                f" ({source}) at {at}", repeats=plan.repeat_count, prior=_prior(plan, previous),
+                size=_size(plan, previous))
     if isinstance(ev, TrialSpec):
         return ev
     if not ev.passed:
@@ -104,6 +105,20 @@ def _below(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, f
         ceiling.reasons.insert(0, f"{why}; the walk went down from there, to {plan.level_text(lower)}, which passes")
         return flags, ceiling
     return f"{why}; nothing below it on the ladder passes either: the full walk"
+
+
+def _size(plan: TuningPlan, previous: dict[str, Any] | None) -> tuple[int, int, str] | None:
+    """The size the previous answer's trials ran at (under this plan's per-trial cap): last week's verdict and
+    this week's compare at equal sizes, and a re-run above it that cannot grow keeps the band's trials current.
+    In an open loop a short warm-up flatters a rate at the edge (the queue has not built up yet), so a
+    confirmation sized afresh could pass where the answer's own size fails. None for an answer that does not say
+    (written before it was kept): ``_prior`` sizes it then."""
+    size = (previous or {}).get("trial_size")
+    if not isinstance(size, dict) or not all(isinstance(size.get(k), int) and size[k] >= 0
+                                             for k in ("requests", "warmup")) or size["requests"] <= 0:
+        return None
+    requests = min(size["requests"], plan.budget.max_requests_per_trial)
+    return requests, size["warmup"], f"the last accepted answer's trial size ({size['requests']}+{size['warmup']})"
 
 
 def _prior(plan: TuningPlan, previous: dict[str, Any] | None) -> tuple[float, str] | None:
