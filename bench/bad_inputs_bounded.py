@@ -1,6 +1,6 @@
 """Issue 44's bad inputs, part of bench/bad_inputs.py's catalogue: a plan's name used as a path or as terminal
 text, and work that grows with the input (ramp levels, the refine grid), each refused when the plan is read
-(servetune.names, servetune.plan_types; docs/reliability.md, "Inputs from outside are bounded"). The network,
+(servetune.names, servetune.numbers; docs/reliability.md, "Inputs from outside are bounded"). The network,
 schema and OS-error classes need a server, a database or a disk in a given state: they are tests
 (tests/test_reliability_faults.py, tests/test_warehouse_schema.py) and the fault catalogue's ``endless_line``.
 """

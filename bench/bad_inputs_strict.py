@@ -1,6 +1,6 @@
 """Issue 31's bad inputs, part of bench/bad_inputs.py's catalogue (kept here so that module stays small): a key
 written twice, a boolean where a number belongs, inf or nan, and sizes past servetune's limits
-(servetune.strict_yaml, servetune.plan_types; docs/reliability.md, "Strict numbers and keys").
+(servetune.strict_yaml, servetune.numbers; docs/reliability.md, "Strict numbers and keys").
 """
 
 from __future__ import annotations

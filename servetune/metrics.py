@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from servetune.energy import Cost, apply_energy
+from servetune.gpu_summary import summarize_gpu
 from servetune.multimodal import summarize_images
 from servetune.per_turn import by_turn
 from servetune.records import RequestRecord
@@ -139,7 +140,7 @@ def summarize(
     s.by_turn = by_turn(ok)
     _validity(s, records, steady, load, rules)
     s.multimodal = summarize_images(ok, _server_signals(s, server))
-    _gpu(s, gpu)
+    summarize_gpu(s, gpu)
     apply_energy(s, gpu, cost)
     return s
 
@@ -336,67 +337,3 @@ def _server_signals(s: TrialSummary, server: dict[str, Any] | None) -> dict[str,
     s.server_samples = int(sig.get("samples") or 0)
     s.server_samples_in_window = int(sig.get("samples_in_window") or 0)
     return sig
-
-
-# --- GPU memory curve ---------------------------------------------------------------------
-
-
-def gpu_sweeps(samples: Sequence[dict[str, Any]]) -> list[dict[int, dict[str, Any]]]:
-    """Group per-GPU samples into sweeps (one reading of every GPU): a repeated GPU index starts a new one."""
-    sweeps: list[dict[int, dict[str, Any]]] = []
-    cur: dict[int, dict[str, Any]] = {}
-    for sample in samples:
-        g = int(sample.get("gpu", 0))
-        if g in cur:
-            sweeps.append(cur)
-            cur = {}
-        cur[g] = sample
-    if cur:
-        sweeps.append(cur)
-    return sweeps
-
-
-def _gpu(s: TrialSummary, gpu: dict[str, Any] | None) -> None:
-    if not gpu:
-        return
-    s.gpu_state = str(gpu.get("state") or "unknown")
-    interval = gpu.get("interval_ms")
-    s.gpu_sample_interval_ms = float(interval) if interval is not None else None
-    s.gpu_clean_at_start = clean_at_start(gpu)
-    sweeps = gpu_sweeps(gpu.get("samples") or [])
-    s.gpu_samples = len(sweeps)
-    if not sweeps:
-        return
-    used = [sum(int(x["mem_used"]) for x in sw.values()) for sw in sweeps]
-    totals: dict[int, int] = {}
-    for sw in sweeps:
-        for g, x in sw.items():
-            totals[g] = max(totals.get(g, 0), int(x["mem_total"]))
-    s.gpu_mem_peak_bytes = max(used)
-    s.gpu_mem_mean_bytes = float(np.mean(used))
-    s.gpu_mem_idle_bytes = used[0]
-    s.gpu_mem_total_bytes = sum(totals.values())
-    if s.gpu_mem_total_bytes:
-        s.gpu_mem_peak_fraction = s.gpu_mem_peak_bytes / s.gpu_mem_total_bytes
-    utils = [float(x["util"]) for sw in sweeps for x in sw.values() if x.get("util") is not None]
-    if utils:
-        s.gpu_util_mean = float(np.mean(utils))
-    power = [
-        sum(float(x["power_w"]) for x in sw.values())
-        for sw in sweeps
-        if all(x.get("power_w") is not None for x in sw.values())
-    ]
-    if power:
-        s.gpu_power_mean_w = float(np.mean(power))
-
-
-def clean_at_start(gpu: dict[str, Any]) -> bool | None:
-    """THE clean-GPU-at-start rule (the checklist's ``clean_gpu``; the stored-trial SQL mirrors it): no foreign
-    process held a sampled (or simulated) GPU; None when that cannot be told: no GPU state, no process
-    list, or an entry without the sampler's ``foreign`` mark (the server's PIDs were unknown)."""
-    procs = gpu.get("processes_at_start")
-    if gpu.get("state") not in ("ok", "simulated") or not isinstance(procs, list):
-        return None
-    if any(isinstance(p, dict) and p.get("foreign") is True for p in procs):
-        return False
-    return True if all(isinstance(p, dict) and p.get("foreign") is False for p in procs) else None

@@ -22,7 +22,7 @@ from servetune.redact import redact, redact_text
 from servetune.result_check import RecordIn, ResultError, check_samples, first_error, read_json
 
 #: the one list of stage names: a trial's ``stage`` (TrialSpec, TrialOutcome, TrialResult, the warehouse)
-#: ``protocol``: a plan's other ways of measuring (servetune.plan_protocols), run first, never decided on
+#: ``protocol``: a plan's other ways of measuring (servetune.plan.protocols), run first, never decided on
 Stage = Literal["protocol", "correctness", "baseline", "ramp", "bisect", "refine", "robustness"]
 #: every stage, in the order a campaign walks them
 ALL_STAGES: tuple[Stage, ...] = get_args(Stage)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from servetune.metrics import gpu_sweeps, percentiles, prefix_hit_rate, summarize
+from servetune.gpu_summary import gpu_sweeps
+from servetune.metrics import percentiles, prefix_hit_rate, summarize
 from servetune.records import RequestRecord
 from servetune.result import TrialResult
 from servetune.sla import SLA

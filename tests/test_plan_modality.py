@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from servetune.plan import PlanError, parse_plan
-from servetune.plan_modality import vision_tower
+from servetune.plan.modality import vision_tower
 
 IMAGES = {"count": 1, "width": 448, "height": 448, "ratio": 0.5}
 

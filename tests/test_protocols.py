@@ -1,4 +1,4 @@
-"""A plan's protocols (servetune.plan_protocols): other ways of measuring the same server, run once
+"""A plan's protocols (servetune.plan.protocols): other ways of measuring the same server, run once
 beside the campaign, judged by the same checklist and shown beside the tuned answer.
 
 The campaigns here run the simulator in virtual time (SimTrialRunner); the Airflow path is
@@ -14,7 +14,7 @@ import yaml
 from servetune.checklist_report import PLAIN_COLUMN
 from servetune.experiment import ResultFolder
 from servetune.plan import PlanError, load_plan, parse_plan
-from servetune.plan_protocols import deep_merge, headline_value, protocol_workload
+from servetune.plan.protocols import deep_merge, headline_value, protocol_workload
 from servetune.report.html import write_report
 from servetune.report.protocols import protocol_rows, rejection_sentences
 from servetune.report.sources import load_campaign

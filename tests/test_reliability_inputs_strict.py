@@ -3,7 +3,7 @@
 1. a key written twice in a plan or workload YAML (servetune.strict_yaml): PyYAML kept the last one silently;
 2. a boolean where an integer or a number belongs: pydantic's lax mode read ``true`` as 1;
 3. inf or nan, in a plan or in ``servetune bench``'s options: ``--rate inf`` ran and recorded null;
-4. a size past servetune's limits (servetune.plan_types): a concurrency of 10**9 spun a dry run forever.
+4. a size past servetune's limits (servetune.numbers): a concurrency of 10**9 spun a dry run forever.
 
 Each class is a table of several inputs, run in-process through the CLI's root group (typer's CliRunner, as
 tests/test_reliability_inputs.py does); one of each also runs as a real ``python -m servetune`` process. The
@@ -25,8 +25,8 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from bad_inputs import Case, problems, run_subprocess  # noqa: E402
 from servetune.cli import app  # noqa: E402
+from servetune.numbers import MAX_REQUESTS, MAX_STREAMS, check_bench_options  # noqa: E402
 from servetune.plan import PlanError, load_plan, parse_plan  # noqa: E402
-from servetune.plan_types import MAX_REQUESTS, MAX_STREAMS, check_bench_options  # noqa: E402
 from servetune.strict_yaml import DuplicateKeyError, load_yaml  # noqa: E402
 from servetune.workload.spec import MAX_IMAGE_SIDE, MAX_TOKENS  # noqa: E402
 

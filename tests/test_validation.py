@@ -263,10 +263,10 @@ GPU_CASES = [  # (state, processes_at_start) -> the one verdict
 
 
 def test_one_clean_gpu_rule_in_memory_and_in_the_warehouse(database_url):
-    """servetune.metrics.clean_at_start decides; a result stored without the verdict (older trials) gets
+    """servetune.gpu_summary.clean_at_start decides; a result stored without the verdict (older trials) gets
     the same one from the checklist's frames and from the stored-trial SQL."""
+    from servetune.gpu_summary import clean_at_start
     from servetune.ingest import load_result
-    from servetune.metrics import clean_at_start
     from servetune.validation.frames import build_frames
     from servetune.validation.stored import validate_stored
     from warehouse_fixtures import migrated

@@ -25,7 +25,7 @@ from servetune.commands.bench_names import cli_names
 from servetune.commands.jsonout import JsonFlag, use_json
 from servetune.commands.outpath import check_out_file, write_result
 from servetune.loadgen import TargetUnreachable
-from servetune.plan_types import check_bench_options, error_text
+from servetune.numbers import check_bench_options, error_text
 from servetune.redact import redact_text
 from servetune.result import Percentiles, TrialResult, TrialSummary
 from servetune.sla import SLA

@@ -1,6 +1,6 @@
 """The report's "Protocols side by side": each way of measuring the plan ran, and the tuned answer.
 
-A protocol trial (``stage: protocol``, servetune.plan_protocols) quotes one figure; the row shows that
+A protocol trial (``stage: protocol``, servetune.plan.protocols) quotes one figure; the row shows that
 figure beside every other one its trial measured, and the checklist's verdict with the items it failed
 and the values they saw, so a reader sees why one engineer's number cannot settle the question. The last
 row is the campaign's recommendation from its own evidence trial.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from servetune.plan_protocols import HEADLINES, headline_value
+from servetune.plan.protocols import HEADLINES, headline_value
 from servetune.report.campaign import CampaignView, flag_value, is_simulated, level_of, meets_sla
 from servetune.report.evidence import failed_checks
 from servetune.report.verdict import plain_rejection

@@ -12,7 +12,7 @@ from typing import Any
 
 from servetune.checklist_report import plain_words
 from servetune.engines.catalog import command_text
-from servetune.plan_protocols import HEADLINES, headline_value
+from servetune.plan.protocols import HEADLINES, headline_value
 from servetune.report.campaign import CampaignView, config_key, counts, level_of
 from servetune.result import TrialResult
 from servetune.stats import compare, spread

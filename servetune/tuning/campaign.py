@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from servetune.experiment import ExperimentRecord, ResultFolder
 from servetune.oserrors import os_error_text
 from servetune.plan import TuningPlan
-from servetune.plan_protocols import MeasurementProtocol
+from servetune.plan.protocols import MeasurementProtocol
 from servetune.redact import MASK, redact
 from servetune.result import TrialResult
 from servetune.tuning.costs import (
@@ -191,7 +191,7 @@ class Campaign:
         return decision
 
     def run_protocols(self, *, stop: Callable[[], bool] | None = None) -> list[TrialResult]:
-        """The plan's protocols (servetune.plan_protocols), each once, before the staged trials; one
+        """The plan's protocols (servetune.plan.protocols), each once, before the staged trials; one
         already in trials/ (a resumed campaign, a retried task) is not measured again. Their trials are
         results like any other (checked, stored, reported) but never outcomes the decisions read."""
         if not self.plan.protocols:  # most plans: no trial file is read

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from servetune.engines.knobs import sim_flags
 from servetune.plan import TuningPlan
-from servetune.plan_protocols import MeasurementProtocol, protocol_workload
+from servetune.plan.protocols import MeasurementProtocol, protocol_workload
 from servetune.result import TrialResult
 from servetune.tuning.state import TrialSpec
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from servetune.energy import UNAVAILABLE
-from servetune.metrics import clean_at_start
+from servetune.gpu_summary import clean_at_start
 from servetune.result import TrialResult
 from servetune.warehouse.tables import flatten_summary
 

@@ -40,7 +40,7 @@ SELECT t.input_len_p50, t.input_len_p90, t.input_len_p99, t.output_len_p50, t.ou
        (t.summary_multimodal->>'hit_rate_text_tokens')::float8 AS hit_rate_text_tokens,
        (t.summary_multimodal->>'image_tokens_per_image_p50')::float8 AS image_tokens_per_image_p50,
        COALESCE(t.gpu_info->>'state', t.gpu_state) AS gpu_state,
-       COALESCE(t.gpu_clean_at_start, CASE  -- servetune.metrics.clean_at_start, the one rule, in SQL
+       COALESCE(t.gpu_clean_at_start, CASE  -- servetune.gpu_summary.clean_at_start, the one rule, in SQL
          WHEN COALESCE(t.gpu_info->>'state', '') NOT IN ('ok', 'simulated')
               OR jsonb_typeof(t.gpu_info->'processes_at_start') IS DISTINCT FROM 'array' THEN NULL
          WHEN jsonb_path_exists(t.gpu_info, '$.processes_at_start[*] ? (@.foreign == true)') THEN false

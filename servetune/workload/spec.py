@@ -215,9 +215,9 @@ class WorkloadSpec(BaseModel):
     @classmethod
     def from_file(cls, path: str | Path) -> WorkloadSpec:
         """Load a workload from YAML or JSON; errors name the bad field (a YAML key given twice, a boolean or a
-        non-finite number where a number belongs: servetune.strict_yaml, servetune.plan_types)."""
+        non-finite number where a number belongs: servetune.strict_yaml, servetune.numbers)."""
         from servetune.input_files import read_bytes
-        from servetune.plan_types import check_numbers
+        from servetune.numbers import check_numbers
         from servetune.strict_yaml import load_yaml
 
         text = read_bytes(path).decode("utf-8")  # a FIFO named as the workload: refused, never read

@@ -6,7 +6,7 @@ lengths from a distribution, continuous batching, the cache on and an end-to-end
 states one such method (its workload changes, server flags, batching and the figure its author
 quotes), runs once beside the campaign, and goes through the same checklist, so the report can put
 each protocol's figure next to the tuned answer and say which of them the checklist accepts.
-Kept out of plan.py so that module stays small; ``servetune.plan`` validates them with the plan.
+``servetune.plan.model`` validates them with the plan.
 """
 
 from __future__ import annotations

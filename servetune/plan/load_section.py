@@ -1,6 +1,6 @@
 """A plan's ``load`` section, and the checks that need the workload too (timed traces).
 
-Kept out of plan.py so that module stays small; ``servetune.plan`` re-exports ``LoadSection``.
+``servetune.plan`` re-exports ``LoadSection``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from servetune.plan_types import Number, Streams
+from servetune.numbers import Number, Streams
 
 if TYPE_CHECKING:
     from servetune.workload.spec import WorkloadSpec
@@ -20,7 +20,7 @@ class LoadSection(BaseModel):
     loop, levels are requests/s by ``arrival``, gamma of shape ``burstiness``; ``max_in_flight`` at once).
     ``arrival: trace`` replays the workload's timed trace, rescaled to each level's rate."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # numbers: servetune.plan_types
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # numbers: servetune.numbers
 
     mode: Literal["concurrency", "rate"] = "concurrency"
     arrival: Literal["poisson", "gamma", "constant", "trace"] = "poisson"

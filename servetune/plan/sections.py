@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from servetune.plan_types import Int, Number, Strict as _Strict
+from servetune.numbers import Int, Number, Strict as _Strict
 
 Objective = Literal["goodput", "goodput_per_watt", "cost_per_mtok"]
 
