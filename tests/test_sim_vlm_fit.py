@@ -13,9 +13,7 @@ share one front-end model: one image request takes the same time to its first to
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
+from bench_modules import bench_module
 from servetune.diagnose.images import diagnose as rule6
 from servetune.engines.sim import SimConfig
 from servetune.loadgen import LoadConfig, Target, run_load
@@ -43,15 +42,7 @@ HELD_OUT_MEDIAN = {"req/s": 0.115, "TTFT p50 ms": 0.166, "TPOT p50 ms": 0.105}
 MARGIN = 0.03
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-vlm = _load("sim_vs_sglang_vlm")
+vlm = bench_module("sim_vs_sglang_vlm")
 PICK = ("radix on, r90", "radix off, r90", "radix on, mm workers 8, r90", "radix on, r50", "radix off, r50",
         "scenario 1, chunk 8192", "scenario 1, chunk 1024", "images after the system prompt")
 
@@ -135,7 +126,7 @@ def test_more_processor_threads_cost_throughput_as_measured(held_out) -> None:
 
 
 def test_the_text_front_end_brings_open_loop_ttft_closer(tmp_path: Path) -> None:
-    svs = _load("sim_vs_sglang")
+    svs = bench_module("sim_vs_sglang")
     trials, _ = svs.real_trials(["openloop"])
     prof = yaml.safe_load((ROOT / "servetune/sim/profiles/model/llama-8b-v32k.yaml").read_text())
     assert prof["front_end"]["text_ms"] > 0

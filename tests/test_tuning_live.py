@@ -8,7 +8,6 @@ is sized to finish in well under three minutes on a 2-core machine.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bench_modules import bench_module
 from servetune.plan import load_plan
 from servetune.report.campaign import load_result_dir
 from servetune.report.cost import answer_cost
@@ -28,14 +28,7 @@ from servetune.tuning.state import Flags
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-demo_plan = _bench("busy_host").demo_plan  # the live campaign bench/busy_host.py runs on a busy host too
+demo_plan = bench_module("busy_host").demo_plan  # the live campaign bench/busy_host.py runs on a busy host too
 
 
 class Recording:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from bench_modules import bench_module
 from servetune.cli import app
 from servetune.loadgen import LoadConfig
 from servetune.loadgen.strategies import arrival_offsets_s
@@ -172,15 +173,7 @@ def test_a_growing_backlog_is_an_overload_verdict_even_when_the_window_is_not_st
 
 def _capacity_bench():
     """bench/capacity_search.py, whose grid (every 5% of rate, sized by the tuner's rule) the test reuses."""
-    import importlib.util
-    import sys
-
-    path = Path(__file__).resolve().parent.parent / "bench" / "capacity_search.py"
-    spec = importlib.util.spec_from_file_location("capacity_search", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("capacity_search")
 
 
 def test_the_capacity_search_matches_an_exhaustive_rate_grid(tmp_path: Path) -> None:
