@@ -66,6 +66,8 @@ def test_the_vlm_campaign_finds_13_req_s_on_three_seeds_checked_under_bursts(kep
     assert "left unmeasured: the refinement of mm-processor-worker-num" in text
     assert "the robustness check" not in text.split("left unmeasured")[1]
     assert rec.energy_per_output_token_j == pytest.approx(0.285, abs=0.002)
+    # the next window's weekly run starts from this replay (the file the machine wrote predates trial_size)
+    assert orjson.loads((WINDOW / "recommendation-replayed.json").read_bytes()) == orjson.loads(rec.model_dump_json())
 
 
 def test_the_weekly_run_from_it_confirmed_13_at_a_smaller_size_then_not_at_the_band_s(kept) -> None:
