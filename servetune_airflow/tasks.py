@@ -20,7 +20,7 @@ import orjson
 
 from servetune.experiment import ResultFolder
 from servetune.plan import PlanError, TuningPlan, load_plan, parse_plan
-from servetune.plan_protocols import deep_merge
+from servetune.plan.protocols import deep_merge
 from servetune.tuning.runner import SimTrialRunner
 from servetune_airflow.config import results_dir, runner_of
 from servetune_airflow.task_logs import quiet_libraries
