@@ -17,8 +17,8 @@ from servetune.tuning.costs import no_room_to_refine
 from servetune.tuning.evidence import passing
 from servetune.tuning.recommend import recommend
 from servetune.tuning.refine import RefineResult, refine
-from servetune.tuning.robustness import checks_so_far, robustness
-from servetune.tuning.state import CampaignState, Ceiling, Decision, Flags, TrialOutcome, TrialSpec
+from servetune.tuning.robustness import RobustnessResult, checks_so_far, robustness
+from servetune.tuning.state import CampaignState, Ceiling, Decision, Flags, Recommendation, TrialOutcome, TrialSpec
 from servetune.tuning.warm import confirm, warm_answer
 
 
@@ -106,8 +106,7 @@ def next_trials(plan: TuningPlan, state: CampaignState, *, previous: dict[str, A
     notes = [*(robust.notes if robust else []), *([warm] if isinstance(warm, str) else [])]  # why the full walk
     rec = recommend(plan, state, ceiling, refined, previous, notes=notes or None)
     if rec is not None and robust is not None:
-        rec.robustness = robust.checks
-        rec.evidence_trial_ids += [c["trial_id"] for c in robust.checks if c["trial_id"] not in rec.evidence_trial_ids]
+        _with_checks(rec, robust)
     return Decision(stage="done", done=True, ceiling=ceiling, recommendation=rec,
                     reason=f"ceiling at {plan.level_text(ceiling.level)}; recommendation at"
                            f" {plan.level_text(rec.rate if plan.rate_mode else rec.concurrency) if rec else '-'}")
@@ -171,6 +170,11 @@ def _stop(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | Non
                            notes=[reason, *(robust.notes if robust.checks else []), *unmeasured(plan, state, best)])
     rec = recommend(plan, state, ceiling, partial, previous)
     if rec is not None:
-        rec.robustness = robust.checks
-        rec.evidence_trial_ids += [c["trial_id"] for c in robust.checks if c["trial_id"] not in rec.evidence_trial_ids]
+        _with_checks(rec, robust)
     return Decision(stage="done", done=True, ceiling=ceiling, recommendation=rec, reason=reason)
+
+
+def _with_checks(rec: Recommendation, robust: RobustnessResult) -> None:
+    """The answer's robustness checks, and their trials among its evidence."""
+    rec.robustness = robust.checks
+    rec.evidence_trial_ids += [c["trial_id"] for c in robust.checks if c["trial_id"] not in rec.evidence_trial_ids]

@@ -8,7 +8,7 @@ from typing import Any
 from servetune.plan import TuningPlan
 from servetune.tuning import signals
 from servetune.tuning.deployed import against_deployed, describe as describe_deployed, flag_changes
-from servetune.tuning.evidence import Evidence, current as current_evidence
+from servetune.tuning.evidence import Evidence, current as current_evidence, level_size
 from servetune.tuning.objective import by_objective
 from servetune.tuning.refine import RefineResult, goodput
 from servetune.tuning.regressions import regressions
@@ -46,6 +46,7 @@ def recommend(
     if ev is None or ev.flags != chosen.flags or ev.level != chosen.level:
         ev = current_evidence(plan, state, chosen.flags, chosen.level)
     s = chosen.summary
+    sized = level_size(plan, state, chosen.level) or chosen  # every trial of the level's evidence is this size
     evidence = [chosen.trial_id, *(t for t in ev.trial_ids if t != chosen.trial_id)]
     for tid in [*(o.trial_id for o in state.by_stage("baseline")), ceiling.pass_trial_id, ceiling.fail_trial_id,
                 *ceiling.pass_trial_ids, *ceiling.fail_trial_ids, *(refined.compared if refined else [])]:
@@ -98,7 +99,7 @@ def recommend(
         ties=list(refined.ties) if refined else [],
         objective=plan.objective,
         **_energy_and_cost(ev.outcomes if ev.n else [chosen]),
-        trial_size={"requests": (sized := (ev.outcomes or [chosen])[0]).requests, "warmup": sized.warmup},
+        trial_size={"requests": sized.requests, "warmup": sized.warmup},
     )
     rec.vs_deployed = against_deployed(plan, state, chosen.flags, chosen.level, rec.goodput_rps)
     if line := describe_deployed(plan, rec.vs_deployed):
