@@ -15,6 +15,7 @@ from servetune.plan import load_plan
 from servetune.result import TrialResult
 from servetune.tuning import next_trials
 from servetune.tuning.plan_identity import check_same_plan
+from servetune.tuning.sizing import size_trial
 from servetune.tuning.state import CampaignState
 from servetune.validation.campaign import apply_checklist
 
@@ -103,3 +104,21 @@ def test_a_weekly_run_now_confirms_the_answer_at_the_size_it_was_found_at(kept) 
     (spec,) = next_trials(_plan("tune-w"), first, previous=previous).trials
     assert (spec.rate, spec.seed_offset, spec.requests, spec.warmup) == (13.0, 0, 200, 282)
     assert "the last accepted answer's trial size (200+282)" in spec.sizing
+
+
+def test_a_slow_invalid_trial_no_longer_sizes_the_warm_ups_after_it(kept) -> None:
+    """The first trial at 12 req/s (a server still warming up: 11.7 s mean E2E, no steady window; its re-run took
+    2.7) set every later warm-up: 212 requests at 12 req/s and 282 at 13-16, 17 s of arrivals per trial that no
+    decision read. The estimate now comes from accepted trials where there are any (the slowest at or below the
+    rate: 3.11 s at 8 req/s), so the same trials would run 56-75 warm-up requests, about 2.8 GPU minutes less (the
+    re-run of a rejected trial then grows its measured requests, not its warm-up)."""
+    plan, state = _plan("tune-vlm"), kept_state(kept / "tune-vlm")
+    outlier = state.outcomes[5]
+    assert (outlier.rate, outlier.rejected) == (12.0, True) and outlier.summary.e2e_ms.mean > 11_000
+    sizes = {}
+    for n in (6, 9, 11, 13):
+        o = state.outcomes[n]
+        requests, warmup, how = size_trial(plan, CampaignState(outcomes=state.outcomes[:n]), o.flags, o.rate, o.stage)
+        assert o.warmup >= 212 and "E2E 3.11 s" in how
+        sizes[o.rate] = (requests, warmup)
+    assert sizes == {12.0: (167, 56), 16.0: (200, 75), 14.0: (195, 66), 13.0: (181, 61)}
