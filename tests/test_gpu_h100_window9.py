@@ -59,7 +59,7 @@ def test_the_vlm_campaign_finds_13_req_s_on_three_seeds_checked_under_bursts(kep
     d = next_trials(plan, state)
     rec = d.recommendation
     assert d.done and rec is not None and rec.rate == 13.0 and rec.repeats == 3
-    assert rec.trial_size == {"requests": 200, "warmup": 282}
+    assert rec.trial_size is not None and rec.trial_size.model_dump() == {"requests": 200, "warmup": 282}
     (check,) = rec.robustness
     assert check["passed"] and check["rate"] == 10.4 and check["trial_id"] in rec.evidence_trial_ids
     text = " ".join(rec.explanation)

@@ -5,8 +5,10 @@ decisions are pure: hand-made response surfaces, the previous answer as the ware
 
 from __future__ import annotations
 
+import pytest
+
 from servetune.result import TrialSummary
-from servetune.tuning import CampaignState, TrialOutcome, next_trials
+from servetune.tuning import CampaignState, TrialOutcome, next_trials, warm
 from test_tuning_decisions import make_plan, summary
 
 REFINE = {"enabled": True, "radix_cache": False, "set_max_running": False, "extend_levels": 0,
@@ -101,3 +103,17 @@ def test_a_changed_service_or_a_plan_without_warm_start_never_starts_warm() -> N
     assert d.trials[0].flags == {}  # the plan's own flags: the correctness check, then the walk from the baseline
     d = next_trials(_plan(), CampaignState(), previous={**previous, "changed": []})
     assert d.trials[0].flags == {}
+
+
+@pytest.mark.parametrize("size", [None, "200+16", {"requests": 0, "warmup": 16}, {"requests": 200, "warmup": -1},
+                                  {"requests": 200}, {"requests": 200, "warmup": 16, "extra": 1},
+                                  {"requests": 10**9, "warmup": 16}, {"requests": True, "warmup": "16"}])
+def test_a_trial_size_that_is_not_one_is_ignored_and_the_confirmation_sized_afresh(size) -> None:
+    """last week's recommendation.json is outside input: a size it cannot mean is read as none (sized afresh)."""
+    assert warm._size(_plan(), {"trial_size": size}) is None
+
+
+def test_a_kept_trial_size_is_capped_by_this_plan() -> None:
+    plan = _plan()
+    requests, warmup, how = warm._size(plan, {"trial_size": {"requests": 10**6, "warmup": 40}})
+    assert (requests, warmup) == (plan.budget.max_requests_per_trial, 40) and "1000000+40" in how

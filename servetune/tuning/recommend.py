@@ -12,7 +12,7 @@ from servetune.tuning.evidence import Evidence, current as current_evidence, lev
 from servetune.tuning.objective import by_objective
 from servetune.tuning.refine import RefineResult, goodput
 from servetune.tuning.regressions import regressions
-from servetune.tuning.state import CampaignState, Ceiling, Recommendation, TrialOutcome
+from servetune.tuning.state import CampaignState, Ceiling, Recommendation, TrialOutcome, TrialSize
 
 
 def _unmeasurable(plan: TuningPlan, state: CampaignState, chosen: TrialOutcome, ev: Evidence) -> str | None:
@@ -99,7 +99,7 @@ def recommend(
         ties=list(refined.ties) if refined else [],
         objective=plan.objective,
         **_energy_and_cost(ev.outcomes if ev.n else [chosen]),
-        trial_size={"requests": sized.requests, "warmup": sized.warmup},
+        trial_size=TrialSize(requests=sized.requests, warmup=sized.warmup),
     )
     rec.vs_deployed = against_deployed(plan, state, chosen.flags, chosen.level, rec.goodput_rps)
     if line := describe_deployed(plan, rec.vs_deployed):

@@ -208,6 +208,15 @@ class Ceiling(BaseModel):
     marginal: list[Level] = Field(default_factory=list, description="levels whose SLA verdict flipped between repeats")
 
 
+class TrialSize(BaseModel):
+    """The size an answer's trials ran at; read back from last week's recommendation.json, so bounded here."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    requests: int = Field(gt=0, le=10_000_000, description="measured requests")
+    warmup: int = Field(ge=0, le=10_000_000, description="unmeasured warm-up requests before them")
+
+
 class Recommendation(BaseModel):
     """The campaign's answer; written as recommendation.json (layout shared with warehouse and report)."""
 
@@ -240,7 +249,7 @@ class Recommendation(BaseModel):
     gpu_power_window_mean_w: float | None = None
     cost_per_mtok_usd: float | None = Field(default=None, description="at the plan's cost.gpu_hour_usd")
     cost_per_1k_good_usd: float | None = None
-    trial_size: dict[str, int] | None = Field(
+    trial_size: TrialSize | None = Field(
         default=None, description="requests and warm-up of the answer's trials: a warm start confirms it at this size")
 
 

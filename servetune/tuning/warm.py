@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from servetune.plan import Level, TuningPlan
 from servetune.redact import MASK
 from servetune.tuning.ceiling import adaptive_gather, climb, conclude, make_ceiling, ramp_levels, walk_seeds
 from servetune.tuning.evidence import Evidence, gather
-from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialSpec
+from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialSize, TrialSpec
 
 
 def warm_answer(plan: TuningPlan, previous: dict[str, Any] | None) -> tuple[Flags, Level, str] | None:
@@ -113,12 +115,12 @@ def _size(plan: TuningPlan, previous: dict[str, Any] | None) -> tuple[int, int, 
     In an open loop a short warm-up flatters a rate at the edge (the queue has not built up yet), so a
     confirmation sized afresh could pass where the answer's own size fails. None for an answer that does not say
     (written before it was kept): ``_prior`` sizes it then."""
-    size = (previous or {}).get("trial_size")
-    if not isinstance(size, dict) or not all(isinstance(size.get(k), int) and size[k] >= 0
-                                             for k in ("requests", "warmup")) or size["requests"] <= 0:
+    try:
+        size = TrialSize.model_validate((previous or {}).get("trial_size"))
+    except ValidationError:
         return None
-    requests = min(size["requests"], plan.budget.max_requests_per_trial)
-    return requests, size["warmup"], f"the last accepted answer's trial size ({size['requests']}+{size['warmup']})"
+    requests = min(size.requests, plan.budget.max_requests_per_trial)
+    return requests, size.warmup, f"the last accepted answer's trial size ({size.requests}+{size.warmup})"
 
 
 def _prior(plan: TuningPlan, previous: dict[str, Any] | None) -> tuple[float, str] | None:
