@@ -4,9 +4,13 @@ unpack them for a replay, shared by the tests that replay them."""
 from __future__ import annotations
 
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from servetune.tuning.state import CampaignState
+from servetune.plan import TuningPlan
+from servetune.result import TrialResult
+from servetune.tuning.state import CampaignState, TrialOutcome
+from servetune.validation.campaign import apply_checklist
 
 
 def unpack(root: Path, *archives: Path) -> Path:
@@ -20,3 +24,12 @@ def unpack(root: Path, *archives: Path) -> Path:
 def kept_state(folder: Path) -> CampaignState:
     """A kept campaign's state.json, read as the tuner reads it."""
     return CampaignState.model_validate_json((folder / "state.json").read_bytes())
+
+
+def checklist_again(folder: Path, plan: TuningPlan) -> Iterator[tuple[TrialOutcome, TrialResult]]:
+    """Each kept trial beside its result put through today's report checklist again (its stored verdict
+    dropped first), so a replay test asserts that a change in the checklist reads the trials as they were read."""
+    for o in kept_state(folder).outcomes:
+        result = TrialResult.read(folder / "trials" / f"{o.trial_id}.json")
+        result.validation = None
+        yield o, apply_checklist(result, min_measured=plan.validation.min_measured)

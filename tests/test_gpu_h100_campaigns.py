@@ -13,16 +13,14 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kept_archives import kept_state, unpack
+from kept_archives import checklist_again, kept_state, unpack
 
 from servetune.plan import load_plan
-from servetune.result import TrialResult
 from servetune.tuning import next_trials
 from servetune.tuning.costs import restart_cost
 from servetune.tuning.evidence import clear
 from servetune.tuning.plan_identity import check_same_plan
 from servetune.tuning.verdict import judge
-from servetune.validation.campaign import apply_checklist
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "gpu-h100-campaigns" / "2026-12-06"
@@ -55,10 +53,7 @@ def test_each_campaign_ran_its_plan_and_kept_its_start_ups_apart(kept, name) -> 
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_every_kept_trial_gets_the_same_checklist_verdict_again(kept, name) -> None:
     plan = load_plan(PLANS[name])
-    for o in kept_state(kept[name]).outcomes:
-        result = TrialResult.read(kept[name] / "trials" / f"{o.trial_id}.json")
-        result.validation = None
-        again = apply_checklist(result, min_measured=plan.validation.min_measured)
+    for o, again in checklist_again(kept[name], plan):
         assert (again.status == "rejected") == o.rejected, (o.stage, o.level, again.failure_reason)
 
 

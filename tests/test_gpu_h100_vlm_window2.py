@@ -9,15 +9,13 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kept_archives import kept_state, unpack
+from kept_archives import checklist_again, kept_state, unpack
 
 from servetune.plan import load_plan
-from servetune.result import TrialResult
 from servetune.tuning import next_trials
 from servetune.tuning.costs import restart_cost
 from servetune.tuning.plan_identity import check_same_plan
 from servetune.tuning.verdict import judge
-from servetune.validation.campaign import apply_checklist
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu-h100-campaigns" / "2026-12-06b"
 PLAN = DATA / "gpu-h100-vlm-rate.yaml"
@@ -46,10 +44,7 @@ def test_every_kept_trial_gets_the_same_checklist_verdict_again(kept) -> None:
     plan = load_plan(PLAN)
     outcomes = kept_state(kept).outcomes
     assert sum(o.rejected for o in outcomes) == 2  # both at 12 req/s: the window was not one steady state
-    for o in outcomes:
-        result = TrialResult.read(kept / "trials" / f"{o.trial_id}.json")
-        result.validation = None
-        again = apply_checklist(result, min_measured=plan.validation.min_measured)
+    for o, again in checklist_again(kept, plan):
         assert (again.status == "rejected") == o.rejected, (o.stage, o.level, again.failure_reason)
         if o.rejected:
             assert o.rate == 12.0 and "[one_window:" in (o.failure_reason or "")

@@ -10,15 +10,13 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kept_archives import kept_state, unpack
+from kept_archives import checklist_again, kept_state, unpack
 
 from servetune.plan import load_plan
-from servetune.result import TrialResult
 from servetune.tuning import CampaignState, next_trials
 from servetune.tuning.costs import restart_cost
 from servetune.tuning.plan_identity import check_same_plan
 from servetune.tuning.verdict import judge
-from servetune.validation.campaign import apply_checklist
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu-h100-campaigns"
 WINDOW = DATA / "2026-12-06c"
@@ -59,10 +57,7 @@ def test_the_checklist_rejected_the_trials_near_the_capacity_for_a_window_rule_t
     outcomes = kept_state(folder).outcomes
     assert sum(o.rejected for o in outcomes) == 11
     short = []
-    for o in outcomes:
-        result = TrialResult.read(folder / "trials" / f"{o.trial_id}.json")
-        result.validation = None
-        again = apply_checklist(result, min_measured=plan.validation.min_measured)
+    for o, again in checklist_again(folder, plan):
         assert (again.status == "rejected") == o.rejected, (o.stage, o.level, again.failure_reason)
         s = o.summary
         if s.throughput_mismatch is not None and s.window_source == "steady":

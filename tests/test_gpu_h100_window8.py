@@ -12,14 +12,13 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kept_archives import kept_state, unpack
+from kept_archives import checklist_again, kept_state, unpack
 
 from servetune.plan import load_plan
 from servetune.result import TrialResult
 from servetune.telemetry import startup_log
 from servetune.tuning import next_trials
 from servetune.tuning.plan_identity import check_same_plan
-from servetune.validation.campaign import apply_checklist
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu-h100-campaigns"
 WINDOW = DATA / "2026-12-07c"
@@ -43,10 +42,7 @@ def previous_vlm(tmp_path_factory) -> dict:
 def test_every_kept_trial_gets_the_same_checklist_verdict_again(kept, name) -> None:
     folder, plan = kept / name, load_plan(WINDOW / PLANS[name])
     check_same_plan(orjson.loads((folder / "experiment.json").read_bytes()), plan, folder)
-    for o in kept_state(folder).outcomes:
-        result = TrialResult.read(folder / "trials" / f"{o.trial_id}.json")
-        result.validation = None
-        again = apply_checklist(result, min_measured=plan.validation.min_measured)
+    for o, again in checklist_again(folder, plan):
         assert (again.status == "rejected") == o.rejected, (o.stage, o.rate or o.concurrency, again.failure_reason)
 
 

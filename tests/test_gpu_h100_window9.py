@@ -9,15 +9,13 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kept_archives import kept_state, unpack
+from kept_archives import checklist_again, kept_state, unpack
 
 from servetune.plan import load_plan
-from servetune.result import TrialResult
 from servetune.tuning import next_trials
 from servetune.tuning.plan_identity import check_same_plan
 from servetune.tuning.sizing import size_trial
 from servetune.tuning.state import CampaignState
-from servetune.validation.campaign import apply_checklist
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu-h100-campaigns"
 WINDOW = DATA / "2026-12-07d"
@@ -37,10 +35,7 @@ def _plan(name: str):
 def test_every_kept_trial_gets_the_same_checklist_verdict_again(kept, name) -> None:
     folder, plan = kept / name, _plan(name)
     check_same_plan(orjson.loads((folder / "experiment.json").read_bytes()), plan, folder)
-    for o in kept_state(folder).outcomes:
-        result = TrialResult.read(folder / "trials" / f"{o.trial_id}.json")
-        result.validation = None
-        again = apply_checklist(result, min_measured=plan.validation.min_measured)
+    for o, again in checklist_again(folder, plan):
         assert (again.status == "rejected") == o.rejected, (o.stage, o.rate, again.failure_reason)
 
 

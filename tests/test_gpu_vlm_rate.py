@@ -13,15 +13,14 @@ from pathlib import Path
 
 import orjson
 import pytest
+from kept_archives import checklist_again
 from typer.testing import CliRunner
 
 from servetune.cli import app
 from servetune.plan import load_plan
-from servetune.result import TrialResult
 from servetune.tuning import CampaignState, next_trials
 from servetune.tuning.plan_identity import check_same_plan
 from servetune.tuning.verdict import judge
-from servetune.validation.campaign import apply_checklist
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "gpu-h200-vlm" / "2026-12-05-rate"
@@ -54,11 +53,7 @@ def test_every_trial_passes_the_current_checklist_but_the_overloaded_level(kept,
     have no steady window (the server fell behind: offered 16, completed far fewer). The correctness check
     (two requests, both with an image) was rejected when it ran, by a length check that needs a text-only
     request; that check now applies only where the trial has one."""
-    verdicts = {}
-    for o in state.outcomes:
-        result = TrialResult.read(kept / "trials" / f"{o.trial_id}.json")
-        result.validation = None
-        verdicts[o.trial_id] = apply_checklist(result, min_measured=load_plan(PLAN).validation.min_measured)
+    verdicts = {o.trial_id: again for o, again in checklist_again(kept, load_plan(PLAN))}
     rejected = [o for o in state.outcomes if verdicts[o.trial_id].status == "rejected"]
     assert [(o.stage, o.rate) for o in rejected] == [("ramp", 16.0), ("ramp", 16.0)]
     assert all("one_window" in verdicts[o.trial_id].failure_reason for o in rejected)
