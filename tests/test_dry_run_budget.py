@@ -128,8 +128,16 @@ def test_the_answer_is_checked_before_the_refinement_which_stops_where_its_next_
     assert rec is not None and rec.robustness and rec.robustness[0]["passed"] is not None
     assert rec.config.get("mm-processor-worker-num") is None  # the incumbent, the config the check measured
     text = " ".join(rec.explanation)
-    assert "the refinement stopped: its next trial" in text and "robustness check needs" in text
+    assert "the refinement stopped: its next trial (about 1.8 GPU min) would end past the budget (5.4 of 6.5" in text
     assert "not measured: --mm-processor-worker-num" in text and "kept the incumbent" in text
+    # with room for that trial but not for the check a winner would need after it, the reserve is what stops it
+    data["budget"]["max_gpu_minutes"] = 7.3
+    path.write_text(yaml.safe_dump(data))
+    plan = load_plan(path)
+    decision, outcomes, _ = dry_run(plan, SimTrialRunner.for_plan(plan), checklist=False)
+    assert [o.stage for o in outcomes].count("refine") == 1 and decision.recommendation is not None
+    assert ("would leave less than the 0.3 GPU min a winning candidate's robustness check needs (5.4 of 7.3 min"
+            in " ".join(decision.recommendation.explanation))
 
 
 def test_the_campaign_under_the_budget_is_read_off_the_unlimited_one_exactly(tmp_path: Path) -> None:

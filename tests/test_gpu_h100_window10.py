@@ -58,7 +58,7 @@ def test_the_vlm_campaign_finds_12_req_s_on_three_seeds_in_13_gpu_minutes(kept) 
     (check,) = rec.robustness
     assert check["passed"] and check["rate"] == 9.6
     text = " ".join(rec.explanation)
-    assert "the refinement stopped: its next trial (about 2.0 GPU min)" in text
+    assert "the refinement stopped: its next trial (about 2.0 GPU min) would end past the budget (13.1 of 15" in text
     assert "not measured: --mm-processor-worker-num 4 at 12 req/s" in text
     assert "bought with 13.1 GPU min over 20 trial(s)" in text
     assert rec.energy_per_output_token_j == pytest.approx(0.273, abs=0.002)

@@ -105,6 +105,10 @@ def no_room_to_refine(plan: TuningPlan, state: CampaignState, spec: TrialSpec) -
     budget = plan.budget.max_gpu_minutes * 60
     if state.gpu_seconds + cost + reserve <= budget:
         return None
+    spent = f"({state.gpu_seconds / 60:.1f} of {plan.budget.max_gpu_minutes:g} min spent)"
+    if state.gpu_seconds + cost > budget:
+        return (f"the refinement stopped: its next trial (about {cost / 60:.1f} GPU min) would end past the"
+                f" budget {spent}")
+    whose = "a winning candidate's robustness check" if early else "the robustness check"
     return (f"the refinement stopped: its next trial (about {cost / 60:.1f} GPU min) would leave less than the"
-            f" {reserve / 60:.1f} GPU min the robustness check needs ({state.gpu_seconds / 60:.1f} of"
-            f" {plan.budget.max_gpu_minutes:g} min spent)")
+            f" {reserve / 60:.1f} GPU min {whose} needs {spent}")
