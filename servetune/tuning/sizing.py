@@ -109,8 +109,9 @@ def size_trial(plan: TuningPlan, state: CampaignState, flags: Flags, level: Leve
 def _e2e_estimate(state: CampaignState, flags: Flags, rate: float) -> tuple[float | None, str]:
     """Seconds a request takes near ``rate``: the slowest mean E2E measured at or below it (this config
     first); latency only grows with the rate, so the estimate errs long. Accepted trials only, where there are
-    any: one slow INVALID trial (a server still warming its kernels: 11.7 s of E2E at 12 req/s where the re-run
-    took 2.7) would otherwise size every later warm-up from its outlier (docs/gpu.md, "The tenth window")."""
+    any: one slow INVALID trial (a server far behind from its first request on: 11.7 s of E2E at 12 req/s where
+    the re-run took 2.7) would otherwise size every later warm-up from its outlier (docs/gpu.md, "The tenth
+    window")."""
     done = [o for o in state.outcomes if o.status != "failed" and o.stage != "correctness" and o.summary.e2e_ms.mean]
     done = [o for o in done if o.valid] or done
     for pool, label in (([o for o in done if o.flags == flags], "same config"), (done, "another config")):
