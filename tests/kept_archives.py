@@ -7,8 +7,11 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
+
 from servetune.plan import TuningPlan
 from servetune.result import TrialResult
+from servetune.tuning.plan_identity import check_same_plan
 from servetune.tuning.state import CampaignState, TrialOutcome
 from servetune.validation.campaign import apply_checklist
 
@@ -33,3 +36,10 @@ def checklist_again(folder: Path, plan: TuningPlan) -> Iterator[tuple[TrialOutco
         result = TrialResult.read(folder / "trials" / f"{o.trial_id}.json")
         result.validation = None
         yield o, apply_checklist(result, min_measured=plan.validation.min_measured)
+
+
+def assert_read_as_kept(folder: Path, plan: TuningPlan) -> None:
+    """The kept campaign ran this plan, and today's checklist rejects exactly the trials it rejected then."""
+    check_same_plan(orjson.loads((folder / "experiment.json").read_bytes()), plan, folder)
+    for o, again in checklist_again(folder, plan):
+        assert (again.status == "rejected") == o.rejected, (o.stage, o.rate or o.concurrency, again.failure_reason)

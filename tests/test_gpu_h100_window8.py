@@ -12,13 +12,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kept_archives import checklist_again, kept_state, unpack
+from kept_archives import assert_read_as_kept, kept_state, unpack
 
 from servetune.plan import load_plan
 from servetune.result import TrialResult
 from servetune.telemetry import startup_log
 from servetune.tuning import next_trials
-from servetune.tuning.plan_identity import check_same_plan
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu-h100-campaigns"
 WINDOW = DATA / "2026-12-07c"
@@ -40,10 +39,7 @@ def previous_vlm(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_every_kept_trial_gets_the_same_checklist_verdict_again(kept, name) -> None:
-    folder, plan = kept / name, load_plan(WINDOW / PLANS[name])
-    check_same_plan(orjson.loads((folder / "experiment.json").read_bytes()), plan, folder)
-    for o, again in checklist_again(folder, plan):
-        assert (again.status == "rejected") == o.rejected, (o.stage, o.rate or o.concurrency, again.failure_reason)
+    assert_read_as_kept(kept / name, load_plan(WINDOW / PLANS[name]))
 
 
 def test_the_vlm_answer_did_not_hold_and_the_walk_stopped_at_its_budget(kept, previous_vlm) -> None:

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kept_archives import checklist_again, kept_state, unpack
+from kept_archives import assert_read_as_kept, kept_state, unpack
 
 from servetune.plan import load_plan
 from servetune.tuning import next_trials
-from servetune.tuning.plan_identity import check_same_plan
 from servetune.tuning.sizing import size_trial
 from servetune.tuning.state import CampaignState
 
@@ -33,10 +32,7 @@ def _plan(name: str):
 
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_every_kept_trial_gets_the_same_checklist_verdict_again(kept, name) -> None:
-    folder, plan = kept / name, _plan(name)
-    check_same_plan(orjson.loads((folder / "experiment.json").read_bytes()), plan, folder)
-    for o, again in checklist_again(folder, plan):
-        assert (again.status == "rejected") == o.rejected, (o.stage, o.rate, again.failure_reason)
+    assert_read_as_kept(kept / name, _plan(name))
 
 
 def test_the_vlm_campaign_finds_13_req_s_on_three_seeds_checked_under_bursts(kept) -> None:
