@@ -9,8 +9,9 @@ is **ruled out**, and never measured, when even twice that error cannot lift it 
 (simulated candidate / incumbent < 1 - 2 x error - ``refine.min_improvement``). A candidate that could tie or
 win is measured as before, and its prediction is shown beside what was measured. The walk **abstains** (rules
 nothing out, says why) when the plan has no simulator profile (an SGLang plan without ``estimate:``, another
-engine), when fewer than ``predict.min_trials`` trials calibrate it, or when the held-out error is above
-``predict.max_error``.
+engine), when fewer than ``predict.min_trials`` trials calibrate it, when the held-out error is above
+``predict.max_error``, or in an open loop none of them failed the SLA (each then served its offered rate, in
+the simulator too: goodput says nothing of the latency margin that decides the capacity).
 
 What it cannot see: the error is measured at the base flags only, across levels, so a flag whose real effect
 the simulator gets wrong is not caught by it; that is why only a candidate predicted clearly worse is
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 from servetune.plan import Level, TuningPlan
 from servetune.tuning.state import CampaignState, Flags, TrialOutcome, TrialSpec, config_key
+from servetune.tuning.verdict import judge
 
 BASE_STAGES = ("baseline", "ramp", "bisect")
 _SIMULATED: dict[tuple[str, str, float, int, int, int], float | None] = {}
@@ -82,6 +84,12 @@ class Predictor:
         key = config_key(self.base_flags)
         base = [o for o in self.state.outcomes if o.stage in BASE_STAGES and o.key[0] == key and o.valid
                 and (o.summary.goodput_rps or 0) > 0]
+        if self.plan.rate_mode and base and not any(judge(o, self.plan.sla).kind == "sla" for o in base):
+            # an open loop that meets its SLA serves its offered rate, as the simulator does: a 0% error that
+            # knows nothing of the edge a candidate could move (the eleventh window's prediction said 0.0%)
+            return Calibration(trials=len(base), abstain=f"none of the {len(base)} calibrating trial(s) failed the"
+                                                         " SLA: in an open loop a passing trial's goodput is its"
+                                                         " offered rate, so it cannot measure the simulator's error")
         pairs = [(o.summary.goodput_rps or 0.0, self.simulate(o.flags, o.level, o)) for o in base]
         ratios = [m / s for m, s in pairs if s]
         if len(ratios) < section.min_trials:
