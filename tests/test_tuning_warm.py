@@ -9,6 +9,8 @@ import pytest
 
 from servetune.result import TrialSummary
 from servetune.tuning import CampaignState, TrialOutcome, next_trials, warm
+from servetune.tuning.evidence import size_band
+from servetune.tuning.sizing import size_trial
 from test_tuning_decisions import make_plan, summary
 
 REFINE = {"enabled": True, "radix_cache": False, "set_max_running": False, "extend_levels": 0,
@@ -109,11 +111,15 @@ def test_a_changed_service_or_a_plan_without_warm_start_never_starts_warm() -> N
                                   {"requests": 200}, {"requests": 200, "warmup": 16, "extra": 1},
                                   {"requests": 10**9, "warmup": 16}, {"requests": True, "warmup": "16"}])
 def test_a_trial_size_that_is_not_one_is_ignored_and_the_confirmation_sized_afresh(size) -> None:
-    """last week's recommendation.json is outside input: a size it cannot mean is read as none (sized afresh)."""
-    assert warm._size(_plan(), {"trial_size": size}) is None
+    """last week's recommendation.json is outside input: a size it cannot mean is read as none (sized afresh, as
+    the level's first trial of a campaign that has measured nothing)."""
+    plan = _plan()
+    afresh = size_trial(plan, CampaignState(), {}, size_band(plan, 64), "ramp")
+    assert warm._size(plan, CampaignState(), {}, 64, {"trial_size": size}) == afresh
+    assert "trial size" not in afresh[2]
 
 
 def test_a_kept_trial_size_is_capped_by_this_plan() -> None:
     plan = _plan()
-    requests, warmup, how = warm._size(plan, {"trial_size": {"requests": 10**6, "warmup": 40}})
+    requests, warmup, how = warm._size(plan, CampaignState(), {}, 64, {"trial_size": {"requests": 10**6, "warmup": 40}})
     assert (requests, warmup) == (plan.budget.max_requests_per_trial, 40) and "1000000+40" in how

@@ -262,12 +262,11 @@ def passing(plan: TuningPlan, state: CampaignState) -> list[Evidence]:
 
 
 def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *, stage: str, reason: str,
-           repeats: int = 1, prior: tuple[float, str] | None = None, size: tuple[int, int, str] | None = None
-           ) -> TrialSpec | Evidence:
+           repeats: int = 1, size: tuple[int, int, str] | None = None) -> TrialSpec | Evidence:
     """The next trial (flags, level) needs, or its evidence once seeds 0..``repeats``-1 are accepted
     (``repeats.max`` when marginal), a seed has used up its attempts, or an open loop failed on a seed;
-    ``prior`` sizes the level's first trial where the campaign has measured nothing to size it from, ``size``
-    (requests, warm-up, whence) sets it outright: a warm start confirms an answer at the size it was found at."""
+    ``size`` (requests, warm-up, whence) sets the level's first trial outright (a warm start confirms an answer at
+    the size it was found at, or as its goodput says); without it the trial is sized from the campaign."""
     ref = level_size(plan, state, level)
     everything = state.measurements(flags, level)
     now = [o for o in everything if _sized(o, ref)]
@@ -322,7 +321,7 @@ def gather(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, *
         elif size is not None:
             requests, warmup, how = size
         else:  # the band's first trial: sized for its top rate (the level itself in a closed loop)
-            requests, warmup, how = size_trial(plan, state, flags, size_band(plan, level), stage, prior=prior)
+            requests, warmup, how = size_trial(plan, state, flags, size_band(plan, level), stage)
         why = reason if k == 0 else f"{reason}: seed {k + 1} of {wanted}" + (
             " (marginal: the verdict flipped)" if ev.marginal else "")
         return _spec(plan, stage, flags, level, k, requests, warmup, why, how)

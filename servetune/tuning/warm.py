@@ -23,7 +23,8 @@ from pydantic import ValidationError
 from servetune.plan import Level, TuningPlan
 from servetune.redact import MASK
 from servetune.tuning.ceiling import adaptive_gather, climb, conclude, make_ceiling, ramp_levels, walk_seeds
-from servetune.tuning.evidence import Evidence, gather
+from servetune.tuning.evidence import Evidence, gather, size_band
+from servetune.tuning.sizing import size_trial
 from servetune.tuning.state import CampaignState, Ceiling, Flags, TrialSize, TrialSpec
 
 
@@ -58,8 +59,7 @@ def confirm(plan: TuningPlan, state: CampaignState, previous: dict[str, Any] | N
     flags, level, source = found
     at = plan.level_text(level)
     ev = gather(plan, state, flags, level, stage="ramp", reason=f"warm start: confirm the last accepted answer"
-                f" ({source}) at {at}", repeats=plan.repeat_count, prior=_prior(plan, previous),
-                size=_size(plan, previous))
+                f" ({source}) at {at}", repeats=plan.repeat_count, size=_size(plan, state, flags, level, previous))
     if isinstance(ev, TrialSpec):
         return ev
     if not ev.passed:
@@ -109,16 +109,18 @@ def _below(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, f
     return f"{why}; nothing below it on the ladder passes either: the full walk"
 
 
-def _size(plan: TuningPlan, previous: dict[str, Any] | None) -> tuple[int, int, str] | None:
+def _size(plan: TuningPlan, state: CampaignState, flags: Flags, level: Level, previous: dict[str, Any] | None
+          ) -> tuple[int, int, str]:
     """The size the previous answer's trials ran at (under this plan's per-trial cap): last week's verdict and
     this week's compare at equal sizes, and a re-run above it that cannot grow keeps the band's trials current.
     In an open loop a short warm-up flatters a rate at the edge (the queue has not built up yet), so a
-    confirmation sized afresh could pass where the answer's own size fails. None for an answer that does not say
-    (written before it was kept): ``_prior`` sizes it then."""
+    confirmation sized afresh could pass where the answer's own size fails. An answer that does not say (written
+    before it was kept, or saying nonsense) is sized as a first trial, from its goodput where the campaign has only
+    its correctness trial to go by (``_prior``)."""
     try:
         size = TrialSize.model_validate((previous or {}).get("trial_size"))
     except ValidationError:
-        return None
+        return size_trial(plan, state, flags, size_band(plan, level), "ramp", prior=_prior(plan, previous))
     requests = min(size.requests, plan.budget.max_requests_per_trial)
     return requests, size.warmup, f"the last accepted answer's trial size ({size.requests}+{size.warmup})"
 
