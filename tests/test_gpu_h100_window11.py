@@ -13,7 +13,9 @@ from pathlib import Path
 import orjson
 import pytest
 from kept_archives import assert_read_as_kept, kept_state, unpack
+from typer.testing import CliRunner
 
+from servetune.cli import app
 from servetune.plan import load_plan
 from servetune.tuning import next_trials
 
@@ -94,21 +96,44 @@ def _peak_in_flight(trial: dict) -> int:
     return peak
 
 
-def test_trials_that_fell_behind_peaked_far_past_the_cuda_graphs_batch(kept) -> None:
-    """The bistability, read off the kept records: every trial at 14-16 req/s whose p99 TPOT went past 50 ms had
-    more than 120 requests in flight at its peak, every one under 45 ms at most 92; the engine's decode CUDA graphs
-    stop at batch 80 (``--cuda-graph-max-bs 80``). A correlation, the next window's question, not a cause shown."""
+def _fast_and_slow(kept: Path) -> tuple[list, list]:
+    """The trials at 14-16 req/s that fell far behind (p99 TPOT over 50 ms) and those that kept up (under 45)."""
     slow, kept_up = [], []
     for name in PLANS:
-        state = kept_state(kept / name)
-        for o in state.outcomes:
+        for o in kept_state(kept / name).outcomes:
             if o.rate is None or o.rate < 14 or o.summary.tpot_ms.p99 is None:
                 continue
             trial = json.loads((kept / name / "trials" / f"{o.trial_id}.json").read_text())
             p99 = o.summary.tpot_ms.p99
-            if p99 > 50:
-                slow.append(_peak_in_flight(trial))
-            elif p99 < 45:
-                kept_up.append(_peak_in_flight(trial))
+            (slow if p99 > 50 else kept_up if p99 < 45 else []).append((name, trial))
+    return slow, kept_up
+
+
+def test_trials_that_fell_behind_left_the_cuda_graphs(kept) -> None:
+    """The bistability, read off the kept records and SGLang's scheduler log as servetune kept them: every trial at
+    14-16 req/s whose p99 TPOT went past 50 ms peaked at more than 120 requests in flight and ran 19-67% of its
+    logged decode batches outside the CUDA graphs (``--cuda-graph-max-bs 80``); every one under 45 ms peaked at 92
+    or fewer, and all but one (96%) kept every logged decode batch in the graphs."""
+    slow, kept_up = _fast_and_slow(kept)
     assert len(slow) == 9 and len(kept_up) == 12
-    assert min(slow) > 120 and max(kept_up) <= 92
+    assert min(_peak_in_flight(t) for _, t in slow) > 120 and max(_peak_in_flight(t) for _, t in kept_up) <= 92
+    inside_slow = [t["summary"]["sched_cuda_graph_fraction"] for _, t in slow]
+    inside_up = sorted(t["summary"]["sched_cuda_graph_fraction"] for _, t in kept_up)
+    assert 0.33 <= min(inside_slow) and max(inside_slow) <= 0.82
+    assert inside_up[1:] == [1.0] * 11 and inside_up[0] > 0.95
+
+
+def test_diagnose_says_the_decode_left_the_cuda_graphs(kept) -> None:
+    """`servetune diagnose` on a trial that fell behind names the graphs, the flag and its value; on one that kept
+    up it says nothing of them."""
+    slow, kept_up = _fast_and_slow(kept)
+    (name, worst) = min(slow, key=lambda nt: nt[1]["summary"]["sched_cuda_graph_fraction"])
+    res = CliRunner().invoke(app, ["diagnose", "--json", str(kept / name / "trials" / f"{worst['trial_id']}.json")])
+    assert res.exit_code == 0, res.output
+    (found,) = [f for f in orjson.loads(res.output) if f["kind"] == "graphs.decode_outside"]
+    assert found["severity"] == "warning" and found["evidence"]["cuda_graph_max_bs"] == 80
+    assert "67% of the 9 logged decode batches ran outside the CUDA graphs" in found["summary"]
+    assert "--cuda-graph-max-bs (now 80)" in found["advice"]
+    name, fine = next(nt for nt in kept_up if nt[1]["summary"]["sched_cuda_graph_fraction"] == 1.0)
+    res = CliRunner().invoke(app, ["diagnose", "--json", str(kept / name / "trials" / f"{fine['trial_id']}.json")])
+    assert res.exit_code == 0 and not [f for f in orjson.loads(res.output) if f["kind"].startswith("graphs.")]

@@ -1,7 +1,7 @@
 """Diagnoses: rules that read one trial (or a campaign) and say what held the server back, with the evidence.
 
-Each rule family lives in its own module (memory, interference, prefix_cache, queue, batching) as pure
-functions over ``servetune.result.TrialResult``; thresholds are module constants, documented in
+Each rule family lives in its own module (memory, interference, prefix_cache, queue, batching, images,
+graphs) as pure functions over ``servetune.result.TrialResult``; thresholds are module constants, documented in
 docs/diagnoses.md. A finding states its figures (``evidence``) so a reader can check the verdict, and
 the advice names the SGLang flag to move. ``summary`` turns a campaign's findings into the one-screen view
 ``servetune diagnose DIR`` prints first. No finding is ever a measurement of its own: every figure
@@ -43,10 +43,11 @@ class Finding(BaseModel):
 
 def diagnose_trial(result: TrialResult) -> list[Finding]:
     """Every rule over one trial, most severe first (a failed trial still gets what its data allows)."""
-    from servetune.diagnose import images, interference, memory, prefix_cache, queue
+    from servetune.diagnose import graphs, images, interference, memory, prefix_cache, queue
 
     findings: list[Finding] = []
-    for rule in (memory.diagnose, interference.diagnose, prefix_cache.diagnose, queue.diagnose, images.diagnose):
+    for rule in (memory.diagnose, interference.diagnose, prefix_cache.diagnose, queue.diagnose, images.diagnose,
+                 graphs.diagnose):
         findings.extend(rule(result))
     return sort_findings(findings)
 
